@@ -1,0 +1,532 @@
+"""The text format, parsing side: text -> Graph, with errors at line and column.
+
+The format is line oriented: a header line, then one statement per line
+(`meta`, `param`, a node, `return`) and a closing `}`. A general tokenizer
+parses any statement and pinpoints errors. Node lines, which are nearly all
+of a large graph, first try one regular expression and cached sub-parses
+(types and attribute texts repeat across layers); a line the fast path does
+not take, for example one with a quoted param name, goes through the general
+parser. Tests check that both paths build identical graphs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .dtypes import DType
+from .errors import ErnieIRError, IRParseError
+from .graph import Graph, Node, Param, Value
+from .registry import OpDef, get_op
+from .types import Dim, TensorType
+
+_TOKEN = re.compile(
+    r"""
+     (?P<ws>[ \t]+)
+    |(?P<comment>//.*)
+    |(?P<value>%(?:[A-Za-z0-9_][A-Za-z0-9_.]*|"(?:[^"\\]|\\.)*"))
+    |(?P<param>@(?:[A-Za-z0-9_][A-Za-z0-9_.\-/:]*|"(?:[^"\\]|\\.)*"))
+    |(?P<string>"(?:[^"\\]|\\.)*")
+    |(?P<number>-inf\b|-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)
+    |(?P<arrow>->)
+    |(?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+    |(?P<punct>[()\[\]{},:=*])
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(slots=True)
+class _Tok:
+    kind: str
+    text: str
+    col: int  # 1-based
+
+
+class _Line:
+    """Recursive-descent reader over the tokens of one line."""
+
+    def __init__(self, text: str, lineno: int, source: str) -> None:
+        self.lineno = lineno
+        self.source = source
+        self.toks: list[_Tok] = []
+        pos = 0
+        while pos < len(text):
+            m = _TOKEN.match(text, pos)
+            if m is None:
+                raise self.error_at(pos + 1, f"unexpected character {text[pos]!r}")
+            kind = m.lastgroup or ""
+            if kind not in ("ws", "comment"):
+                self.toks.append(_Tok(kind, m.group(), pos + 1))
+            pos = m.end()
+        self.i = 0
+        self.end_col = len(text) + 1
+
+    def error_at(self, col: int, msg: str) -> IRParseError:
+        return IRParseError(msg, self.lineno, col, self.source)
+
+    def error(self, msg: str) -> IRParseError:
+        col = self.toks[self.i].col if self.i < len(self.toks) else self.end_col
+        return self.error_at(col, msg)
+
+    def peek(self) -> _Tok | None:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def at(self, text: str) -> bool:
+        t = self.peek()
+        return t is not None and t.text == text and t.kind in ("punct", "arrow", "ident")
+
+    def take(self) -> _Tok:
+        t = self.peek()
+        if t is None:
+            raise self.error("unexpected end of line")
+        self.i += 1
+        return t
+
+    def expect(self, text: str) -> _Tok:
+        t = self.peek()
+        if t is None or t.text != text:
+            found = "end of line" if t is None else repr(t.text)
+            raise self.error(f"expected {text!r}, found {found}")
+        self.i += 1
+        return t
+
+    def expect_kind(self, kind: str, what: str) -> _Tok:
+        t = self.peek()
+        if t is None or t.kind != kind:
+            found = "end of line" if t is None else repr(t.text)
+            raise self.error(f"expected {what}, found {found}")
+        self.i += 1
+        return t
+
+    def done(self) -> None:
+        if self.i < len(self.toks):
+            raise self.error(f"unexpected {self.toks[self.i].text!r} at end of statement")
+
+    # -- grammar pieces ---------------------------------------------------------
+
+    def name_of(self, tok: _Tok) -> str:
+        body = tok.text[1:] if tok.kind in ("value", "param") else tok.text
+        return json.loads(body) if body.startswith('"') else body
+
+    def tensor_type(self) -> TensorType:
+        t = self.expect_kind("ident", "a type such as f32[B,S,1024]")
+        try:
+            dtype = DType.parse(t.text)
+        except ValueError as e:
+            raise self.error_at(t.col, str(e)) from None
+        self.expect("[")
+        dims: list[Dim] = []
+        while not self.at("]"):
+            if dims:
+                self.expect(",")
+            dims.append(self.dim())
+        self.expect("]")
+        return TensorType(dtype, dims)
+
+    def dim(self) -> Dim:
+        parts: list[str] = []
+        while True:
+            t = self.take()
+            if (t.kind == "number" and t.text.isdigit()) or t.kind == "ident":
+                parts.append(t.text)
+            else:
+                raise self.error_at(t.col, f"expected a dim (integer or symbol), found {t.text!r}")
+            if not self.at("*"):
+                break
+            self.take()
+        if len(parts) == 1 and parts[0].isdigit():
+            return int(parts[0])
+        return "*".join(parts)
+
+    def value(self) -> Any:
+        t = self.take()
+        if t.kind == "number":
+            if t.text == "-inf":
+                return float("-inf")
+            if any(c in t.text for c in ".eE"):
+                return float(t.text)
+            return int(t.text)
+        if t.kind == "string":
+            return json.loads(t.text)
+        if t.kind == "ident":
+            consts = {"true": True, "false": False, "none": None,
+                      "inf": float("inf"), "nan": float("nan")}
+            if t.text in consts:
+                return consts[t.text]
+            try:
+                return DType(t.text)
+            except ValueError:
+                raise self.error_at(t.col, f"unknown constant {t.text!r} (strings need quotes)") from None
+        if t.text == "[":
+            items = []
+            while not self.at("]"):
+                if items:
+                    self.expect(",")
+                items.append(self.value())
+            self.expect("]")
+            return items
+        if t.text == "{":
+            self.i -= 1
+            return self.dict_value()
+        raise self.error_at(t.col, f"expected a value, found {t.text!r}")
+
+    def dict_value(self) -> dict[str, Any]:
+        self.expect("{")
+        out: dict[str, Any] = {}
+        while not self.at("}"):
+            if out:
+                self.expect(",")
+            k = self.take()
+            if k.kind not in ("ident", "string"):
+                raise self.error_at(k.col, f"expected a key, found {k.text!r}")
+            key = json.loads(k.text) if k.kind == "string" else k.text
+            if key in out:
+                raise self.error_at(k.col, f"duplicate key {key!r}")
+            self.expect("=")
+            out[key] = self.value()
+        self.expect("}")
+        return out
+
+
+_NODE_FAST = re.compile(
+    r"\s*(?P<outs>%[0-9A-Za-z_.]+(?:, %[0-9A-Za-z_.]+)*) = (?P<op>[A-Za-z_][A-Za-z0-9_]*)"
+    r"\((?P<args>[^()\"]*)\)(?: (?P<attrs>\{.*\}))? : (?P<types>[^\"]+?)"
+    r"(?: loc\((?P<loc>\"(?:[^\"\\]|\\.)*\")\))?\s*$"
+)
+_TYPE_FAST = re.compile(r"([a-z0-9]+)\[([^\]]*)\]")
+
+
+class _GraphParser:
+    def __init__(self, text: str, source: str, check_types: bool, fast: bool) -> None:
+        self.lines = text.split("\n")
+        self.source = source
+        self.check_types = check_types
+        self.fast = fast
+        self.graph: Graph | None = None
+        self.env: dict[str, Value] = {}
+        self.out_names: list[str] = []
+        self.out_types: list[TensorType] = []
+        self.type_cache: dict[str, list[TensorType]] = {}
+        self.attr_cache: dict[tuple[str, str], Any] = {}
+
+    def line(self, idx: int) -> _Line:
+        return _Line(self.lines[idx], idx + 1, self.source)
+
+    def run(self) -> Graph:
+        idx = self._skip(0)
+        if idx >= len(self.lines):
+            raise IRParseError("empty input: expected 'graph @name(...) -> (...) {'", 1, 1, self.source)
+        self.header(self.line(idx))
+        idx += 1
+        closed = False
+        while idx < len(self.lines):
+            raw = self.lines[idx]
+            stripped = raw.strip()
+            if not stripped or stripped.startswith("//"):
+                idx += 1
+                continue
+            if closed:
+                raise IRParseError("text after the closing '}'", idx + 1, 1, self.source)
+            if stripped == "}":
+                closed = True
+            elif stripped.startswith("%"):
+                self.node(idx)
+            elif stripped.startswith("param"):
+                self.param(self.line(idx))
+            elif stripped.startswith("meta"):
+                self.meta(self.line(idx))
+            elif stripped.startswith("return"):
+                self.ret(self.line(idx))
+            else:
+                col = len(raw) - len(raw.lstrip()) + 1
+                raise IRParseError(
+                    f"expected a statement (%value = op(...), param, meta, return or '}}'), "
+                    f"found {stripped.split()[0]!r}", idx + 1, col, self.source)
+            idx += 1
+        if not closed:
+            raise IRParseError("missing closing '}' of the graph", len(self.lines), 1, self.source)
+        assert self.graph is not None
+        if not self.graph.outputs and self.out_names:
+            raise IRParseError("missing 'return' statement", len(self.lines), 1, self.source)
+        return self.graph
+
+    def _skip(self, idx: int) -> int:
+        while idx < len(self.lines) and (
+            not self.lines[idx].strip() or self.lines[idx].strip().startswith("//")
+        ):
+            idx += 1
+        return idx
+
+    def header(self, ln: _Line) -> None:
+        kw = ln.expect_kind("ident", "'graph'")
+        if kw.text != "graph":
+            raise ln.error_at(kw.col, f"expected 'graph', found {kw.text!r}")
+        name = ln.name_of(ln.expect_kind("param", "a graph name such as @main"))
+        self.graph = Graph(name)
+        ln.expect("(")
+        while not ln.at(")"):
+            if self.graph.inputs:
+                ln.expect(",")
+            tok = ln.expect_kind("value", "an input such as %input_ids")
+            vname = ln.name_of(tok)
+            ln.expect(":")
+            v = self.graph.add_input(vname, ln.tensor_type())
+            self.define(ln, tok, tok.text, v)
+        ln.expect(")")
+        ln.expect("->")
+        ln.expect("(")
+        while not ln.at(")"):
+            if self.out_names:
+                ln.expect(",")
+            t = ln.take()
+            if t.kind not in ("ident", "string"):
+                raise ln.error_at(t.col, f"expected an output name, found {t.text!r}")
+            self.out_names.append(json.loads(t.text) if t.kind == "string" else t.text)
+            ln.expect(":")
+            self.out_types.append(ln.tensor_type())
+        ln.expect(")")
+        ln.expect("{")
+        ln.done()
+
+    def define(self, ln: _Line, tok: _Tok, key: str, v: Value) -> None:
+        if key in self.env:
+            raise ln.error_at(tok.col, f"{key} is defined twice (SSA: one definition per value)")
+        self.env[key] = v
+
+    def meta(self, ln: _Line) -> None:
+        ln.expect("meta")
+        assert self.graph is not None
+        self.graph.metadata.update(ln.dict_value())
+        ln.done()
+
+    def param(self, ln: _Line) -> None:
+        ln.expect("param")
+        tok = ln.expect_kind("param", "a param name such as @ernie.norm.weight")
+        name = ln.name_of(tok)
+        ln.expect(":")
+        ptype = ln.tensor_type()
+        annotations: dict[str, Any] = {}
+        if ln.at("{"):
+            annotations = ln.dict_value()
+        trainable = False
+        digest = None
+        while ln.peek() is not None:
+            t = ln.take()
+            if t.text == "trainable" and not trainable:
+                trainable = True
+            elif t.text == "hash" and digest is None:
+                digest = json.loads(ln.expect_kind("string", "a quoted hash").text)
+            else:
+                raise ln.error_at(t.col, f"unexpected {t.text!r} in a param declaration")
+        assert self.graph is not None
+        if name in self.graph.params:
+            raise ln.error_at(tok.col, f"param @{name} is declared twice")
+        p = Param(name, ptype, trainable=trainable, annotations=annotations)
+        p.digest = digest
+        self.graph.add_param(p)
+
+    def ret(self, ln: _Line) -> None:
+        ln.expect("return")
+        values: list[Value] = []
+        while ln.peek() is not None:
+            if values:
+                ln.expect(",")
+            values.append(self.operand(ln, ln.take()))
+        assert self.graph is not None
+        if len(values) != len(self.out_names):
+            raise ln.error_at(1, f"return has {len(values)} values but the header declares "
+                                 f"{len(self.out_names)} outputs")
+        for i, (v, t) in enumerate(zip(values, self.out_types, strict=True)):
+            if v.type != t:
+                raise ln.error_at(1, f"output {self.out_names[i]} is declared {t} but returns {v.type}")
+        self.graph.set_outputs(values, self.out_names)
+
+    def operand(self, ln: _Line, tok: _Tok) -> Value:
+        assert self.graph is not None
+        if tok.kind == "value":
+            v = self.env.get(tok.text)
+            if v is None and tok.text.startswith('%"'):
+                v = self.env.get("%" + ln.name_of(tok))
+            if v is None:
+                raise ln.error_at(tok.col, f"use of undefined value {tok.text}")
+            return v
+        if tok.kind == "param":
+            name = ln.name_of(tok)
+            p = self.graph.params.get(name)
+            if p is None:
+                raise ln.error_at(tok.col, f"use of undeclared param @{name} (declare it with 'param')")
+            return p
+        raise ln.error_at(tok.col, f"expected a value (%name) or param (@name), found {tok.text!r}")
+
+    # -- nodes ------------------------------------------------------------------------
+
+    def node(self, idx: int) -> None:
+        raw = self.lines[idx]
+        m = _NODE_FAST.match(raw) if self.fast else None
+        if m is None:
+            self.node_general(self.line(idx))
+            return
+        # Fast path: every piece below has a fixed, already-validated shape.
+        lineno = idx + 1
+        opname = m.group("op")
+        opdef = self.opdef(opname, lineno, m.start("op") + 1)
+        inputs: list[Value | None] = []
+        args = m.group("args")
+        if args.strip():
+            col = m.start("args") + 1
+            for a in args.split(","):
+                a = a.strip()
+                if a == "none":
+                    inputs.append(None)
+                elif a.startswith("%"):
+                    v = self.env.get(a)
+                    if v is None:
+                        raise IRParseError(f"use of undefined value {a}", lineno,
+                                           col + args.find(a), self.source)
+                    inputs.append(v)
+                elif a.startswith("@"):
+                    p = self.graph.params.get(a[1:]) if self.graph else None
+                    if p is None:
+                        self.node_general(self.line(idx))
+                        return
+                    inputs.append(p)
+                else:
+                    self.node_general(self.line(idx))
+                    return
+        attrs_text = m.group("attrs") or ""
+        attrs = self.attrs(opdef, attrs_text, idx, m.start("attrs") + 1 if attrs_text else 0)
+        types = self.types(m.group("types"), idx, m.start("types") + 1)
+        outs = m.group("outs").split(", ")
+        loc = m.group("loc")
+        scope = "" if loc is None else (loc[1:-1] if "\\" not in loc else json.loads(loc))
+        self.make_node(opdef, inputs, attrs, types, outs, scope, lineno, m.start("outs") + 1,
+                       m.start("types") + 1)
+
+    def node_general(self, ln: _Line) -> None:
+        outs: list[_Tok] = [ln.expect_kind("value", "a result such as %0")]
+        while ln.at(","):
+            ln.take()
+            outs.append(ln.expect_kind("value", "a result such as %1"))
+        ln.expect("=")
+        optok = ln.expect_kind("ident", "an op name")
+        opdef = self.opdef(optok.text, ln.lineno, optok.col)
+        ln.expect("(")
+        inputs: list[Value | None] = []
+        while not ln.at(")"):
+            if inputs:
+                ln.expect(",")
+            t = ln.take()
+            inputs.append(None if t.kind == "ident" and t.text == "none" else self.operand(ln, t))
+        ln.expect(")")
+        attrs_values: dict[str, Any] = {}
+        attr_col = 0
+        if ln.at("{"):
+            attr_col = ln.peek().col  # type: ignore[union-attr]
+            attrs_values = ln.dict_value()
+        try:
+            attrs = opdef.make_attrs(attrs_values)
+        except ErnieIRError as e:
+            raise ln.error_at(attr_col or optok.col, str(e)) from None
+        colon = ln.expect(":")
+        types = [ln.tensor_type()]
+        while ln.at(","):
+            ln.take()
+            types.append(ln.tensor_type())
+        scope = ""
+        if ln.at("loc"):
+            ln.take()
+            ln.expect("(")
+            scope = json.loads(ln.expect_kind("string", "a quoted scope").text)
+            ln.expect(")")
+        ln.done()
+        out_keys = []
+        for t in outs:
+            out_keys.append(t.text if not t.text.startswith('%"') else "%" + ln.name_of(t))
+        self.make_node(opdef, inputs, attrs, types, out_keys, scope, ln.lineno, outs[0].col,
+                       colon.col + 2)
+
+    def opdef(self, name: str, lineno: int, col: int) -> OpDef:
+        try:
+            return get_op(name)
+        except ErnieIRError as e:
+            raise IRParseError(str(e), lineno, col, self.source) from None
+
+    def attrs(self, opdef: OpDef, text: str, idx: int, col: int) -> Any:
+        key = (opdef.name, text)
+        hit = self.attr_cache.get(key)
+        if hit is not None:
+            return hit
+        values: dict[str, Any] = {}
+        if text:
+            ln = _Line(" " * (col - 1) + text, idx + 1, self.source)
+            values = ln.dict_value()
+            ln.done()
+        try:
+            attrs = opdef.make_attrs(values)
+        except ErnieIRError as e:
+            raise IRParseError(str(e), idx + 1, col or 1, self.source) from None
+        self.attr_cache[key] = attrs
+        return attrs
+
+    def types(self, text: str, idx: int, col: int) -> list[TensorType]:
+        hit = self.type_cache.get(text)
+        if hit is not None:
+            return hit
+        ln = _Line(" " * (col - 1) + text, idx + 1, self.source)
+        types = [ln.tensor_type()]
+        while ln.at(","):
+            ln.take()
+            types.append(ln.tensor_type())
+        ln.done()
+        self.type_cache[text] = types
+        return types
+
+    def make_node(self, opdef: OpDef, inputs: list[Value | None], attrs: Any,
+                  types: list[TensorType], outs: list[str], scope: str, lineno: int,
+                  out_col: int, type_col: int) -> None:
+        fail: Callable[[str, int], IRParseError] = lambda msg, col: IRParseError(  # noqa: E731
+            msg, lineno, col, self.source)
+        try:
+            node = Node(opdef.name, inputs, attrs, scope=scope, output_types=types)
+        except ErnieIRError as e:
+            raise fail(str(e), out_col) from None
+        if self.check_types:
+            try:
+                expected = node.infer_types()
+            except ErnieIRError as e:
+                node.drop_inputs()
+                raise fail(str(e), type_col) from None
+            if expected != types:
+                node.drop_inputs()
+                want = ", ".join(str(t) for t in expected)
+                got = ", ".join(str(t) for t in types)
+                raise fail(f"{opdef.name} produces {want}, but the text declares {got}", type_col)
+        elif len(types) != len(node.outputs):
+            raise fail(f"{opdef.name}: {len(types)} result types for {len(node.outputs)} results",
+                       type_col)
+        if len(outs) != len(node.outputs):
+            node.drop_inputs()
+            raise fail(f"{opdef.name} has {len(node.outputs)} results but the line names "
+                       f"{len(outs)}", out_col)
+        for key, v in zip(outs, node.outputs, strict=True):
+            if key in self.env:
+                node.drop_inputs()
+                raise fail(f"{key} is defined twice (SSA: one definition per value)", out_col)
+            self.env[key] = v
+        assert self.graph is not None
+        self.graph.append(node)
+
+
+def parse_graph(text: str, *, source: str = "<ir>", check_types: bool = True,
+                fast: bool = True) -> Graph:
+    """Parse IR text into a Graph (params come without data; see `load_graph`).
+
+    With `check_types`, each node's declared result types must equal what its
+    op's type rule infers; a mismatch is an error at that line. `fast=False`
+    forces the general parser for every line (used by tests).
+    """
+    return _GraphParser(text, source, check_types, fast).run()

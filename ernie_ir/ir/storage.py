@@ -1,0 +1,73 @@
+"""Graph folders: `graph.ir` (the text) + `weights.safetensors` (param data).
+
+`save_graph` streams one param at a time into the weights file, so saving
+never holds more than one tensor in memory; `load_graph` parses the text and
+attaches memory-mapped sources, so loading reads no weight bytes. A reload is
+bit-exact: the same dtypes, shapes and bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import ErnieIRError, WeightError
+from .graph import Graph
+from .parser import parse_graph
+from .printer import print_graph
+from .weights import SafetensorsFile, content_hash, write_safetensors
+
+GRAPH_FILE = "graph.ir"
+WEIGHTS_FILE = "weights.safetensors"
+
+
+def write_graph_files(graph: Graph, folder: Path) -> None:
+    """Write graph.ir and weights.safetensors into an existing folder."""
+    (folder / GRAPH_FILE).write_text(print_graph(graph), encoding="utf-8")
+    write_safetensors(
+        folder / WEIGHTS_FILE,
+        ((p.name, p.source) for p in graph.params.values() if p.source is not None),
+    )
+
+
+def save_graph(graph: Graph, folder: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+    """Save a graph folder atomically: a failure leaves nothing behind."""
+    dest = Path(folder)
+    if dest.exists() and not overwrite:
+        raise ErnieIRError(f"{dest} already exists (pass overwrite=True / --force to replace it)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        write_graph_files(graph, tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def load_graph(folder: str | os.PathLike[str], *, check_hashes: bool = True) -> Graph:
+    """Load a graph folder; params get memory-mapped sources from weights.safetensors."""
+    root = Path(folder)
+    text_path = root / GRAPH_FILE
+    if not text_path.is_file():
+        raise ErnieIRError(f"{root} is not a graph folder (no {GRAPH_FILE})")
+    graph = parse_graph(text_path.read_text(encoding="utf-8"), source=str(text_path))
+    weights = root / WEIGHTS_FILE
+    if weights.exists():
+        st = SafetensorsFile(weights)
+        for key in st.keys():
+            p = graph.params.get(key)
+            if p is None:
+                raise WeightError(f"{weights}: tensor {key!r} is not a param of the graph")
+            p.source = None
+            src = st.source(key)
+            p._check_source(src)
+            p.source = src
+            if check_hashes and p.digest is not None and content_hash(src.read()) != p.digest:
+                raise WeightError(f"param @{key}: data does not match the hash in {GRAPH_FILE}")
+    return graph

@@ -1,0 +1,427 @@
+"""Where a param's values come from: lazy weight sources and safetensors I/O.
+
+A `WeightSource` knows its dtype and shape without reading data; `read()`
+returns the values. Checkpoints can be hundreds of GB, so the safetensors
+reader memory-maps the file and `read()` of a `SafetensorsSource` returns a
+read-only view: nothing is copied until a kernel touches it. Derived sources
+(transpose, slice, stack, concat, cast) compose lazily, so a frontend can
+describe "column block 2 of this fused tensor, transposed" without loading it.
+
+The reader and writer are our own (the format is a JSON header plus raw
+little-endian bytes) because the `safetensors` numpy backend has no bf16 or
+fp8; int4 is stored as bytes with two values each (low nibble first) and
+recorded in the header metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .dtypes import DType
+from .errors import WeightError
+
+_ST_DTYPES: dict[str, DType] = {
+    "F32": DType.F32,
+    "F16": DType.F16,
+    "BF16": DType.BF16,
+    "F8_E4M3": DType.F8E4M3,
+    "F8_E5M2": DType.F8E5M2,
+    "I64": DType.I64,
+    "I32": DType.I32,
+    "I8": DType.I8,
+    "U8": DType.U8,
+    "BOOL": DType.BOOL,
+}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+_INT4_META = "ernie_ir.int4"  # metadata key: JSON list of tensor names stored as packed int4
+
+
+class WeightSource(ABC):
+    """A lazy tensor: dtype and shape are known up front, data on `read()`."""
+
+    dtype: DType
+    shape: tuple[int, ...]
+
+    @abstractmethod
+    def read(self) -> np.ndarray:
+        """The values, as an array of `dtype.numpy` with `shape` (may be a read-only view)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line saying where the data comes from."""
+
+    @property
+    def nbytes(self) -> int:
+        return math.ceil(math.prod(self.shape) * self.dtype.bits / 8)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe()}>"
+
+
+class ArraySource(WeightSource):
+    """Values held in memory."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.dtype = DType.from_numpy(array.dtype)
+        self.shape = tuple(int(d) for d in array.shape)
+
+    def read(self) -> np.ndarray:
+        return self.array
+
+    def describe(self) -> str:
+        return f"array {self.dtype}{list(self.shape)}"
+
+
+class GeneratedSource(WeightSource):
+    """Deterministic pseudo-random values: the same seed gives the same bits everywhere.
+
+    `init` is `normal` (mean 0, `std`), `uniform` (in [-std, std]), `ones` or
+    `zeros`. Values are drawn in float32 with numpy's PCG64 and cast to dtype.
+    """
+
+    def __init__(
+        self,
+        dtype: DType,
+        shape: Sequence[int],
+        seed: int,
+        init: str = "normal",
+        std: float = 0.02,
+    ) -> None:
+        if init not in ("normal", "uniform", "ones", "zeros"):
+            raise ValueError(f"unknown init {init!r}")
+        self.dtype = dtype
+        self.shape = tuple(int(d) for d in shape)
+        self.seed = seed
+        self.init = init
+        self.std = std
+
+    def read(self) -> np.ndarray:
+        if self.init == "ones":
+            return np.ones(self.shape, self.dtype.numpy)
+        if self.init == "zeros":
+            return np.zeros(self.shape, self.dtype.numpy)
+        rng = np.random.default_rng(self.seed)
+        if self.init == "normal":
+            x = rng.standard_normal(self.shape, dtype=np.float32) * np.float32(self.std)
+        else:
+            x = rng.uniform(-self.std, self.std, self.shape).astype(np.float32)
+        return x.astype(self.dtype.numpy)
+
+    def describe(self) -> str:
+        return f"generated {self.init}(std={self.std}, seed={self.seed})"
+
+
+@dataclass(frozen=True)
+class _TensorEntry:
+    dtype: DType
+    shape: tuple[int, ...]
+    start: int
+    end: int
+    packed_int4: bool
+
+
+class SafetensorsFile:
+    """A memory-mapped safetensors file. Opening it reads only the header."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.entries: dict[str, _TensorEntry] = {}
+        self.metadata: dict[str, str] = {}
+        self._data_start = 0
+        self._mmap: np.memmap | None = None
+        self._read_header()
+
+    def _fail(self, what: str) -> WeightError:
+        return WeightError(f"{self.path}: {what}")
+
+    def _read_header(self) -> None:
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                head = f.read(8)
+                if len(head) < 8:
+                    raise self._fail("not a safetensors file (shorter than its 8-byte header length)")
+                (n,) = struct.unpack("<Q", head)
+                if n > size - 8 or n > 100_000_000:
+                    raise self._fail(
+                        f"header length {n} exceeds the file size {size}: "
+                        "the file is truncated or not safetensors"
+                    )
+                raw = f.read(n)
+        except OSError as e:
+            raise self._fail(f"cannot read ({e.strerror})") from None
+        try:
+            header = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise self._fail("header is not valid JSON: the file is corrupt") from None
+        self._data_start = 8 + n
+        data_size = size - self._data_start
+        meta = header.pop("__metadata__", None) or {}
+        self.metadata = {str(k): str(v) for k, v in meta.items()}
+        int4 = set(json.loads(self.metadata.get(_INT4_META, "[]")))
+        for name, info in header.items():
+            try:
+                st_dtype, shape, (start, end) = info["dtype"], info["shape"], info["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise self._fail(f"tensor {name!r} has a malformed header entry") from None
+            if st_dtype not in _ST_DTYPES:
+                raise self._fail(f"tensor {name!r} has unsupported dtype {st_dtype}")
+            dtype = _ST_DTYPES[st_dtype]
+            packed = name in int4
+            if packed:
+                dtype = DType.I4
+            numel = math.prod(shape)
+            expect = math.ceil(numel / 2) if packed else numel * dtype.numpy.itemsize
+            if end - start != expect or start < 0:
+                raise self._fail(
+                    f"tensor {name!r}: {end - start} bytes for {st_dtype}{shape} "
+                    f"(expected {expect})"
+                )
+            if end > data_size:
+                raise self._fail(
+                    f"tensor {name!r} ends at byte {end} but the data section has "
+                    f"{data_size} bytes: the file is truncated"
+                )
+            self.entries[name] = _TensorEntry(dtype, tuple(shape), start, end, packed)
+
+    def keys(self) -> list[str]:
+        return list(self.entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.entries
+
+    def source(self, key: str) -> SafetensorsSource:
+        if key not in self.entries:
+            raise self._fail(f"no tensor named {key!r}")
+        return SafetensorsSource(self, key)
+
+    def read(self, key: str) -> np.ndarray:
+        e = self.entries[key]
+        if self._mmap is None:
+            if self.path.stat().st_size == self._data_start:
+                return np.zeros(e.shape, e.dtype.numpy)
+            self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._data_start)
+        raw = self._mmap[e.start : e.end]
+        if e.packed_int4:
+            return unpack_int4(np.asarray(raw), math.prod(e.shape)).reshape(e.shape)
+        return raw.view(e.dtype.numpy).reshape(e.shape)
+
+
+class SafetensorsSource(WeightSource):
+    """One tensor of a safetensors file, read through the file's memory map."""
+
+    def __init__(self, file: SafetensorsFile, key: str) -> None:
+        e = file.entries[key]
+        self.file = file
+        self.key = key
+        self.dtype = e.dtype
+        self.shape = e.shape
+
+    def read(self) -> np.ndarray:
+        return self.file.read(self.key)
+
+    def describe(self) -> str:
+        return f"{self.file.path.name}:{self.key}"
+
+
+class _DerivedSource(WeightSource):
+    def __init__(self, base: WeightSource) -> None:
+        self.base = base
+
+
+class TransposedSource(_DerivedSource):
+    """`base` with its axes permuted (default: reversed)."""
+
+    def __init__(self, base: WeightSource, perm: Sequence[int] | None = None) -> None:
+        super().__init__(base)
+        self.perm = tuple(perm) if perm is not None else tuple(reversed(range(len(base.shape))))
+        self.dtype = base.dtype
+        self.shape = tuple(base.shape[p] for p in self.perm)
+
+    def read(self) -> np.ndarray:
+        return np.ascontiguousarray(self.base.read().transpose(self.perm))
+
+    def describe(self) -> str:
+        return f"transpose{list(self.perm)}({self.base.describe()})"
+
+
+class SlicedSource(_DerivedSource):
+    """`base[..., start:stop, ...]` along one axis."""
+
+    def __init__(self, base: WeightSource, axis: int, start: int, stop: int) -> None:
+        super().__init__(base)
+        axis = axis % len(base.shape)
+        if not 0 <= start <= stop <= base.shape[axis]:
+            raise WeightError(f"slice {start}:{stop} out of range for axis {axis} of {base.shape}")
+        self.axis, self.start, self.stop = axis, start, stop
+        self.dtype = base.dtype
+        shape = list(base.shape)
+        shape[axis] = stop - start
+        self.shape = tuple(shape)
+
+    def read(self) -> np.ndarray:
+        index = [slice(None)] * len(self.shape)
+        index[self.axis] = slice(self.start, self.stop)
+        return self.base.read()[tuple(index)]
+
+    def describe(self) -> str:
+        return f"slice(axis={self.axis}, {self.start}:{self.stop}, {self.base.describe()})"
+
+
+class ConcatSource(WeightSource):
+    """Several sources joined along an existing axis."""
+
+    def __init__(self, parts: Sequence[WeightSource], axis: int) -> None:
+        if not parts:
+            raise WeightError("concat of no sources")
+        self.parts = list(parts)
+        rank = len(parts[0].shape)
+        self.axis = axis % rank
+        self.dtype = parts[0].dtype
+        for p in parts:
+            others = [d for i, d in enumerate(p.shape) if i != self.axis]
+            first = [d for i, d in enumerate(parts[0].shape) if i != self.axis]
+            if p.dtype != self.dtype or len(p.shape) != rank or others != first:
+                raise WeightError(f"cannot concat {p.describe()} {p.shape} with {parts[0].shape}")
+        shape = list(parts[0].shape)
+        shape[self.axis] = sum(p.shape[self.axis] for p in parts)
+        self.shape = tuple(shape)
+
+    def read(self) -> np.ndarray:
+        return np.concatenate([p.read() for p in self.parts], axis=self.axis)
+
+    def describe(self) -> str:
+        return f"concat(axis={self.axis}, {len(self.parts)} parts, first {self.parts[0].describe()})"
+
+
+class StackSource(WeightSource):
+    """Several same-shaped sources stacked along a new leading axis (e.g. MoE experts)."""
+
+    def __init__(self, parts: Sequence[WeightSource]) -> None:
+        if not parts:
+            raise WeightError("stack of no sources")
+        self.parts = list(parts)
+        first = parts[0]
+        for p in parts:
+            if p.shape != first.shape or p.dtype != first.dtype:
+                raise WeightError(
+                    f"cannot stack {p.describe()} {p.dtype}{list(p.shape)} with "
+                    f"{first.dtype}{list(first.shape)}"
+                )
+        self.dtype = first.dtype
+        self.shape = (len(parts), *first.shape)
+
+    def read(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype.numpy)
+        for i, p in enumerate(self.parts):
+            out[i] = p.read()
+        return out
+
+    def describe(self) -> str:
+        return f"stack({len(self.parts)} parts, first {self.parts[0].describe()})"
+
+
+class CastSource(_DerivedSource):
+    """`base` converted to another dtype (exact for widening float casts)."""
+
+    def __init__(self, base: WeightSource, dtype: DType) -> None:
+        super().__init__(base)
+        self.dtype = dtype
+        self.shape = base.shape
+
+    def read(self) -> np.ndarray:
+        return self.base.read().astype(self.dtype.numpy)
+
+    def describe(self) -> str:
+        return f"cast<{self.dtype}>({self.base.describe()})"
+
+
+def pack_int4(values: np.ndarray) -> np.ndarray:
+    """Pack int4 values (any int dtype in [-8, 7]) two per byte, low nibble first."""
+    flat = np.asarray(values).reshape(-1).astype(np.int8)
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.int8)])
+    nibbles = flat.view(np.uint8) & np.uint8(0x0F)
+    return (nibbles[0::2] | (nibbles[1::2] << np.uint8(4))).astype(np.uint8)
+
+
+def unpack_int4(packed: np.ndarray, count: int) -> np.ndarray:
+    """Inverse of `pack_int4`: the first `count` int4 values as an ml_dtypes int4 array."""
+    p = np.asarray(packed, dtype=np.uint8).reshape(-1)
+    out = np.empty(p.size * 2, np.uint8)
+    out[0::2] = p & 0x0F
+    out[1::2] = p >> 4
+    signed = ((out[:count].astype(np.int8) ^ 8) - 8).astype(np.int8)
+    return signed.astype(DType.I4.numpy)
+
+
+@dataclass
+class _PendingTensor:
+    name: str
+    source: WeightSource
+    start: int = 0
+    end: int = 0
+    meta: dict[str, object] = field(default_factory=dict)
+
+
+def write_safetensors(
+    path: str | os.PathLike[str],
+    tensors: Iterable[tuple[str, WeightSource | np.ndarray]],
+    metadata: dict[str, str] | None = None,
+) -> None:
+    """Write tensors to a safetensors file, reading one source at a time.
+
+    Only one tensor's values are in memory at once, so writing a graph never
+    needs its whole checkpoint in RAM.
+    """
+    pending: list[_PendingTensor] = []
+    offset = 0
+    int4_names: list[str] = []
+    for name, t in tensors:
+        src = ArraySource(np.asarray(t)) if isinstance(t, np.ndarray) else t
+        nbytes = src.nbytes if src.dtype == DType.I4 else math.prod(src.shape) * src.dtype.numpy.itemsize
+        pending.append(_PendingTensor(name, src, offset, offset + nbytes))
+        if src.dtype == DType.I4:
+            int4_names.append(name)
+        offset += nbytes
+    header: dict[str, object] = {}
+    meta = dict(metadata or {})
+    if int4_names:
+        meta[_INT4_META] = json.dumps(int4_names)
+    if meta:
+        header["__metadata__"] = meta
+    for p in pending:
+        st = "U8" if p.source.dtype == DType.I4 else _ST_NAMES[p.source.dtype]
+        header[p.name] = {"dtype": st, "shape": list(p.source.shape), "data_offsets": [p.start, p.end]}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for p in pending:
+            arr = p.source.read()
+            if tuple(arr.shape) != p.source.shape or arr.dtype != p.source.dtype.numpy:
+                raise WeightError(
+                    f"source of {p.name!r} produced {arr.dtype}{list(arr.shape)}, "
+                    f"declared {p.source.dtype}{list(p.source.shape)}"
+                )
+            data = pack_int4(arr) if p.source.dtype == DType.I4 else np.ascontiguousarray(arr)
+            f.write(memoryview(data.reshape(-1).view(np.uint8)))
+
+
+def content_hash(array: np.ndarray) -> str:
+    """sha256 of the array's bytes in C order, first 16 hex digits (for printing)."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
+    return h.hexdigest()[:16]

@@ -1,0 +1,133 @@
+"""The reference interpreter: runs a graph on numpy inputs with the ops' kernels.
+
+This is the truth every pass is checked against. Floats are computed in
+float32: params stored in bf16/f16 are widened exactly, kernels see float32.
+With `emulate=bf16` (or f16) every float result whose declared type is that
+dtype is rounded to it after its node, which mimics a model that keeps
+activations in bf16. Integer tensors keep their dtype. A value's array is
+dropped after its last use, so peak memory follows the live set, not the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, TensorType, Value
+from ernie_ir.ir.types import Dim
+
+_EMULATABLE = (DType.BF16, DType.F16)
+
+
+def _widen(array: np.ndarray, dtype: DType) -> np.ndarray:
+    """Float tensors as float32 (exact from bf16/f16/fp8), others unchanged."""
+    if dtype.is_float and array.dtype != np.float32:
+        return array.astype(np.float32)
+    return array
+
+
+class Interpreter:
+    """Runs one graph repeatedly; params are read once and cached (as float32 for floats)."""
+
+    def __init__(self, graph: Graph, *, emulate: DType | None = None,
+                 check_shapes: bool = True) -> None:
+        if emulate is not None and emulate not in _EMULATABLE:
+            raise ValueError(f"can only emulate {', '.join(map(str, _EMULATABLE))}, not {emulate}")
+        self.graph = graph
+        self.emulate = emulate
+        self.check_shapes = check_shapes
+        self._params: dict[str, np.ndarray] = {}
+        self._plan = self._last_uses()
+
+    def _last_uses(self) -> dict[Node, list[Value]]:
+        """For each node, the values whose last reader it is (to free them after it)."""
+        last: dict[Value, Node] = {}
+        for node in self.graph:
+            for v in node.inputs:
+                if v is not None and not isinstance(v, Param):
+                    last[v] = node
+        keep = set(self.graph.outputs)
+        plan: dict[Node, list[Value]] = {}
+        for v, node in last.items():
+            if v not in keep:
+                plan.setdefault(node, []).append(v)
+        return plan
+
+    def param(self, p: Param) -> np.ndarray:
+        arr = self._params.get(p.name)
+        if arr is None:
+            arr = self._params[p.name] = _widen(np.asarray(p.read()), p.type.dtype)
+        return arr
+
+    def _bind(self, v: Value, arr: np.ndarray, symbols: dict[str, int], what: str) -> None:
+        t = v.type
+        if arr.ndim != t.rank:
+            raise ErnieIRError(f"{what}: expected rank {t.rank} ({t}), got shape {list(arr.shape)}")
+        for axis, (d, n) in enumerate(zip(t.shape, arr.shape, strict=True)):
+            if isinstance(d, int):
+                if d != n:
+                    raise ErnieIRError(f"{what}: dim {axis} must be {d} ({t}), got {n}")
+            elif "*" not in d:
+                if symbols.setdefault(d, n) != n:
+                    raise ErnieIRError(
+                        f"{what}: dim {axis} ({d}) is {n} but {d} = {symbols[d]} elsewhere"
+                    )
+
+    def run(self, inputs: Mapping[str, np.ndarray],
+            observer: Callable[[Node, list[np.ndarray]], Any] | None = None,
+            ) -> dict[str, np.ndarray]:
+        """Outputs by name. `observer(node, results)` is called after each node."""
+        g = self.graph
+        env: dict[Value, np.ndarray] = {}
+        symbols: dict[str, int] = {}
+        names = {v.name for v in g.inputs}
+        unknown = sorted(set(inputs) - names)
+        if unknown:
+            raise ErnieIRError(f"unknown graph input(s) {unknown}; inputs are {sorted(names)}")
+        for v in g.inputs:
+            if v.name not in inputs:
+                raise ErnieIRError(f"missing graph input {v.name!r} ({v.type})")
+            arr = np.asarray(inputs[v.name])
+            if v.type.dtype.is_int and not np.issubdtype(arr.dtype, np.integer):
+                raise ErnieIRError(f"input {v.name}: expected integers ({v.type}), got {arr.dtype}")
+            self._bind(v, arr, symbols, f"input {v.name}")
+            env[v] = _widen(arr, v.type.dtype) if v.type.dtype.is_float else \
+                arr.astype(v.type.dtype.numpy)
+        for node in g:
+            args = [None if v is None else (self.param(v) if isinstance(v, Param) else env[v])
+                    for v in node.inputs]
+            results = node.opdef.kernel(args, node.attrs)
+            for v, arr in zip(node.outputs, results, strict=True):
+                arr = self._normalise(v.type, arr)
+                if self.check_shapes:
+                    self._bind(v, arr, symbols, f"{node.op} at {node.scope or '<root>'}")
+                env[v] = arr
+            if observer is not None:
+                observer(node, [env[v] for v in node.outputs])
+            for v in self._plan.get(node, ()):
+                env.pop(v, None)
+        out: dict[str, np.ndarray] = {}
+        for v in g.outputs:
+            out[v.name or ""] = self.param(v) if isinstance(v, Param) else env[v]
+        return out
+
+    def _normalise(self, t: TensorType, arr: np.ndarray) -> np.ndarray:
+        arr = np.asarray(arr)
+        if t.dtype.is_float:
+            if self.emulate is not None and t.dtype == self.emulate:
+                return arr.astype(self.emulate.numpy).astype(np.float32)
+            return arr.astype(np.float32, copy=False)
+        return arr.astype(t.dtype.numpy, copy=False)
+
+
+def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray], *,
+              emulate: DType | None = None) -> dict[str, np.ndarray]:
+    """Run a graph once with the reference kernels; returns outputs by name."""
+    return Interpreter(graph, emulate=emulate).run(inputs)
+
+
+def symbol_values(t: TensorType, shape: tuple[int, ...]) -> dict[Dim, int]:
+    """Which concrete size each symbolic dim of `t` takes in `shape`."""
+    return {d: n for d, n in zip(t.shape, shape, strict=True) if isinstance(d, str)}

@@ -1,0 +1,159 @@
+"""Reference: a random paddleformers ``Ernie4_5ForCausalLM`` (dense ERNIE 4.5), float32 on CPU.
+
+Runs in the ``pf`` environment (paddlepaddle 3.3.1 + paddleformers 1.2.x).
+Never imports ernie_ir.
+
+Usage::
+
+    python pf_ernie_dense.py SPEC OUT_DIR
+
+SPEC (JSON object or path; defaults in brackets): hidden_size [64],
+intermediate_size [96], num_hidden_layers [2], num_attention_heads [4],
+num_key_value_heads [2], head_dim [24], vocab_size [128],
+tie_word_embeddings [false], rope_theta [500000.0], rms_norm_eps [1e-5],
+seed [0], input_ids [seeded random 2 x 7], save_memory_state [true].
+
+Every parameter is overwritten with seeded numpy values (see
+``_refcommon.random_param``; RMSNorm weights are 1 + 0.1 N(0,1), not ones) so
+the result does not depend on the library's initialiser.
+
+Writes into OUT_DIR:
+- ``ckpt/``: ``save_pretrained`` output (HF layout safetensors + index + config.json
+  + ``saved_signal_0``);
+- ``memory_state.safetensors``: the in-memory Paddle state dict, as is;
+- ``input_ids.npy`` (int64) and ``logits.npy`` (float32, [batch, seq, vocab]);
+- ``meta.json``: versions, config, key names/shapes of both layouts, the
+  observed qkv column order, timings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import _refcommon as rc
+
+DEFAULTS: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 24,
+    "vocab_size": 128,
+    "tie_word_embeddings": False,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "seed": 0,
+}
+
+
+def qkv_layout(fused: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, nkv: int) -> str:
+    """Name the column order of an [in, out] fused qkv weight, given HF [out, in] q, k, v.
+
+    "per_kv_group": [q heads of group 0 | k_0 | v_0 | q heads of group 1 | ...];
+    "plain": [all q | all k | all v]. For MHA per_kv_group means per head.
+    """
+    qt, kt, vt = q.T, k.T, v.T
+    if np.array_equal(fused, np.concatenate([qt, kt, vt], axis=1)):
+        plain = True
+    else:
+        plain = False
+    qg, kg, vg = (np.split(a, nkv, axis=1) for a in (qt, kt, vt))
+    grouped = np.concatenate([np.concatenate([qg[g], kg[g], vg[g]], axis=1) for g in range(nkv)], axis=1)
+    per_group = np.array_equal(fused, grouped)
+    if plain and per_group:
+        return "plain == per_kv_group (nkv == 1)"
+    return "plain" if plain else "per_kv_group" if per_group else "unknown"
+
+
+def main() -> None:
+    rc.quiet_env()
+    spec, out = rc.parse_args()
+    p = {**DEFAULTS, **{k: v for k, v in spec.items() if k in DEFAULTS}}
+    timer = rc.Timer()
+
+    import paddle
+    import paddleformers
+    from paddleformers.transformers import Ernie4_5Config, Ernie4_5ForCausalLM
+    from safetensors.numpy import load_file, save_file
+
+    timer.lap("import")
+    paddle.set_device("cpu")
+    paddle.seed(p["seed"])
+    cfg = Ernie4_5Config(
+        vocab_size=p["vocab_size"],
+        hidden_size=p["hidden_size"],
+        intermediate_size=p["intermediate_size"],
+        num_hidden_layers=p["num_hidden_layers"],
+        num_attention_heads=p["num_attention_heads"],
+        num_key_value_heads=p["num_key_value_heads"],
+        head_dim=p["head_dim"],
+        tie_word_embeddings=p["tie_word_embeddings"],
+        rope_theta=float(p["rope_theta"]),
+        rms_norm_eps=p["rms_norm_eps"],
+        max_position_embeddings=4096,
+        fuse_rms_norm=False,
+        dtype="float32",
+    )
+    model = Ernie4_5ForCausalLM(cfg)
+    model.eval()
+    rng = np.random.default_rng(p["seed"])
+    state = model.state_dict()
+    for name in sorted(state):
+        t = state[name]
+        t.set_value(rc.random_param(rng, name, tuple(t.shape)))
+    timer.lap("build")
+
+    ids = rc.token_ids(spec, p["vocab_size"], p["seed"])
+    with paddle.no_grad():
+        logits = model(paddle.to_tensor(ids)).logits.astype("float32").numpy()
+    rc.check_finite("logits", logits)
+    np.save(out / "input_ids.npy", ids)
+    np.save(out / "logits.npy", logits)
+    timer.lap("forward")
+
+    memory = {k: v.numpy() for k, v in model.state_dict().items()}
+    if spec.get("save_memory_state", True):
+        save_file(memory, str(out / "memory_state.safetensors"))
+    model.save_pretrained(str(out / "ckpt"))
+    timer.lap("save")
+
+    saved: dict[str, np.ndarray] = {}
+    for f in sorted((out / "ckpt").glob("*.safetensors")):
+        saved.update(load_file(str(f)))
+    a0 = "model.layers.0.self_attn."
+    layout = qkv_layout(
+        memory[a0 + "qkv_proj.weight"],
+        saved[a0 + "q_proj.weight"],
+        saved[a0 + "k_proj.weight"],
+        saved[a0 + "v_proj.weight"],
+        p["num_key_value_heads"],
+    )
+    m0 = "model.layers.0.mlp."
+    up_gate_is_gate_then_up = bool(
+        np.array_equal(
+            memory[m0 + "up_gate_proj.weight"],
+            np.concatenate([saved[m0 + "gate_proj.weight"].T, saved[m0 + "up_proj.weight"].T], axis=1),
+        )
+    )
+    rc.write_meta(
+        out,
+        {
+            "library": {"paddle": paddle.__version__, "paddleformers": paddleformers.__version__},
+            "params": p,
+            "input_shape": list(ids.shape),
+            "logits_shape": list(logits.shape),
+            "memory_keys": {k: [list(v.shape), str(v.dtype)] for k, v in memory.items()},
+            "saved_keys": {k: [list(v.shape), str(v.dtype)] for k, v in sorted(saved.items())},
+            "saved_files": sorted(x.name for x in (out / "ckpt").iterdir()),
+            "memory_qkv_layout": layout,
+            "memory_up_gate_is_gate_then_up": up_gate_is_gate_then_up,
+            "timing_s": timer.laps,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
