@@ -60,7 +60,7 @@ def load_graph(folder: str | os.PathLike[str], *, check_hashes: bool = True) -> 
     weights = root / WEIGHTS_FILE
     if weights.exists():
         st = SafetensorsFile(weights)
-        for key in st.keys():
+        for key in st:
             p = graph.params.get(key)
             if p is None:
                 raise WeightError(f"{weights}: tensor {key!r} is not a param of the graph")

@@ -69,11 +69,10 @@ class Interpreter:
             if isinstance(d, int):
                 if d != n:
                     raise ErnieIRError(f"{what}: dim {axis} must be {d} ({t}), got {n}")
-            elif "*" not in d:
-                if symbols.setdefault(d, n) != n:
-                    raise ErnieIRError(
-                        f"{what}: dim {axis} ({d}) is {n} but {d} = {symbols[d]} elsewhere"
-                    )
+            elif "*" not in d and symbols.setdefault(d, n) != n:
+                raise ErnieIRError(
+                    f"{what}: dim {axis} ({d}) is {n} but {d} = {symbols[d]} elsewhere"
+                )
 
     def run(self, inputs: Mapping[str, np.ndarray],
             observer: Callable[[Node, list[np.ndarray]], Any] | None = None,
