@@ -59,6 +59,9 @@ class OpDef(ABC):
     inputs: ClassVar[tuple[Input, ...]]
     Attrs: ClassVar[type[OpAttrs]] = NoAttrs
 
+    def __init__(self) -> None:
+        self._attr_cache: dict[Any, OpAttrs] = {}
+
     @abstractmethod
     def infer(self, types: Sequence[TensorType | None], attrs: Any) -> list[TensorType]:
         """Output types for these input types and attrs."""
@@ -77,12 +80,25 @@ class OpDef(ABC):
         """Validate attribute values against the schema; OpError names the bad key."""
         if isinstance(values, self.Attrs):
             return values
+        # Attrs are immutable, so equal inputs may share one validated instance.
         try:
-            return self.Attrs.model_validate(values or {})
+            key: Any = tuple(sorted((values or {}).items()))
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None:
+            hit = self._attr_cache.get(key)
+            if hit is not None:
+                return hit
+        try:
+            attrs = self.Attrs.model_validate(values or {})
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "attributes"
             raise OpError(f"op {self.name}: attribute {where}: {err['msg']}") from None
+        if key is not None and len(self._attr_cache) < 4096:
+            self._attr_cache[key] = attrs
+        return attrs
 
     def check_arity(self, n: int) -> None:
         required = sum(1 for i in self.inputs if not i.optional and not i.variadic)

@@ -9,6 +9,7 @@ types without a general symbolic algebra.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -56,11 +57,24 @@ def canonical_dim(dim: Dim) -> Dim:
         if dim < 0:
             raise ValueError(f"negative dim {dim}")
         return dim
+    return _canonical_symbolic(dim)
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_symbolic(dim: str) -> Dim:
     return _compose(*_factor(dim))
 
 
 def dim_product(dims: Iterable[Dim]) -> Dim:
     """The product of dims, symbolic where any factor is."""
+    dims = tuple(dims)
+    if all(type(d) is int for d in dims):
+        return math.prod(dims)  # type: ignore[arg-type]
+    return _symbolic_product(dims)
+
+
+@functools.lru_cache(maxsize=4096)
+def _symbolic_product(dims: tuple[Dim, ...]) -> Dim:
     coeff = 1
     symbols: Counter[str] = Counter()
     for d in dims:

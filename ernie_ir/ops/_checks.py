@@ -30,6 +30,11 @@ def need_rank(t: TensorType, rank: int | tuple[int, ...], op: str, name: str) ->
         raise OpError(f"{op}: input {name} must have rank {want}, got {t}")
 
 
+def need_min_rank(t: TensorType, rank: int, op: str, name: str) -> None:
+    if t.rank < rank:
+        raise OpError(f"{op}: input {name} must have rank >= {rank}, got {t}")
+
+
 def same_dim(a: Dim, b: Dim, op: str, what: str) -> None:
     """Two dims that must be equal (a symbolic dim only equals itself)."""
     if a != b:
@@ -37,6 +42,6 @@ def same_dim(a: Dim, b: Dim, op: str, what: str) -> None:
 
 
 def norm_axis(axis: int, rank: int, op: str) -> int:
-    if not -rank <= axis < max(rank, 1):
+    if not -rank <= axis < rank:
         raise OpError(f"{op}: axis {axis} out of range for rank {rank}")
-    return axis % rank if rank else 0
+    return axis % rank

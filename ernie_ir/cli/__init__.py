@@ -1,0 +1,1 @@
+"""The `ernie-ir` command line: parses, calls the library, prints. Nothing imports it."""

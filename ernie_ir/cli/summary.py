@@ -1,0 +1,47 @@
+"""The `--summary` view of a graph: node counts by op, params and bytes by dtype."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.table import Table
+
+from ernie_ir.ir import Graph
+
+
+def summary_tables(graph: Graph) -> list[Table]:
+    ops = Counter(n.op for n in graph)
+    t1 = Table(title=f"{graph.name}: {len(graph)} nodes")
+    t1.add_column("op")
+    t1.add_column("count", justify="right")
+    for op, count in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])):
+        t1.add_row(op, str(count))
+    by_dtype: dict[str, list[int]] = {}
+    symbolic = 0
+    for p in graph.params.values():
+        row = by_dtype.setdefault(str(p.type.dtype), [0, 0, 0])
+        row[0] += 1
+        if p.type.is_static:
+            row[1] += int(p.type.numel())  # type: ignore[arg-type]
+            row[2] += p.type.nbytes()
+        else:
+            symbolic += 1
+    t2 = Table(title=f"{len(graph.params)} params")
+    t2.add_column("dtype")
+    t2.add_column("params", justify="right")
+    t2.add_column("elements", justify="right")
+    t2.add_column("bytes", justify="right")
+    total = [0, 0, 0]
+    for dtype, (n, el, nb) in sorted(by_dtype.items()):
+        t2.add_row(dtype, str(n), f"{el:,}", _human(nb))
+        total = [total[0] + n, total[1] + el, total[2] + nb]
+    t2.add_row("total", str(total[0]), f"{total[1]:,}", _human(total[2]), style="bold")
+    return [t1, t2]
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
