@@ -8,16 +8,20 @@ typer's own (also exit 2).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 import ernie_ir
-from ernie_ir.ir import ErnieIRError
+from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.printer import print_graph
+from ernie_ir.ir.verifier import verify
+from ernie_ir.load import load_input
 
-from .inputs import load_input
 from .summary import summary_tables
 
 app = typer.Typer(
@@ -27,8 +31,21 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
+golden_app = typer.Typer(help="Check or update golden-graph files.", no_args_is_help=True)
+app.add_typer(golden_app, name="golden")
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
+
+ModelArg = Annotated[
+    str, typer.Argument(help="An .ir file, a graph folder, a model folder or a built-in name.")
+]
+PipelineOpt = Annotated[
+    str | None,
+    typer.Option("--pipeline", "-p", help="Passes to run: 'canonicalize,cse,dce' or a YAML file."),
+]
+TrustOpt = Annotated[
+    bool, typer.Option("--trust-pickle", help="Allow loading pickle-based .pdparams checkpoints.")
+]
 
 
 def _version(value: bool) -> None:
@@ -46,20 +63,81 @@ def _root(
     """A declarative graph compiler for ERNIE and GPT models."""
 
 
+def _split(values: list[str] | None) -> list[str]:
+    return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+
+
+def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str],
+                  print_after: list[str], dump_dir: Path | None, timing: bool) -> None:
+    from ernie_ir.passes import (
+        DumpInstrument,
+        PrintIRInstrument,
+        TimingInstrument,
+        load_pipeline,
+        run_pipeline,
+    )
+    from ernie_ir.passes.base import graph_properties
+
+    if not pipeline:
+        if print_before or print_after or dump_dir or timing:
+            raise ErnieIRError("--print-before/--print-after/--dump-dir/--timing need --pipeline")
+        return
+    pl = load_pipeline(pipeline, initial=graph_properties(graph))
+    names = {p.name for p in pl}
+    for n in [*print_before, *print_after]:
+        if n != "*" and n not in names:
+            raise ErnieIRError(f"--print-before/--print-after: pass {n!r} is not in the pipeline "
+                               f"({', '.join(sorted(names))})")
+    instruments = []
+    tim = TimingInstrument()
+    if timing:
+        instruments.append(tim)
+    if print_before or print_after:
+        instruments.append(PrintIRInstrument(lambda s: err.print(s, markup=False),
+                                             before=print_before, after=print_after))
+    if dump_dir is not None:
+        instruments.append(DumpInstrument(dump_dir))
+    result = run_pipeline(graph, pl, instruments=instruments)
+    for w in result.warnings:
+        err.print(f"warning: {w}", markup=False)
+    if timing:
+        t = Table(title=f"pipeline {pl}")
+        t.add_column("#", justify="right")
+        t.add_column("pass")
+        t.add_column("ms", justify="right")
+        t.add_column("changed")
+        t.add_column("rewrites")
+        for r in tim.rows:
+            counts = result.stats.get(f"{r.index}:{r.spec.split('{')[0]}", {})
+            t.add_row(str(r.index), r.spec, f"{r.seconds * 1e3:.2f}", "yes" if r.changed else "no",
+                      ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+        t.add_row("", "total", f"{tim.total * 1e3:.2f}", "", "", style="bold")
+        err.print(t)
+
+
 @app.command()
 def show(
-    model: Annotated[str, typer.Argument(help="An .ir file, a graph folder, a model folder or a built-in name.")],
+    model: ModelArg,
+    pipeline: PipelineOpt = None,
     summary: Annotated[bool, typer.Option("--summary", help="Print counts instead of the IR.")] = False,
     hashes: Annotated[bool, typer.Option("--hashes", help="Print a content hash per param.")] = False,
-    trust_pickle: Annotated[
-        bool, typer.Option("--trust-pickle", help="Allow loading pickle-based .pdparams checkpoints.")
-    ] = False,
+    print_before: Annotated[
+        list[str] | None, typer.Option("--print-before", help="Print the IR before PASS (if it changes).")
+    ] = None,
+    print_after: Annotated[
+        list[str] | None, typer.Option("--print-after", help="Print the IR after PASS (if it changed).")
+    ] = None,
+    dump_dir: Annotated[
+        Path | None, typer.Option("--dump-dir", help="Write every step to numbered .ir files.")
+    ] = None,
+    timing: Annotated[bool, typer.Option("--timing", help="Print a timing table of the passes.")] = False,
+    trust_pickle: TrustOpt = False,
 ) -> None:
     """Print a model's IR (exactly the text format, so it can be parsed back)."""
     graph = load_input(model, trust_pickle=trust_pickle)
-    from ernie_ir.ir.verifier import verify
-
     verify(graph)
+    _run_pipeline(graph, pipeline, print_before=_split(print_before), print_after=_split(print_after),
+                  dump_dir=dump_dir, timing=timing)
     if summary:
         for table in summary_tables(graph):
             out.print(table)
@@ -67,12 +145,112 @@ def show(
     sys.stdout.write(print_graph(graph, with_hashes=hashes))
 
 
+@app.command()
+def passes() -> None:
+    """List the passes and presets (built-in and plugins), with their options."""
+    from ernie_ir.passes import all_passes, all_presets
+    from ernie_ir.passes.registry import REGISTRY
+
+    t = Table(title="passes")
+    t.add_column("name")
+    t.add_column("description")
+    t.add_column("options")
+    t.add_column("origin")
+    for name, cls in all_passes().items():
+        opts = []
+        for key, fld in cls.Options.model_fields.items():
+            default = "required" if fld.is_required() else repr(fld.get_default(call_default_factory=True))
+            opts.append(f"{key}={default}")
+        props = []
+        if cls.requires:
+            props.append("requires " + ",".join(sorted(cls.requires)))
+        if cls.produces:
+            props.append("produces " + ",".join(sorted(cls.produces)))
+        desc = cls.description + (f" ({'; '.join(props)})" if props else "")
+        t.add_row(name, desc, ", ".join(opts), REGISTRY.origins.get(name, ""))
+    out.print(t)
+    p = Table(title="presets")
+    p.add_column("name")
+    p.add_column("pipeline")
+    p.add_column("description")
+    for preset in all_presets().values():
+        p.add_row(preset.name, preset.pipeline, preset.description)
+    out.print(p)
+    if REGISTRY.broken:
+        for b in REGISTRY.broken:
+            err.print(f"error: plugin {b.name!r} ({b.target}) failed to load: {b.error}", markup=False)
+        raise typer.Exit(2)
+
+
+@app.command()
+def explain(
+    rule: Annotated[str, typer.Argument(help="A rewrite rule name (or a rewrite pass with one rule).")],
+    model: ModelArg,
+    pipeline: PipelineOpt = None,
+    trust_pickle: TrustOpt = False,
+) -> None:
+    """Say where a rewrite rule matches in a model, or why it does not."""
+    from ernie_ir.passes import all_passes
+    from ernie_ir.passes.rewrite import RuleSet, find_rule
+
+    r = find_rule(rule, all_passes())
+    graph = load_input(model, trust_pickle=trust_pickle)
+    verify(graph)
+    _run_pipeline(graph, pipeline, print_before=[], print_after=[], dump_dir=None, timing=False)
+    (trace,) = RuleSet([r]).explain(graph)
+    out.print(trace.summary(), markup=False)
+    for m in RuleSet([r]).find(graph)[:20]:
+        root = m.nodes[0]
+        out.print(f"  match: {root.op} at {root.scope or '<root>'} ({len(m.nodes)} nodes)", markup=False)
+
+
+def _golden(paths: list[str] | None, update: bool) -> None:
+    from ernie_ir.testing.golden import check_goldens
+
+    if not paths:
+        default = Path("tests/golden")
+        if not default.is_dir():
+            raise ErnieIRError("no PATHS given and ./tests/golden does not exist: name golden files "
+                               "or folders, or run from the project root")
+        paths = [str(default)]
+    results = check_goldens(paths, update=update)
+    failed = 0
+    for r in results:
+        if r.ok:
+            out.print(f"ok       {r.case.path}", markup=False)
+        elif r.updated:
+            out.print(f"updated  {r.case.path} ({r.reason})", markup=False)
+        else:
+            failed += 1
+            out.print(f"FAIL     {r.case.path}: {r.reason}", markup=False)
+            if r.diff:
+                out.print(r.diff, markup=False)
+    out.print(f"{len(results)} golden file(s), {failed} failed"
+              + (f", {sum(r.updated for r in results)} updated" if update else ""), markup=False)
+    if failed:
+        raise typer.Exit(1)
+
+
+@golden_app.command("check")
+def golden_check(paths: Annotated[list[str] | None, typer.Argument(help="Golden files or folders.")] = None
+                 ) -> None:
+    """Check golden files (default: ./tests/golden); exit 1 and show diffs on mismatch."""
+    _golden(paths, update=False)
+
+
+@golden_app.command("update")
+def golden_update(paths: Annotated[list[str] | None, typer.Argument(help="Golden files or folders.")] = None
+                  ) -> None:
+    """Rewrite the golden files that fail (and only those)."""
+    _golden(paths, update=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the app and maps user errors to exit code 2."""
     try:
         app(args=argv)  # typer handles --help, usage errors (exit 2) and Exit itself
     except ErnieIRError as e:
-        err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True)
         sys.exit(2)
     except BrokenPipeError:
         sys.exit(0)

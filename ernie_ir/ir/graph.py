@@ -142,6 +142,9 @@ class Node:
         self.opdef: OpDef = get_op(op)
         self.op = op
         self.opdef.check_arity(len(inputs))
+        for i, v in enumerate(inputs):  # before trailing Nones are dropped below
+            if v is None and not self.opdef.inputs[min(i, len(self.opdef.inputs) - 1)].optional:
+                raise OpError(f"op {op}: input {self.opdef.input_name(i)} is required")
         # Trailing absent optional inputs are dropped so equal nodes look equal.
         ins = list(inputs)
         while ins and ins[-1] is None:
@@ -153,11 +156,8 @@ class Node:
         self._prev: Node | None = None
         self._next: Node | None = None
         for i, v in enumerate(self.inputs):
-            if v is None:
-                if not self.opdef.inputs[min(i, len(self.opdef.inputs) - 1)].optional:
-                    raise OpError(f"op {op}: input {self.opdef.input_name(i)} is required")
-                continue
-            v._uses[(self, i)] = None
+            if v is not None:
+                v._uses[(self, i)] = None
         if output_types is None:
             output_types = self.infer_types()
         names = list(output_names or [])
@@ -171,6 +171,7 @@ class Node:
 
     def infer_types(self) -> list[TensorType]:
         """Output types the op's rule gives for the current inputs (OpError if they don't fit)."""
+        self.opdef.check_arity(len(self.inputs))  # a rewrite may have dropped a required input
         return self.opdef.infer(self.input_types(), self.attrs)
 
     @property
@@ -393,7 +394,8 @@ class Graph:
         nodes = list(self)
         indeg: dict[Node, int] = {}
         for n in nodes:
-            indeg[n] = len({v.producer for v in n.inputs if v is not None and v.producer is not None})
+            indeg[n] = len({v.producer for v in n.inputs
+                            if v is not None and v.producer is not None and v.producer.graph is self})
         ready = [n for n in nodes if indeg[n] == 0]
         order: list[Node] = []
         pos = {n: i for i, n in enumerate(nodes)}
@@ -410,7 +412,15 @@ class Graph:
                     if indeg[user] == 0:
                         heapq.heappush(heap, (pos[user], id(user), user))
         if len(order) != len(nodes):
+            # Walk back through unsorted producers: the first node seen twice is on a cycle
+            # (the first stuck node in order may merely read from one).
             stuck = next(n for n in nodes if indeg[n] > 0)
+            seen: set[Node] = set()
+            while stuck not in seen:
+                seen.add(stuck)
+                stuck = next(v.producer for v in stuck.inputs if v is not None
+                             and v.producer is not None and v.producer.graph is self
+                             and indeg[v.producer] > 0)
             raise ValueError(f"graph has a cycle through {stuck}")
         self._head = self._tail = None
         self._count = 0

@@ -222,7 +222,7 @@ class _GraphParser:
             raise IRParseError("empty input: expected 'graph @name(...) -> (...) {'", 1, 1, self.source)
         self.header(self.line(idx))
         idx += 1
-        closed = False
+        closed = 0  # line number of the closing brace, once seen
         while idx < len(self.lines):
             raw = self.lines[idx]
             stripped = raw.strip()
@@ -230,9 +230,10 @@ class _GraphParser:
                 idx += 1
                 continue
             if closed:
-                raise IRParseError("text after the closing '}'", idx + 1, 1, self.source)
+                raise IRParseError("text after the closing '}'", idx + 1,
+                                   len(raw) - len(raw.lstrip()) + 1, self.source)
             if stripped == "}":
-                closed = True
+                closed = idx + 1
             elif stripped.startswith("%"):
                 self.node(idx)
             elif stripped.startswith("param"):
@@ -251,7 +252,8 @@ class _GraphParser:
             raise IRParseError("missing closing '}' of the graph", len(self.lines), 1, self.source)
         assert self.graph is not None
         if not self.graph.outputs and self.out_names:
-            raise IRParseError("missing 'return' statement", len(self.lines), 1, self.source)
+            raise IRParseError("missing 'return' statement before the closing '}'", closed, 1,
+                               self.source)
         return self.graph
 
     def _skip(self, idx: int) -> int:
@@ -274,6 +276,8 @@ class _GraphParser:
             tok = ln.expect_kind("value", "an input such as %input_ids")
             vname = ln.name_of(tok)
             ln.expect(":")
+            if any(v.name == vname for v in self.graph.inputs):
+                raise ln.error_at(tok.col, f"input %{vname} is declared twice")
             v = self.graph.add_input(vname, ln.tensor_type())
             self.define(ln, tok, tok.text, v)
         ln.expect(")")
@@ -330,19 +334,23 @@ class _GraphParser:
         self.graph.add_param(p)
 
     def ret(self, ln: _Line) -> None:
-        ln.expect("return")
+        kw = ln.expect("return")
         values: list[Value] = []
+        cols: list[int] = []
         while ln.peek() is not None:
             if values:
                 ln.expect(",")
-            values.append(self.operand(ln, ln.take()))
+            tok = ln.take()
+            values.append(self.operand(ln, tok))
+            cols.append(tok.col)
         assert self.graph is not None
         if len(values) != len(self.out_names):
-            raise ln.error_at(1, f"return has {len(values)} values but the header declares "
+            raise ln.error_at(kw.col, f"return has {len(values)} values but the header declares "
                                  f"{len(self.out_names)} outputs")
         for i, (v, t) in enumerate(zip(values, self.out_types, strict=True)):
             if v.type != t:
-                raise ln.error_at(1, f"output {self.out_names[i]} is declared {t} but returns {v.type}")
+                raise ln.error_at(cols[i], f"output {self.out_names[i]} is declared {t} but returns "
+                                           f"{v.type}")
         self.graph.set_outputs(values, self.out_names)
 
     def operand(self, ln: _Line, tok: _Tok) -> Value:
@@ -378,15 +386,16 @@ class _GraphParser:
         args = m.group("args")
         if args.strip():
             col = m.start("args") + 1
-            for a in args.split(","):
-                a = a.strip()
+            for piece in args.split(","):
+                a = piece.strip()
+                a_col, col = col + len(piece) - len(piece.lstrip()), col + len(piece) + 1
                 if a == "none":
                     inputs.append(None)
                 elif a.startswith("%"):
                     v = self.env.get(a)
                     if v is None:
-                        raise IRParseError(f"use of undefined value {a}", lineno,
-                                           col + args.find(a), self.source)
+                        raise IRParseError(f"use of undefined value {a}", lineno, a_col,
+                                           self.source)
                     inputs.append(v)
                 elif a.startswith("@"):
                     p = self.graph.params.get(a[1:]) if self.graph else None
@@ -398,7 +407,8 @@ class _GraphParser:
                     self.node_general(self.line(idx))
                     return
         attrs_text = m.group("attrs") or ""
-        attrs = self.attrs(opdef, attrs_text, idx, m.start("attrs") + 1 if attrs_text else 0)
+        attrs = self.attrs(opdef, attrs_text, idx,
+                           m.start("attrs") + 1 if attrs_text else m.start("op") + 1)
         types = self.types(m.group("types"), idx, m.start("types") + 1)
         outs = m.group("outs").split(", ")
         loc = m.group("loc")
@@ -431,7 +441,8 @@ class _GraphParser:
             attrs = opdef.make_attrs(attrs_values)
         except ErnieIRError as e:
             raise ln.error_at(attr_col or optok.col, str(e)) from None
-        colon = ln.expect(":")
+        ln.expect(":")
+        type_col = ln.peek().col if ln.peek() is not None else ln.end_col
         types = [ln.tensor_type()]
         while ln.at(","):
             ln.take()
@@ -447,7 +458,7 @@ class _GraphParser:
         for t in outs:
             out_keys.append(t.text if not t.text.startswith('%"') else "%" + ln.name_of(t))
         self.make_node(opdef, inputs, attrs, types, out_keys, scope, ln.lineno, outs[0].col,
-                       colon.col + 2)
+                       type_col)
 
     def opdef(self, name: str, lineno: int, col: int) -> OpDef:
         try:

@@ -42,7 +42,7 @@ def _factor(dim: Dim) -> tuple[int, Counter[str]]:
 
 def _compose(coeff: int, symbols: Counter[str]) -> Dim:
     names = sorted(symbols.elements())
-    if not names:
+    if not names or coeff == 0:  # 0*B is 0, whatever B is
         return coeff
     if coeff == 1:
         return "*".join(names)

@@ -60,7 +60,7 @@ class Gelu(_Unary):
             inner = c * (x + np.float32(0.044715) * x * x * x)
             return [np.float32(0.5) * x * (np.float32(1) + np.tanh(inner))]
         x64 = x.astype(np.float64)
-        erf = _erf(x64 / math.sqrt(2.0)).astype(np.float64)
+        erf = np.asarray(_erf(x64 / math.sqrt(2.0)), dtype=np.float64)  # 0-d gives a float
         return [(0.5 * x64 * (1.0 + erf)).astype(np.float32)]
 
 

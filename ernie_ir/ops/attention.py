@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ernie_ir.ir import Input, OpAttrs, OpDef, OpError, TensorType, register_op
+from ernie_ir.ir import DType, Input, OpAttrs, OpDef, OpError, TensorType, register_op
+from ernie_ir.ir.types import broadcast_shapes
 
 from ._checks import need, need_float, need_rank, same_dim
 
@@ -45,8 +46,16 @@ class Attention(OpDef):
         if isinstance(h, int) and isinstance(kv, int) and (kv == 0 or h % kv):
             raise OpError(f"attention: {h} query heads are not a multiple of {kv} kv heads")
         mask = types[3] if len(types) > 3 else None
-        if mask is not None and mask.rank > 4:
-            raise OpError(f"attention: mask must broadcast to [B, H, S, T], got {mask}")
+        if mask is not None:
+            if not (mask.dtype.is_float or mask.dtype == DType.BOOL):
+                raise OpError(f"attention: mask must be float (additive) or bool (keep), got {mask}")
+            full = (q.shape[0], h, q.shape[1], k.shape[1])
+            try:
+                fits = mask.rank <= 4 and broadcast_shapes(mask.shape, full) == full
+            except ValueError:
+                fits = False
+            if not fits:
+                raise OpError(f"attention: mask must broadcast to [B, H, S, T] = {list(full)}, got {mask}")
         return [TensorType(q.dtype, (*q.shape[:3], v.shape[3]))]
 
     def kernel(self, args: Sequence[np.ndarray | None], attrs: AttentionAttrs) -> list[np.ndarray]:

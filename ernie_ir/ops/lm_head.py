@@ -8,7 +8,7 @@ import numpy as np
 
 from ernie_ir.ir import Input, OpAttrs, OpDef, TensorType, f32, register_op
 
-from ._checks import need, need_float, need_rank, same_dim
+from ._checks import need, need_float, need_min_rank, need_rank, same_dim
 
 
 class LmHeadAttrs(OpAttrs):
@@ -31,6 +31,7 @@ class LmHead(OpDef):
     def infer(self, types: Sequence[TensorType | None], attrs: LmHeadAttrs) -> list[TensorType]:
         x, w = need(types[0], self.name, "x"), need(types[1], self.name, "weight")
         need_float(x, self.name, "x")
+        need_min_rank(x, 1, self.name, "x")
         need_rank(w, 2, self.name, "weight")
         hidden, vocab = (w.shape[1], w.shape[0]) if attrs.transpose_weight else w.shape
         same_dim(x.shape[-1], hidden, self.name, "x's last dim and weight's hidden size")

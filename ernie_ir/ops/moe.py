@@ -9,7 +9,7 @@ from pydantic import Field
 
 from ernie_ir.ir import Input, OpAttrs, OpDef, OpError, TensorType, f32, i64, register_op
 
-from ._checks import need, need_float, need_int, need_rank, same_dim
+from ._checks import need, need_float, need_int, need_min_rank, need_rank, same_dim
 
 
 class MoeGateAttrs(OpAttrs):
@@ -40,6 +40,7 @@ class MoeGate(OpDef):
     def infer(self, types: Sequence[TensorType | None], attrs: MoeGateAttrs) -> list[TensorType]:
         x, w = need(types[0], self.name, "x"), need(types[1], self.name, "weight")
         need_float(x, self.name, "x")
+        need_min_rank(x, 1, self.name, "x")
         need_rank(w, 2, self.name, "weight")
         same_dim(x.shape[-1], w.shape[0], self.name, "x's last dim and router in-dim")
         experts = w.shape[1]
@@ -98,6 +99,7 @@ class MoeExperts(OpDef):
             for t, n in zip(types, ("x", "weights", "indices", "up_gate", "down"), strict=False)
         )
         need_float(x, self.name, "x")
+        need_min_rank(x, 1, self.name, "x")
         need_float(wts, self.name, "weights")
         need_int(idx, self.name, "indices")
         need_rank(ug, 3, self.name, "up_gate")

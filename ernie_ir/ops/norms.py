@@ -9,7 +9,7 @@ from pydantic import Field
 
 from ernie_ir.ir import Input, OpAttrs, OpDef, TensorType, register_op
 
-from ._checks import need, need_float, need_rank, same_dim
+from ._checks import need, need_float, need_min_rank, need_rank, same_dim
 
 
 class NormAttrs(OpAttrs):
@@ -38,6 +38,7 @@ class RmsNorm(OpDef):
     def infer(self, types: Sequence[TensorType | None], attrs: NormAttrs) -> list[TensorType]:
         x = need(types[0], self.name, "x")
         need_float(x, self.name, "x")
+        need_min_rank(x, 1, self.name, "x")
         _check_affine(self.name, x, need(types[1], self.name, "weight"), "weight")
         return [x]
 
@@ -63,6 +64,7 @@ class LayerNorm(OpDef):
     def infer(self, types: Sequence[TensorType | None], attrs: NormAttrs) -> list[TensorType]:
         x = need(types[0], self.name, "x")
         need_float(x, self.name, "x")
+        need_min_rank(x, 1, self.name, "x")
         _check_affine(self.name, x, types[1] if len(types) > 1 else None, "weight")
         _check_affine(self.name, x, types[2] if len(types) > 2 else None, "bias")
         return [x]

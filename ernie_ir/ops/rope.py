@@ -31,7 +31,7 @@ def rope_angles(positions: np.ndarray, dim: int, theta: float) -> np.ndarray:
 class Rope(OpDef):
     """Rotate channel pairs of each head by position-dependent angles.
 
-    x: float [B, S, N, D] (D even); position_ids: optional int [B, S]
+    x: float [B, S, N, D] (D even); position_ids: optional int [B, S] or [1, S]
     (default 0..S-1 for every batch row). With a_i = pos * theta^(-2i/D):
       interleaved: y[2i]   = x[2i] cos a_i - x[2i+1] sin a_i
                    y[2i+1] = x[2i+1] cos a_i + x[2i] sin a_i
@@ -56,6 +56,8 @@ class Rope(OpDef):
             need_int(pos, self.name, "position_ids")
             need_rank(pos, 2, self.name, "position_ids")
             same_dim(pos.shape[1], x.shape[1], self.name, "position_ids and x sequence lengths")
+            if pos.shape[0] != 1:
+                same_dim(pos.shape[0], x.shape[0], self.name, "position_ids and x batch sizes")
         return [x]
 
     def kernel(self, args: Sequence[np.ndarray | None], attrs: RopeAttrs) -> list[np.ndarray]:

@@ -1,4 +1,4 @@
-"""Resolving what the user named on the command line into a Graph.
+"""Resolving a MODEL argument (CLI, golden cases) into a Graph.
 
 MODEL may be an IR text file (`*.ir`), a graph folder (`graph.ir` +
 `weights.safetensors`), a checkpoint folder, or a built-in model name such as

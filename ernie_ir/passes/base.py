@@ -1,0 +1,150 @@
+"""What a pass is: a named, documented graph transformation with typed options.
+
+A pass declares
+- `name` (kebab-case, used in pipelines) and a one-line `description`;
+- `Options`, a pydantic model (unknown or ill-typed options are errors);
+- `requires` / `produces` / `invalidates`: graph properties such as
+  `quantized`, `split` or `lowered:cuda`. The pipeline builder checks the
+  order before anything runs; the pass manager records what each pass
+  produced on the graph (`graph.metadata["properties"]`).
+
+`run(graph, ctx)` mutates the graph in place and returns True if it changed
+it. In debug mode the pass manager checks that claim against the printed IR
+(a pass that says "unchanged" but changed the graph is a bug it reports).
+
+Write a class, or decorate a function with `@function_pass(...)`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ernie_ir.ir import ErnieIRError, Graph
+
+
+class PassOptions(BaseModel):
+    """Base of every pass's options: immutable, no unknown keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NoOptions(PassOptions):
+    """For passes without options."""
+
+
+class PipelineError(ErnieIRError):
+    """A pipeline that cannot be built: unknown pass, bad option, wrong order."""
+
+
+@dataclass
+class PassContext:
+    """What a running pass may use besides the graph: statistics and diagnostics.
+
+    `count(key)` feeds the rewrite-count instrument; `warn(msg)` collects
+    warnings that the CLI prints (the library itself never prints).
+    """
+
+    stats: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    debug: bool = True
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+class Pass(ABC):
+    """Base class of passes. Subclasses set the class attributes and implement `run`."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Options: ClassVar[type[PassOptions]] = NoOptions
+    requires: ClassVar[frozenset[str]] = frozenset()
+    produces: ClassVar[frozenset[str]] = frozenset()
+    invalidates: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, options: PassOptions | dict[str, Any] | None = None) -> None:
+        self.options = self.make_options(options)
+
+    @classmethod
+    def make_options(cls, options: PassOptions | dict[str, Any] | None) -> PassOptions:
+        if isinstance(options, cls.Options):
+            return options
+        try:
+            return cls.Options.model_validate(options or {})
+        except ValidationError as e:
+            problems = []
+            for err in e.errors():
+                where = ".".join(str(p) for p in err["loc"]) or "options"
+                problems.append(f"{where}: {err['msg']}")
+            valid = ", ".join(cls.Options.model_fields) or "none"
+            raise PipelineError(
+                f"pass {cls.name}: bad option ({'; '.join(problems)}); valid options: {valid}"
+            ) from None
+
+    @abstractmethod
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
+        """Transform `graph` in place; return True if it changed."""
+
+    def spec(self) -> str:
+        """This pass and its non-default options, in pipeline syntax."""
+        from .pipeline import format_pass_spec
+
+        return format_pass_spec(self.name, self.options)
+
+    def __repr__(self) -> str:
+        return f"<Pass {self.spec()}>"
+
+
+def function_pass(
+    name: str,
+    description: str,
+    *,
+    options: type[PassOptions] = NoOptions,
+    requires: tuple[str, ...] = (),
+    produces: tuple[str, ...] = (),
+    invalidates: tuple[str, ...] = (),
+) -> Callable[[Callable[[Graph, Any, PassContext], bool]], type[Pass]]:
+    """Turn `fn(graph, options, ctx) -> changed` into a Pass class."""
+
+    def wrap(fn: Callable[[Graph, Any, PassContext], bool]) -> type[Pass]:
+        def run(self: Pass, graph: Graph, ctx: PassContext) -> bool:
+            return bool(fn(graph, self.options, ctx))
+
+        cls = type(
+            fn.__name__,
+            (Pass,),
+            {
+                "name": name,
+                "description": description,
+                "Options": options,
+                "requires": frozenset(requires),
+                "produces": frozenset(produces),
+                "invalidates": frozenset(invalidates),
+                "run": run,
+                "__doc__": fn.__doc__ or description,
+                "__module__": fn.__module__,
+            },
+        )
+        return cls
+
+    return wrap
+
+
+def graph_properties(graph: Graph) -> set[str]:
+    """The properties passes have recorded on this graph."""
+    return set(graph.metadata.get("properties", []))
+
+
+def set_graph_properties(graph: Graph, props: set[str]) -> None:
+    if props:
+        graph.metadata["properties"] = sorted(props)
+    else:
+        graph.metadata.pop("properties", None)

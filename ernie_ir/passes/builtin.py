@@ -1,0 +1,9 @@
+"""Imports every built-in pass module (each registers itself) and the generic presets."""
+
+from __future__ import annotations
+
+from . import canonicalize, cse, dce  # noqa: F401
+from .registry import REGISTRY
+
+if "O1" not in REGISTRY.presets:
+    REGISTRY.add_preset("O1", "canonicalize,cse,dce", "Generic cleanup: canonicalize, CSE, DCE.")

@@ -1,0 +1,35 @@
+"""Dead-code elimination: drop nodes whose results nobody reads, then unused params."""
+
+from __future__ import annotations
+
+from ernie_ir.ir import Graph
+
+from .base import PassContext, PassOptions, function_pass
+from .registry import register_pass
+
+
+class DceOptions(PassOptions):
+    keep_params: bool = False
+    """Keep params that no node reads any more (default: remove them)."""
+
+
+@register_pass
+@function_pass("dce", "Remove nodes whose results are unused, and params no node reads.",
+               options=DceOptions)
+def dce(graph: Graph, options: DceOptions, ctx: PassContext) -> bool:
+    """Walks backwards once: a node is dead when none of its results is read or returned,
+    and erasing it may make its producers dead in turn, which the backward walk sees next."""
+    outputs = set(graph.outputs)
+    removed = 0
+    for node in reversed(graph):
+        if any(v.num_uses() or v in outputs for v in node.outputs):
+            continue
+        graph.erase(node)
+        removed += 1
+    if not options.keep_params:
+        for name in [n for n, p in graph.params.items() if not p.num_uses() and p not in outputs]:
+            graph.remove_param(name)
+            removed += 1
+    if removed:
+        ctx.count("erased", removed)
+    return removed > 0

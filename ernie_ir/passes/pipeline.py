@@ -1,0 +1,288 @@
+"""Pipelines: an ordered list of configured passes, from text or YAML.
+
+Text:  `canonicalize,cse,dce,my-pass{rank=32,targets=[".*qkv.*", ".*o_proj.*"]}`
+YAML:  a list whose items are a pass name or a one-key mapping to options:
+
+    pipeline:
+      - canonicalize
+      - my-pass: {rank: 32}
+
+A name may also be a preset, which expands in place. Building a pipeline
+validates everything before a pass runs: unknown passes (with suggestions),
+options against each pass's pydantic schema, and the requires/produces order.
+`str(pipeline)` is the resolved, canonical text recorded in artifacts and
+dump headers; parsing it gives the same pipeline again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from .base import Pass, PipelineError
+from .registry import REGISTRY
+
+_BARE = re.compile(r"[A-Za-z0-9_.\-/*+]+")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-:.]*")
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """One pipeline element before validation: a name and raw option values."""
+
+    name: str
+    options: dict[str, Any]
+    where: str = ""  # "position 3" or "item 2 of file.yaml", for messages
+
+
+def _bare_value(token: str) -> Any:
+    low = token.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for conv in (int, float):
+        try:
+            return conv(token)
+        except ValueError:
+            pass
+    return token
+
+
+class _TextReader:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.i = 0
+
+    def fail(self, msg: str) -> PipelineError:
+        return PipelineError(f"pipeline {self.text!r}: {msg} at character {self.i + 1}")
+
+    def skip(self) -> None:
+        while self.i < len(self.text) and self.text[self.i].isspace():
+            self.i += 1
+
+    def peek(self) -> str:
+        self.skip()
+        return self.text[self.i] if self.i < len(self.text) else ""
+
+    def expect(self, ch: str) -> None:
+        if self.peek() != ch:
+            found = self.peek() or "end of text"
+            raise self.fail(f"expected {ch!r}, found {found!r}")
+        self.i += 1
+
+    def specs(self) -> list[PassSpec]:
+        out: list[PassSpec] = []
+        while True:
+            if not self.peek():
+                raise self.fail("expected a pass name")
+            out.append(self.spec(len(out) + 1))
+            if not self.peek():
+                return out
+            self.expect(",")
+
+    def spec(self, position: int) -> PassSpec:
+        self.skip()
+        m = _NAME.match(self.text, self.i)
+        if m is None:
+            raise self.fail("expected a pass name")
+        self.i = m.end()
+        options: dict[str, Any] = {}
+        if self.peek() == "{":
+            self.i += 1
+            while self.peek() != "}":
+                if options:
+                    self.expect(",")
+                self.skip()
+                k = _NAME.match(self.text, self.i)
+                if k is None:
+                    raise self.fail("expected an option name")
+                self.i = k.end()
+                key = k.group().replace("-", "_")
+                if key in options:
+                    raise self.fail(f"option {key!r} given twice")
+                self.expect("=")
+                options[key] = self.value()
+            self.i += 1
+        return PassSpec(m.group(), options, f"position {position}")
+
+    def value(self) -> Any:
+        ch = self.peek()
+        if ch == '"':
+            m = re.compile(r'"(?:[^"\\]|\\.)*"').match(self.text, self.i)
+            if m is None:
+                raise self.fail("unterminated string")
+            self.i = m.end()
+            return json.loads(m.group())
+        if ch == "[":
+            self.i += 1
+            items: list[Any] = []
+            while self.peek() != "]":
+                if items:
+                    self.expect(",")
+                items.append(self.value())
+            self.i += 1
+            return items
+        m = _BARE.match(self.text, self.i)
+        if m is None:
+            raise self.fail(f"expected a value, found {ch or 'end of text'!r}")
+        self.i = m.end()
+        return _bare_value(m.group())
+
+
+def parse_pipeline_text(text: str) -> list[PassSpec]:
+    """Split pipeline text into specs (no validation against the registry yet)."""
+    if not text.strip():
+        return []
+    return _TextReader(text).specs()
+
+
+def parse_pipeline_yaml(text: str, source: str = "<yaml>") -> list[PassSpec]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise PipelineError(f"{source}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if isinstance(data, dict):
+        keys = set(data)
+        if keys - {"pipeline", "passes", "description"}:
+            raise PipelineError(f"{source}: expected a list of passes or a 'pipeline:' key, "
+                                f"found keys {sorted(keys)}")
+        data = data.get("pipeline", data.get("passes"))
+    if not isinstance(data, list):
+        raise PipelineError(f"{source}: a pipeline is a list of passes")
+    specs = []
+    for i, item in enumerate(data, 1):
+        where = f"item {i} of {source}"
+        if isinstance(item, str):
+            specs.append(PassSpec(item, {}, where))
+        elif isinstance(item, dict) and len(item) == 1:
+            name, opts = next(iter(item.items()))
+            if opts is None:
+                opts = {}
+            if not isinstance(opts, dict):
+                raise PipelineError(f"{where}: options of {name!r} must be a mapping")
+            specs.append(PassSpec(str(name), {str(k).replace("-", "_"): v for k, v in opts.items()},
+                                  where))
+        else:
+            raise PipelineError(f"{where}: expected a pass name or {{name: {{options}}}}")
+    return specs
+
+
+def format_value(v: Any) -> str:
+    if isinstance(v, BaseModel):
+        v = v.model_dump(mode="json")
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "none"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(format_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return json.dumps(v, sort_keys=True)
+    s = str(getattr(v, "value", v))
+    if _BARE.fullmatch(s) and isinstance(_bare_value(s), str):
+        return s
+    return json.dumps(s)
+
+
+def format_pass_spec(name: str, options: BaseModel) -> str:
+    """`name{k=v,...}` listing only options that differ from their defaults."""
+    items = []
+    for key, fld in type(options).model_fields.items():
+        value = getattr(options, key)
+        if not fld.is_required() and value == fld.get_default(call_default_factory=True):
+            continue
+        items.append(f"{key}={format_value(value)}")
+    return name + ("{" + ",".join(items) + "}" if items else "")
+
+
+class Pipeline:
+    """Validated, instantiated passes in order."""
+
+    def __init__(self, passes: Sequence[Pass]) -> None:
+        self.passes = list(passes)
+
+    def __str__(self) -> str:
+        return ",".join(p.spec() for p in self.passes)
+
+    def __repr__(self) -> str:
+        return f"Pipeline({str(self)!r})"
+
+    def __len__(self) -> int:
+        return len(self.passes)
+
+    def __iter__(self):
+        return iter(self.passes)
+
+    def __add__(self, other: Pipeline) -> Pipeline:
+        return Pipeline([*self.passes, *other.passes])
+
+    def check_order(self, initial: Iterable[str] = ()) -> None:
+        """Each pass's `requires` must hold when it runs; PipelineError says which pass fixes it."""
+        props = set(initial)
+        for i, p in enumerate(self.passes, 1):
+            missing = sorted(p.requires - props)
+            if missing:
+                providers = sorted(
+                    name for name, cls in REGISTRY.passes.items() if set(missing) & cls.produces
+                )
+                hint = f"; run {' or '.join(providers)} before it" if providers else ""
+                raise PipelineError(
+                    f"pass {p.name} (position {i}) requires {', '.join(missing)}, which no earlier "
+                    f"pass produces{hint}"
+                )
+            props = (props - p.invalidates) | p.produces
+
+
+def build_pipeline(specs: Sequence[PassSpec], *, initial: Iterable[str] = (),
+                   check_order: bool = True, _depth: int = 0) -> Pipeline:
+    """Instantiate and validate specs; presets expand in place."""
+    REGISTRY.ensure_loaded()
+    passes: list[Pass] = []
+    for spec in specs:
+        preset = REGISTRY.presets.get(spec.name)
+        if preset is not None:
+            if spec.options:
+                raise PipelineError(f"preset {spec.name} ({spec.where}) takes no options; "
+                                    f"its pipeline is {preset.pipeline}")
+            if _depth > 8:
+                raise PipelineError(f"preset {spec.name} expands recursively")
+            passes.extend(build_pipeline(parse_pipeline_text(preset.pipeline), check_order=False,
+                                         _depth=_depth + 1).passes)
+            continue
+        try:
+            cls = REGISTRY.get(spec.name)
+        except PipelineError as e:
+            raise PipelineError(f"{spec.where}: {e}" if spec.where else str(e)) from None
+        try:
+            options = cls.make_options(spec.options)
+        except PipelineError as e:
+            raise PipelineError(f"{spec.where}: {e}" if spec.where else str(e)) from None
+        passes.append(cls(options))
+    pipeline = Pipeline(passes)
+    if check_order:
+        pipeline.check_order(initial)
+    return pipeline
+
+
+def load_pipeline(spec: str, *, initial: Iterable[str] = ()) -> Pipeline:
+    """A pipeline from text, or from a YAML file when `spec` names one."""
+    path = Path(spec)
+    if spec.endswith((".yaml", ".yml")):
+        if not path.is_file():
+            raise PipelineError(f"pipeline file {spec} does not exist")
+        specs = parse_pipeline_yaml(path.read_text(encoding="utf-8"), spec)
+    else:
+        specs = parse_pipeline_text(spec)
+    return build_pipeline(specs, initial=initial)
