@@ -21,7 +21,7 @@ import math
 import os
 import struct
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,6 +200,9 @@ class SafetensorsFile:
 
     def __contains__(self, key: str) -> bool:
         return key in self.entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
 
     def source(self, key: str) -> SafetensorsSource:
         if key not in self.entries:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import canonicalize, cse, dce  # noqa: F401
+from . import canonicalize, cse, dce, fuse_linear_bias  # noqa: F401
 from .registry import REGISTRY
 
 if "O1" not in REGISTRY.presets:

@@ -87,14 +87,14 @@ class PatternValue:
         return "value"
 
     def constraint_failure(self, v: Value) -> str | None:
-        if self.dtype is not None and v.type.dtype != self.dtype:
-            return f"{self.describe()} must be {self.dtype}, found {v.type}"
-        if self.rank is not None and v.type.rank != self.rank:
-            return f"{self.describe()} must have rank {self.rank}, found {v.type}"
         if self.is_param is True and not isinstance(v, Param):
             return f"{self.describe()} must be a param"
         if self.is_param is False and isinstance(v, Param):
             return f"{self.describe()} must not be a param (found @{v.name})"
+        if self.dtype is not None and v.type.dtype != self.dtype:
+            return f"{self.describe()} must be {self.dtype}, found {v.type}"
+        if self.rank is not None and v.type.rank != self.rank:
+            return f"{self.describe()} must have rank {self.rank}, found {v.type}"
         if self.single_use and v.num_uses() != 1:
             return f"{self.describe()} must have a single use, has {v.num_uses()}"
         if self.predicate is not None and not self.predicate(v):
@@ -242,12 +242,13 @@ class _Fail(Exception):
 
 
 class _State:
-    __slots__ = ("bindings", "depth", "node_map")
+    __slots__ = ("bindings", "deepest", "depth", "node_map")
 
     def __init__(self) -> None:
         self.bindings: dict[str, Any] = {}
         self.node_map: dict[PatternNode, Node] = {}
         self.depth = 0
+        self.deepest = 0  # most pattern nodes matched by any attempt (kept across restores)
 
     def snapshot(self) -> tuple[dict[str, Any], dict[PatternNode, Node], int]:
         return dict(self.bindings), dict(self.node_map), self.depth
@@ -334,7 +335,7 @@ class RewriteRule(ABC):
             for extra in outs[1:]:
                 self._match_extra_root(extra, state)
         except _Fail as f:
-            return None, state.depth, f.reason
+            return None, state.deepest, f.reason
         matched = list(dict.fromkeys([state.node_map[o.node] for o in outs]
                                      + list(state.node_map.values())))
         out_values = [state.node_map[o.node].outputs[o.index] for o in outs]
@@ -424,11 +425,15 @@ class RewriteRule(ABC):
                 raise _Fail(f"{where}: attribute {key} is {have!r}, pattern wants {want!r}")
         state.node_map[pn] = node
         state.depth += 1
+        state.deepest = max(state.deepest, state.depth)
         n = max(len(pn.inputs), len(node.inputs))
         orders = [list(range(n))]
         if self.commute and pn.op in ("add", "mul") and n == 2:
             orders.append([1, 0])
-        last_fail: _Fail | None = None
+        # Of the failed input orders, report the one that got furthest (the tracer's best
+        # partial match), not merely the last one tried.
+        best_fail: _Fail | None = None
+        best_depth = -1
         for order in orders:
             snap = state.snapshot()
             try:
@@ -438,10 +443,12 @@ class RewriteRule(ABC):
                     self._match_value(pv, v, state, f"{where}: input {node.opdef.input_name(j)}")
                 return
             except _Fail as f:
-                last_fail = f
+                if state.depth > best_depth:
+                    best_fail, best_depth = f, state.depth
                 state.restore(snap)
-        assert last_fail is not None
-        raise last_fail
+        assert best_fail is not None
+        state.depth = best_depth
+        raise best_fail
 
     def _match_extra_root(self, po: PatternOutput, state: _State) -> None:
         """Find a node for another pattern output among readers of bound values."""
@@ -510,6 +517,10 @@ class RewriteRule(ABC):
                     graph.erase(n)
                     pending.remove(n)
                     progress = True
+        # Params only the matched nodes read are dead now; a graph keeps no unused params.
+        for v in m.bindings.values():
+            if isinstance(v, Param) and not v.num_uses() and graph.params.get(v.name) is v:
+                graph.remove_param(v.name)
         created = []
         node = before.next if before is not None else graph.first
         while node is not None and node is not anchor and node.graph is graph:

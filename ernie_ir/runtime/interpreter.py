@@ -48,6 +48,8 @@ class Interpreter:
             for v in node.inputs:
                 if v is not None and not isinstance(v, Param):
                     last[v] = node
+            for v in node.outputs:  # a result nobody reads is dropped right after its node
+                last.setdefault(v, node)
         keep = set(self.graph.outputs)
         plan: dict[Node, list[Value]] = {}
         for v, node in last.items():

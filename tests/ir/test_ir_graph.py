@@ -90,14 +90,14 @@ def test_a_required_input_cannot_be_absent():
 
 
 def test_dropping_a_required_input_is_a_type_error_not_a_crash():
-    g, _x, (silu, gelu, softmax) = chain()
+    _g, _x, (_silu, gelu, _softmax) = chain()
     gelu.set_input(0, None)
     with pytest.raises(OpError, match=r"op gelu takes \(x\) but got 0 inputs"):
         gelu.infer_types()
 
 
 def test_set_input_moves_the_use_between_values():
-    g, x, (silu, gelu, softmax) = chain()
+    g, x, (silu, gelu, _softmax) = chain()
     s_out = silu.output
     gelu.set_input(0, x)
     assert s_out.uses == []
@@ -130,7 +130,7 @@ def test_replace_all_uses_with_rewires_nodes_and_graph_outputs():
     a = b.add(s, s)
     b.output(a, s, names=["sum", "act"])
     g = b.graph
-    silu, add = list(g)
+    _silu, add = list(g)
     g2 = b.gelu(x)  # the replacement, appended after
     assert g.replace_all_uses_with(s, g2) == 3  # two node inputs + one graph output
     assert s.uses == []
@@ -152,7 +152,7 @@ def test_replace_all_uses_with_keeps_a_graph_input_name():
 
 
 def test_erase_refuses_while_an_output_is_used():
-    g, _x, (silu, gelu, softmax) = chain()
+    g, _x, (silu, _gelu, softmax) = chain()
     with pytest.raises(ValueError, match=r"cannot erase <Node silu @ a>: output 0 is still used"):
         g.erase(silu)
     with pytest.raises(ValueError, match=r"output 0 is still used"):
@@ -161,7 +161,7 @@ def test_erase_refuses_while_an_output_is_used():
 
 
 def test_erase_detaches_the_node_from_its_inputs():
-    g, x, (silu, gelu, softmax) = chain()
+    g, _x, (silu, gelu, softmax) = chain()
     g.replace_all_uses_with(gelu.output, silu.output)
     g.erase(gelu)
     assert list(g) == [silu, softmax]
@@ -174,7 +174,7 @@ def test_erase_detaches_the_node_from_its_inputs():
 
 
 def test_force_erase_leaves_a_dangling_value_the_verifier_reports():
-    g, _x, (silu, gelu, softmax) = chain()
+    g, _x, (silu, gelu, _softmax) = chain()
     g.erase(silu, force=True)
     assert silu.output.uses == [(gelu, 0)]  # the reader still points at it
     assert any("input x is not defined in this graph" in p for p in verify_problems(g))
@@ -223,7 +223,7 @@ def test_iteration_survives_erasing_the_current_node():
 
 
 def test_value_lookup_by_name_and_op():
-    g, x, (silu, gelu, softmax) = chain()
+    g, x, (_silu, gelu, softmax) = chain()
     assert g.value_by_name("x") is x
     assert g.value_by_name("y") is softmax.output
     assert g.nodes_by_op("gelu") == [gelu]

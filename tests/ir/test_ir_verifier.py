@@ -45,7 +45,7 @@ def test_use_before_definition():
 
 def test_a_cycle_is_named_with_the_ops_and_scopes_on_it():
     g = valid()
-    lin, silu, softmax = g.nodes
+    lin, _silu, softmax = g.nodes
     lin.set_input(0, softmax.output)  # linear reads softmax, which reads silu, which reads linear
     problems = verify_problems(g)
     assert problems[0] == "node #0 linear at proj: input x is used before it is defined (by softmax head)"
@@ -176,7 +176,7 @@ def test_a_node_linked_from_another_graph():
 
 def test_every_problem_is_reported_at_once():
     g = valid()
-    lin, silu, softmax = g.nodes
+    _lin, silu, softmax = g.nodes
     g.add_param(Param("spare", tensor(F, 4)))
     silu.outputs[0].type = tensor(F, "B", 5)
     g.erase(softmax, force=True)

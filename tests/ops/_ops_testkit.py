@@ -6,6 +6,7 @@ from the op docstrings in float64, independently of the kernels' helpers.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -17,9 +18,11 @@ from ernie_ir.ir import get_op
 
 F32_EPS = float(np.finfo(np.float32).eps)  # 2**-23: one ulp at 1.0
 
-# Property tests are sized to keep the whole tests/ops suite well under a minute on 2 cores.
-FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Property tests are sized to keep the whole tests/ops suite well under a minute on 2 cores;
+# ERNIE_IR_OPS_EXAMPLES=N multiplies the example counts by N for a soak run.
+_SCALE = max(1, int(os.environ.get("ERNIE_IR_OPS_EXAMPLES", "1")))
+FAST = settings(max_examples=60 * _SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(max_examples=30 * _SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def run_kernel(op: str, *args: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
@@ -63,7 +66,8 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, *, rtol: float = 1e-5
     np.testing.assert_allclose(actual.astype(np.float64), expected, rtol=rtol, atol=atol, err_msg=what)
 
 
-def assert_within(actual: np.ndarray, expected: np.ndarray, bound: np.ndarray | float, what: str = "") -> None:
+def assert_within(actual: np.ndarray, expected: np.ndarray, bound: np.ndarray | float,
+                  what: str = "") -> None:
     """|actual - expected| <= bound elementwise (bound: a rounding-error bound of the float32 math)."""
     actual = np.asarray(actual)
     assert actual.shape == np.shape(expected), f"{what}: shape {actual.shape} vs {np.shape(expected)}"

@@ -176,10 +176,7 @@ def ref_rope(x, pos, theta, style):
     pos = np.broadcast_to(np.arange(s)[None, :] if pos is None else pos, (b, s)).astype(np.float64)
     freqs = np.array([theta ** (-2.0 * i / d) for i in range(half)])
     rot = np.exp(1j * pos[:, :, None, None] * freqs)  # [B, S, 1, D/2]
-    if style == "interleaved":
-        z = x[..., 0::2] + 1j * x[..., 1::2]
-    else:
-        z = x[..., :half] + 1j * x[..., half:]
+    z = x[..., 0::2] + 1j * x[..., 1::2] if style == "interleaved" else x[..., :half] + 1j * x[..., half:]
     z = z * rot
     out = np.empty_like(x)
     if style == "interleaved":

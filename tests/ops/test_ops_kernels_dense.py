@@ -77,9 +77,9 @@ def test_linear_matches_float64(lead, k, n, with_bias, seed):
     ref = np.zeros((*lead, n))
     for index in np.ndindex(*lead):
         for j in range(n):
-            ref[index + (j,)] = sum(float(x[index + (i,)]) * float(w[i, j]) for i in range(k))
+            ref[(*index, j)] = sum(float(x[(*index, i)]) * float(w[i, j]) for i in range(k))
             if with_bias:
-                ref[index + (j,)] += float(bias[j])
+                ref[(*index, j)] += float(bias[j])
     # Cancellation in the K-term dot products makes a relative tolerance meaningless near
     # zero; the bound is the float32 matmul error bound gamma_K |x| |w| (plus the bias add).
     bound = dot_bound(x, w, k) + (2 * F32_EPS * np.abs(ref) if with_bias else 0)

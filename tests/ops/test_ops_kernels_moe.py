@@ -30,7 +30,10 @@ def ref_moe_gate(x, w, bias, top_k, normalize=True, norm_min=1e-12):
         top = max(logits)
         ex = [math.exp(v - top) for v in logits]
         p = [v / sum(ex) for v in ex]
-        score = [p[e] + (0.0 if b64 is None else float(b64[e])) for e in range(n_exp)]
+        # The docstring computes p + bias in float32: a tiny p is absorbed by the bias there,
+        # which makes exact ties (broken by index) that float64 would not see.
+        score = [p[e] if b64 is None else float(np.float32(np.float32(p[e]) + np.float32(b64[e])))
+                 for e in range(n_exp)]
         order = sorted(range(n_exp), key=lambda e, score=score: (-score[e], e))
         chosen = order[:top_k]
         wts = [p[e] for e in chosen]
@@ -89,7 +92,7 @@ def test_moe_gate_bias_changes_the_choice_but_not_the_weights():
     logits = np.array([[3.0, 2.0, 1.0, 0.0]])
     x, w = _logits_to_gate(logits)
     p = np.exp(logits[0]) / np.exp(logits[0]).sum()
-    plain_w, plain_i = run_kernel("moe_gate", x, w, top_k=2)
+    _plain_w, plain_i = run_kernel("moe_gate", x, w, top_k=2)
     np.testing.assert_array_equal(plain_i, [[0, 1]])
     bias = np.array([0.0, 0.0, 0.0, 1.0], np.float32)  # pushes the worst expert to the top
     wts, idx = run_kernel("moe_gate", x, w, bias, top_k=2)

@@ -1,0 +1,318 @@
+"""Weight sources and safetensors I/O: every dtype round-trips bit-exactly."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from ernie_ir.ir import DType, WeightError
+from ernie_ir.ir.weights import (
+    ArraySource,
+    CastSource,
+    ConcatSource,
+    GeneratedSource,
+    SafetensorsFile,
+    SlicedSource,
+    StackSource,
+    TransposedSource,
+    content_hash,
+    pack_int4,
+    unpack_int4,
+    write_safetensors,
+)
+
+
+def sample(dtype: DType, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Values that exercise the dtype's range (including negatives and, for floats, specials)."""
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    if dtype == DType.BOOL:
+        flat = rng.integers(0, 2, n).astype(bool)
+    elif dtype == DType.I4:
+        flat = rng.integers(-8, 8, n).astype(np.int8).astype(ml_dtypes.int4)
+    elif dtype.is_int:
+        info = np.iinfo(dtype.numpy)
+        flat = rng.integers(info.min, info.max, n, dtype=dtype.numpy, endpoint=True)
+    else:
+        flat = (rng.standard_normal(n) * 4).astype(np.float32)
+        if n >= 3:
+            flat[:3] = [0.0, -0.0, 1e-3]
+        flat = flat.astype(dtype.numpy)
+    return flat.reshape(shape)
+
+
+def bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).tobytes()
+
+
+SHAPES = [(), (1,), (3,), (2, 3), (5, 7), (2, 3, 5), (0, 4)]
+
+
+@pytest.mark.parametrize("dtype", list(DType), ids=str)
+def test_every_dtype_round_trips_through_safetensors(tmp_path, dtype):
+    tensors = [(f"t{i}", sample(dtype, shape, seed=i)) for i, shape in enumerate(SHAPES)]
+    path = tmp_path / "w.safetensors"
+    write_safetensors(path, tensors, metadata={"format": "np"})
+    st = SafetensorsFile(path)
+    assert st.keys() == [name for name, _ in tensors] == list(st)
+    assert st.metadata["format"] == "np"
+    for name, arr in tensors:
+        assert name in st
+        src = st.source(name)
+        assert (src.dtype, src.shape) == (dtype, arr.shape)
+        got = src.read()
+        assert got.dtype == dtype.numpy and got.shape == arr.shape
+        assert bits(got) == bits(arr), name
+        assert src.describe() == f"w.safetensors:{name}"
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 8, 15, 16, 33])
+def test_int4_is_packed_two_per_byte_low_nibble_first(tmp_path, count):
+    values = (np.arange(count) % 16 - 8).astype(np.int8).astype(ml_dtypes.int4)
+    packed = pack_int4(values)
+    assert packed.dtype == np.uint8 and packed.size == (count + 1) // 2
+    assert packed[0] & 0x0F == (int(values[0]) & 0x0F)
+    if count > 1:
+        assert packed[0] >> 4 == (int(values[1]) & 0x0F)
+    assert bits(unpack_int4(packed, count)) == bits(values)
+    path = tmp_path / "i4.safetensors"
+    write_safetensors(path, [("q", values)])
+    assert path.stat().st_size == 8 + struct.unpack("<Q", path.read_bytes()[:8])[0] + (count + 1) // 2
+    got = SafetensorsFile(path).read("q")
+    assert got.dtype == ml_dtypes.int4 and bits(got) == bits(values)
+
+
+def test_int4_packing_matches_a_hand_computed_byte():
+    assert pack_int4(np.array([-1, 2, 7], np.int8)).tolist() == [0x2F, 0x07]
+    assert unpack_int4(np.array([0x2F, 0x07], np.uint8), 3).astype(np.int8).tolist() == [-1, 2, 7]
+
+
+def test_our_files_read_with_the_safetensors_package(tmp_path):
+    tensors = {
+        "f32": sample(DType.F32, (3, 5)),
+        "f16": sample(DType.F16, (4,)),
+        "i64": sample(DType.I64, (2, 2, 2)),
+        "scalar": sample(DType.F32, ()),
+    }
+    path = tmp_path / "ours.safetensors"
+    write_safetensors(path, tensors.items(), metadata={"k": "v"})
+    theirs = safetensors.numpy.load_file(path)
+    assert set(theirs) == set(tensors)
+    for name, arr in tensors.items():
+        assert theirs[name].dtype == arr.dtype and theirs[name].shape == arr.shape
+        assert bits(theirs[name]) == bits(arr)
+
+
+def test_the_safetensors_package_files_read_with_ours(tmp_path):
+    tensors = {
+        "a.weight": sample(DType.F32, (3, 5)),
+        "b": sample(DType.F16, (7,)),
+        "c": sample(DType.I64, (2, 3)),
+        "d": sample(DType.F32, ()),
+    }
+    path = tmp_path / "theirs.safetensors"
+    safetensors.numpy.save_file(tensors, path, metadata={"source": "test"})
+    st = SafetensorsFile(path)
+    assert set(st.keys()) == set(tensors) and st.metadata == {"source": "test"}
+    for name, arr in tensors.items():
+        got = st.read(name)
+        assert got.dtype == arr.dtype and got.shape == arr.shape and bits(got) == bits(arr)
+
+
+def test_reads_are_read_only_views_of_the_file(tmp_path):
+    path = tmp_path / "w.safetensors"
+    write_safetensors(path, [("a", sample(DType.F32, (4, 4)))])
+    got = SafetensorsFile(path).read("a")
+    assert not got.flags.writeable
+
+
+def test_a_file_with_no_data_bytes_still_reads_empty_tensors(tmp_path):
+    path = tmp_path / "empty.safetensors"
+    write_safetensors(path, [("e", np.zeros((0, 3), np.float32))])
+    assert SafetensorsFile(path).read("e").shape == (0, 3)
+
+
+# -- damaged files --------------------------------------------------------------------
+
+def good_file(tmp_path) -> bytes:
+    path = tmp_path / "good.safetensors"
+    write_safetensors(path, [("a", sample(DType.F32, (8, 8))), ("b", sample(DType.BF16, (4,)))])
+    return path.read_bytes()
+
+
+def header_of(data: bytes) -> dict:
+    (n,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8 : 8 + n])
+
+
+def with_header(header: dict, body: bytes) -> bytes:
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + body
+
+
+@pytest.mark.parametrize(
+    ("damage", "fragment"),
+    [
+        (lambda d: d[: len(d) - 4], "tensor 'b' ends at byte 264 but the data section has 260 bytes: "
+                                      "the file is truncated"),
+        (lambda d: d[:5], "not a safetensors file (shorter than its 8-byte header length)"),
+        (lambda d: b"", "not a safetensors file"),
+        (lambda d: struct.pack("<Q", 10**6) + d[8:], "header length 1000000 exceeds the file size"),
+        (lambda d: struct.pack("<Q", 2**63) + d[8:], "the file is truncated or not safetensors"),
+        (lambda d: d[:8] + b"{not json" + d[17:], "header is not valid JSON: the file is corrupt"),
+        (lambda d: d[:8] + b"\xff\xfe" + d[10:], "header is not valid JSON"),
+        (lambda d: with_header({"a": {"dtype": "F32", "shape": [2]}}, b"\0" * 8),
+         "tensor 'a' has a malformed header entry"),
+        (lambda d: with_header({"a": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}, b"\0" * 8),
+         "tensor 'a' has unsupported dtype C64"),
+        (lambda d: with_header({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8),
+         "tensor 'a': 8 bytes for F32[3] (expected 12)"),
+    ],
+    ids=["truncated data", "truncated length", "empty", "header length too big", "absurd length",
+         "corrupt json", "not utf-8", "missing offsets", "unknown dtype", "wrong byte count"],
+)
+def test_damaged_files_raise_weight_error_naming_the_file(tmp_path, damage, fragment):
+    path = tmp_path / "broken.safetensors"
+    path.write_bytes(damage(good_file(tmp_path)))
+    with pytest.raises(WeightError) as info:
+        SafetensorsFile(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ")
+    assert "broken.safetensors" in message
+    assert fragment in message
+
+
+def test_a_missing_file_and_a_missing_tensor_name_the_file(tmp_path):
+    with pytest.raises(WeightError, match=r"nope\.safetensors: cannot read \(No such file or directory\)"):
+        SafetensorsFile(tmp_path / "nope.safetensors")
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(good_file(tmp_path))
+    with pytest.raises(WeightError, match=r"w\.safetensors: no tensor named 'zz'"):
+        SafetensorsFile(path).source("zz")
+
+
+def test_the_writer_refuses_a_source_that_lies_about_its_type(tmp_path):
+    class Liar(ArraySource):
+        def read(self):
+            return np.zeros((2, 2), np.float16)
+
+    with pytest.raises(WeightError, match=r"source of 'x' produced float16\[2, 2\], declared f32\[2, 2\]"):
+        write_safetensors(tmp_path / "w.safetensors", [("x", Liar(np.zeros((2, 2), np.float32)))])
+
+
+# -- lazy derived sources ---------------------------------------------------------------
+
+@pytest.fixture
+def stored(tmp_path):
+    """A (4, 6) bf16 tensor and a (2, 3, 4) f32 tensor, stored in a file."""
+    a = sample(DType.BF16, (4, 6), seed=1)
+    b = sample(DType.F32, (2, 3, 4), seed=2)
+    path = tmp_path / "w.safetensors"
+    write_safetensors(path, [("a", a), ("b", b)])
+    st = SafetensorsFile(path)
+    return st.source("a"), a, st.source("b"), b
+
+
+def check(src, expected: np.ndarray) -> None:
+    """The source promises expected's dtype and shape up front and delivers its bits."""
+    assert src.dtype == DType.from_numpy(expected.dtype)
+    assert src.shape == expected.shape
+    assert src.nbytes == expected.nbytes
+    got = src.read()
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert bits(got) == bits(expected)
+
+
+def test_transposed_source(stored):
+    sa, a, sb, b = stored
+    check(TransposedSource(sa), a.T)
+    check(TransposedSource(sb, (1, 2, 0)), b.transpose(1, 2, 0))
+    assert TransposedSource(sa).describe() == "transpose[1, 0](w.safetensors:a)"
+
+
+def test_sliced_source(stored):
+    sa, a, sb, b = stored
+    check(SlicedSource(sa, 1, 2, 5), a[:, 2:5])
+    check(SlicedSource(sb, -1, 0, 1), b[..., 0:1])
+    check(SlicedSource(sb, 0, 1, 1), b[1:1])
+    with pytest.raises(WeightError, match=r"slice 3:7 out of range for axis 0 of \(4, 6\)"):
+        SlicedSource(sa, 0, 3, 7)
+
+
+def test_concat_source(stored):
+    sa, a, _sb, _b = stored
+    parts = [SlicedSource(sa, 1, 0, 2), SlicedSource(sa, 1, 4, 6), sa]
+    check(ConcatSource(parts, axis=-1), np.concatenate([a[:, 0:2], a[:, 4:6], a], axis=-1))
+    check(ConcatSource([sa, sa], axis=0), np.concatenate([a, a], axis=0))
+    with pytest.raises(WeightError, match=r"cannot concat"):
+        ConcatSource([sa, TransposedSource(sa)], axis=0)
+    with pytest.raises(WeightError, match=r"concat of no sources"):
+        ConcatSource([], axis=0)
+
+
+def test_stack_source(stored):
+    sa, a, _sb, _b = stored
+    t = TransposedSource(TransposedSource(sa))
+    check(StackSource([sa, t, sa]), np.stack([a, a, a]))
+    with pytest.raises(WeightError, match=r"cannot stack .* bf16\[6, 4\] with bf16\[4, 6\]"):
+        StackSource([sa, TransposedSource(sa)])
+    with pytest.raises(WeightError, match=r"stack of no sources"):
+        StackSource([])
+
+
+@pytest.mark.parametrize("target", [DType.F32, DType.F16, DType.F8E4M3, DType.I32], ids=str)
+def test_cast_source(stored, target):
+    sa, a, _sb, _b = stored
+    check(CastSource(sa, target), a.astype(target.numpy))
+
+
+def test_widening_cast_is_exact(stored):
+    sa, a, _sb, _b = stored
+    back = CastSource(CastSource(sa, DType.F32), DType.BF16)
+    check(back, a)
+
+
+def test_derived_sources_compose_lazily(stored):
+    _sa, a, _sb, _b = stored
+    reads = []
+
+    class Counting(ArraySource):
+        def read(self):
+            reads.append(1)
+            return super().read()
+
+    base = Counting(a)
+    fused = CastSource(TransposedSource(SlicedSource(base, 1, 3, 6)), DType.F32)
+    assert (fused.dtype, fused.shape) == (DType.F32, (3, 4)) and reads == []
+    check(fused, a[:, 3:6].T.astype(np.float32))
+    assert reads == [1]
+    assert fused.describe() == "cast<f32>(transpose[1, 0](slice(axis=1, 3:6, array bf16[4, 6])))"
+
+
+def test_generated_source_is_deterministic():
+    for init in ("normal", "uniform", "ones", "zeros"):
+        a = GeneratedSource(DType.BF16, (3, 4), seed=7, init=init, std=0.5).read()
+        b = GeneratedSource(DType.BF16, (3, 4), seed=7, init=init, std=0.5).read()
+        assert a.dtype == ml_dtypes.bfloat16 and a.shape == (3, 4) and bits(a) == bits(b)
+    u = GeneratedSource(DType.F32, (1000,), seed=1, init="uniform", std=0.5).read()
+    assert u.min() >= -0.5 and u.max() <= 0.5
+    n1 = GeneratedSource(DType.F32, (100,), seed=1).read()
+    n2 = GeneratedSource(DType.F32, (100,), seed=2).read()
+    assert bits(n1) != bits(n2)
+    expected = (np.random.default_rng(1).standard_normal((100,), dtype=np.float32) * np.float32(0.02))
+    assert bits(n1) == bits(expected)
+    with pytest.raises(ValueError, match=r"unknown init 'xavier'"):
+        GeneratedSource(DType.F32, (2,), seed=0, init="xavier")
+
+
+def test_content_hash_depends_on_bytes_only():
+    a = sample(DType.F32, (4, 4))
+    assert content_hash(a) == content_hash(a.copy())
+    assert content_hash(a.T) == content_hash(np.ascontiguousarray(a.T))
+    assert content_hash(a) != content_hash(a.T)
+    assert len(content_hash(a)) == 16 and int(content_hash(a), 16) >= 0
