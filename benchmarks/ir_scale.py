@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import ernie_ir  # noqa: F401  (registers the op set)
-from ernie_ir.ir import GraphBuilder, bf16, f32, i64, tensor
+from ernie_ir.ir import GraphBuilder, bf16, i64, tensor
 from ernie_ir.ir.parser import parse_graph
-from ernie_ir.ir.printer import format_attrs, print_graph
+from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.verifier import verify
 
 NODES_PER_LAYER = 15
@@ -128,7 +128,6 @@ def main() -> None:
     d = as_dicts(g)
     t_dumps, js = timed(lambda: json.dumps(d), args.repeat)
     t_loads, _ = timed(lambda: json.loads(js), args.repeat)
-    _ = format_attrs
 
     us = 1e6 / n
     print(f"graph: {n} nodes, {len(g.params)} params; text {len(text) / 1e6:.1f} MB, "

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -143,6 +144,94 @@ def show(
             out.print(table)
         return
     sys.stdout.write(print_graph(graph, with_hashes=hashes))
+
+
+def _parse_tokens(tokens: str) -> np.ndarray:
+    """`1,2,3` (one sequence) or a .npy file of int token ids [batch, seq]."""
+    if tokens.endswith(".npy"):
+        path = Path(tokens)
+        if not path.is_file():
+            raise ErnieIRError(f"--tokens {tokens}: no such file")
+        try:
+            ids = np.load(path, allow_pickle=False)
+        except ValueError as e:
+            raise ErnieIRError(f"--tokens {tokens}: not a plain .npy array ({e})") from None
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+            raise ErnieIRError(f"--tokens {tokens}: expected integer ids [batch, seq], got "
+                               f"{ids.dtype}{list(ids.shape)}")
+        return ids.astype(np.int64)
+    try:
+        values = [int(t) for t in tokens.split(",") if t.strip()]
+    except ValueError:
+        raise ErnieIRError(f"--tokens {tokens!r}: expected comma-separated integers such as 1,2,3 "
+                           "or a .npy file") from None
+    if not values:
+        raise ErnieIRError("--tokens: give at least one token id")
+    return np.asarray([values], dtype=np.int64)
+
+
+def _logits(graph: Graph, ids: np.ndarray, emulate: str | None) -> np.ndarray:
+    from ernie_ir.ir import DType
+    from ernie_ir.runtime import Interpreter
+
+    if len(graph.inputs) != 1 or not graph.inputs[0].type.dtype.is_int or not graph.outputs:
+        raise ErnieIRError(f"graph {graph.name} does not take token ids: inputs "
+                           f"{[v.name for v in graph.inputs]}")
+    mode = DType.parse(emulate) if emulate else None
+    outputs = Interpreter(graph, emulate=mode).run({graph.inputs[0].name or "": ids})
+    return outputs[graph.outputs[0].name or ""]
+
+
+@app.command()
+def run(
+    model: ModelArg,
+    tokens: Annotated[str, typer.Option("--tokens", help="Token ids: 1,2,3 or a .npy [batch, seq].")],
+    pipeline: PipelineOpt = None,
+    compare_to: Annotated[
+        str | None, typer.Option("--compare-to", help="Reference model (float) to compare logits with.")
+    ] = None,
+    save_logits: Annotated[
+        Path | None, typer.Option("--save-logits", help="Write float32 logits [batch, seq, vocab].")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    emulate: Annotated[
+        str | None, typer.Option("--emulate", help="Round activations typed bf16/f16 after each op.")
+    ] = None,
+    trust_pickle: TrustOpt = False,
+) -> None:
+    """Run a model in the reference interpreter on this machine's CPU."""
+    import json
+
+    from ernie_ir.runtime.compare import compare_logits
+
+    ids = _parse_tokens(tokens)
+    graph = load_input(model, trust_pickle=trust_pickle)
+    verify(graph)
+    _run_pipeline(graph, pipeline, print_before=[], print_after=[], dump_dir=None, timing=False)
+    logits = _logits(graph, ids, emulate)
+    report: dict[str, object] = {
+        "model": model,
+        "logits_shape": list(logits.shape),
+        "argmax": np.argmax(logits, axis=-1).tolist(),
+    }
+    if compare_to is not None:
+        ref_graph = load_input(compare_to, trust_pickle=trust_pickle)
+        verify(ref_graph)
+        report.update(compare_logits(logits, _logits(ref_graph, ids, None)).as_dict())
+        report["compare_to"] = compare_to
+    if save_logits is not None:
+        np.save(save_logits, logits.astype(np.float32))
+        report["saved"] = str(save_logits)
+    if json_out:
+        print(json.dumps(report))
+        return
+    out.print(f"logits {report['logits_shape']}  argmax {report['argmax']}", markup=False)
+    if compare_to is not None:
+        out.print(f"vs {compare_to}: max_abs_error {report['max_abs_error']:.3e}  rel_error "
+                  f"{report['rel_error']:.3e}  top1_agreement {report['top1_agreement']:.3f}",
+                  markup=False)
 
 
 @app.command()

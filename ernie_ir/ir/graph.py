@@ -17,11 +17,13 @@ verifier checks the remaining invariants (types, order, param use).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from .dtypes import DType
 from .errors import OpError, WeightError
 from .registry import OpAttrs, OpDef, get_op
 from .types import TensorType
@@ -60,7 +62,7 @@ class Value:
         return len(self._uses)
 
     @property
-    def dtype(self):
+    def dtype(self) -> DType:
         return self.type.dtype
 
     @property
@@ -399,8 +401,6 @@ class Graph:
         ready = [n for n in nodes if indeg[n] == 0]
         order: list[Node] = []
         pos = {n: i for i, n in enumerate(nodes)}
-        import heapq
-
         heap = [(pos[n], id(n), n) for n in ready]
         heapq.heapify(heap)
         while heap:
