@@ -110,7 +110,16 @@ class _Line:
 
     def name_of(self, tok: _Tok) -> str:
         body = tok.text[1:] if tok.kind in ("value", "param") else tok.text
-        return json.loads(body) if body.startswith('"') else body
+        return self.unquote(tok, body) if body.startswith('"') else body
+
+    def unquote(self, tok: _Tok, text: str | None = None) -> str:
+        """The value of a quoted string token (JSON escapes); a bad escape is a parse error."""
+        text = tok.text if text is None else text
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            col = tok.col + len(tok.text) - len(text) + e.pos
+            raise self.error_at(col, f"invalid string {text}: {e.msg}") from None
 
     def tensor_type(self) -> TensorType:
         t = self.expect_kind("ident", "a type such as f32[B,S,1024]")
@@ -151,7 +160,7 @@ class _Line:
                 return float(t.text)
             return int(t.text)
         if t.kind == "string":
-            return json.loads(t.text)
+            return self.unquote(t)
         if t.kind == "ident":
             consts = {"true": True, "false": False, "none": None,
                       "inf": float("inf"), "nan": float("nan")}
@@ -183,7 +192,7 @@ class _Line:
             k = self.take()
             if k.kind not in ("ident", "string"):
                 raise self.error_at(k.col, f"expected a key, found {k.text!r}")
-            key = json.loads(k.text) if k.kind == "string" else k.text
+            key = self.unquote(k) if k.kind == "string" else k.text
             if key in out:
                 raise self.error_at(k.col, f"duplicate key {key!r}")
             self.expect("=")
@@ -209,6 +218,7 @@ class _GraphParser:
         self.graph: Graph | None = None
         self.env: dict[str, Value] = {}
         self.out_names: list[str] = []
+        self.returned = False
         self.out_types: list[TensorType] = []
         self.type_cache: dict[str, list[TensorType]] = {}
         self.attr_cache: dict[tuple[str, str], Any] = {}
@@ -232,6 +242,9 @@ class _GraphParser:
             if closed:
                 raise IRParseError("text after the closing '}'", idx + 1,
                                    len(raw) - len(raw.lstrip()) + 1, self.source)
+            col = len(raw) - len(raw.lstrip()) + 1
+            if self.returned and stripped != "}":
+                raise IRParseError("only '}' may follow 'return'", idx + 1, col, self.source)
             if stripped == "}":
                 closed = idx + 1
             elif stripped.startswith("%"):
@@ -242,8 +255,8 @@ class _GraphParser:
                 self.meta(self.line(idx))
             elif stripped.startswith("return"):
                 self.ret(self.line(idx))
+                self.returned = True
             else:
-                col = len(raw) - len(raw.lstrip()) + 1
                 raise IRParseError(
                     f"expected a statement (%value = op(...), param, meta, return or '}}'), "
                     f"found {stripped.split()[0]!r}", idx + 1, col, self.source)
@@ -289,7 +302,7 @@ class _GraphParser:
             t = ln.take()
             if t.kind not in ("ident", "string"):
                 raise ln.error_at(t.col, f"expected an output name, found {t.text!r}")
-            self.out_names.append(json.loads(t.text) if t.kind == "string" else t.text)
+            self.out_names.append(ln.unquote(t) if t.kind == "string" else t.text)
             ln.expect(":")
             self.out_types.append(ln.tensor_type())
         ln.expect(")")
@@ -323,7 +336,7 @@ class _GraphParser:
             if t.text == "trainable" and not trainable:
                 trainable = True
             elif t.text == "hash" and digest is None:
-                digest = json.loads(ln.expect_kind("string", "a quoted hash").text)
+                digest = ln.unquote(ln.expect_kind("string", "a quoted hash"))
             else:
                 raise ln.error_at(t.col, f"unexpected {t.text!r} in a param declaration")
         assert self.graph is not None
@@ -412,7 +425,11 @@ class _GraphParser:
         types = self.types(m.group("types"), idx, m.start("types") + 1)
         outs = m.group("outs").split(", ")
         loc = m.group("loc")
-        scope = "" if loc is None else (loc[1:-1] if "\\" not in loc else json.loads(loc))
+        try:
+            scope = "" if loc is None else (loc[1:-1] if "\\" not in loc else json.loads(loc))
+        except json.JSONDecodeError:  # a bad escape: the general parser reports where
+            self.node_general(self.line(idx))
+            return
         self.make_node(opdef, inputs, attrs, types, outs, scope, lineno, m.start("outs") + 1,
                        m.start("types") + 1)
 
@@ -451,7 +468,7 @@ class _GraphParser:
         if ln.at("loc"):
             ln.take()
             ln.expect("(")
-            scope = json.loads(ln.expect_kind("string", "a quoted scope").text)
+            scope = ln.unquote(ln.expect_kind("string", "a quoted scope"))
             ln.expect(")")
         ln.done()
         out_keys = []

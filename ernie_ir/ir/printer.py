@@ -71,7 +71,7 @@ def format_value(v: Any) -> str:
             return "nan"
         if math.isinf(v):
             return "inf" if v > 0 else "-inf"
-        return repr(v)
+        return repr(float(v))  # float(): numpy's float64 (a float subclass) reprs as np.float64(...)
     if isinstance(v, str):
         return quote(v)
     if isinstance(v, (list, tuple)):

@@ -92,6 +92,9 @@ class OpDef(ABC):
                 return hit
         try:
             attrs = self.Attrs.model_validate(values or {})
+            # pydantic lets an Enum (a bare `u8` in IR text) through an int field as its str
+            # value; checking the validated fields strictly refuses such pass-throughs.
+            self.Attrs.model_validate(attrs.__dict__, strict=True)
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "attributes"

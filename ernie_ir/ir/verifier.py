@@ -63,8 +63,9 @@ def verify_problems(graph: Graph) -> list[str]:
                                 "does not declare")
             elif v.producer is not None and v.producer.graph is graph:
                 out_of_order = True
-                problems.append(f"{where}: input {label} is used before it is defined "
-                                f"(by {v.producer.op} {v.producer.scope or ''})".rstrip())
+                problems.append(f"{where}: input {label} is used before its definition by "
+                                f"{v.producer.op}"
+                                f"{' at ' + v.producer.scope if v.producer.scope else ''}")
             else:
                 problems.append(f"{where}: input {label} is not defined in this graph "
                                 "(its producer was erased or it belongs to another graph)")

@@ -167,14 +167,23 @@ class SafetensorsFile:
             raise self._fail("header is not valid JSON: the file is corrupt") from None
         self._data_start = 8 + n
         data_size = size - self._data_start
+        if not isinstance(header, dict) or not isinstance(header.get("__metadata__") or {}, dict):
+            raise self._fail("header is not a JSON object of tensors: the file is corrupt")
         meta = header.pop("__metadata__", None) or {}
         self.metadata = {str(k): str(v) for k, v in meta.items()}
-        int4 = set(json.loads(self.metadata.get(_INT4_META, "[]")))
+        try:
+            int4 = set(json.loads(self.metadata.get(_INT4_META, "[]")))
+        except (json.JSONDecodeError, TypeError):
+            raise self._fail(f"metadata {_INT4_META} is not a list of tensor names") from None
         for name, info in header.items():
             try:
                 st_dtype, shape, (start, end) = info["dtype"], info["shape"], info["data_offsets"]
             except (KeyError, TypeError, ValueError):
                 raise self._fail(f"tensor {name!r} has a malformed header entry") from None
+            if not (isinstance(st_dtype, str) and isinstance(shape, list)
+                    and all(type(d) is int and d >= 0 for d in shape)
+                    and type(start) is int and type(end) is int):
+                raise self._fail(f"tensor {name!r} has a malformed header entry")
             if st_dtype not in _ST_DTYPES:
                 raise self._fail(f"tensor {name!r} has unsupported dtype {st_dtype}")
             dtype = _ST_DTYPES[st_dtype]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ernie_ir  # noqa: F401  (registers the op set)
-from ernie_ir.ir import DType, Graph, GraphBuilder, OpError, Value, tensor
+from ernie_ir.ir import DType, Graph, GraphBuilder, IRParseError, OpError, Value, tensor
 from ernie_ir.ir.equality import structural_diff, structural_equal
 from ernie_ir.ir.parser import parse_graph
 from ernie_ir.ir.printer import print_graph
@@ -29,7 +30,8 @@ any_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=8)
 awkward = st.sampled_from([
     "a b", 'q"uote', "ünïcödé", "(paren)", "{brace}", "[sq]", "x.y", "0", "12", "-w", "a,b",
     "back\\slash", "line\nbreak", "tab\t", "none", "trainable", "hash", "loc", "@at", "%pct",
-    "é.layers.0", "中文", ") : f32[2] loc(", "} : f32[1]", "//comment", "",
+    "é.layers.0", "中文", ") : f32[2] loc(", "} : f32[1]", "//comment", "", "model/layer-0:w", "w:",
+    "1e5", "-inf", "nan", "->", "=",
 ])
 bare = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.]{0,6}", fullmatch=True)
 names = st.one_of(awkward, bare, any_text).filter(bool)
@@ -263,6 +265,18 @@ def test_quoting_of_names_scopes_and_annotations():
     assert g.outputs[0].name == "out put"
 
 
+def test_numpy_floats_in_metadata_and_annotations_print_as_plain_floats():
+    b = GraphBuilder("g")
+    x = b.input("x", tensor(DType.F32, 2))
+    w = b.param("w", tensor(DType.F32, 2), annotations={"scale": np.float64(0.25)})
+    b.output(b.mul(x, w), name="y")
+    b.graph.metadata = {"eps": np.float64(1e-5)}
+    text = print_graph(b.graph)
+    assert "meta {eps = 1e-05}" in text and "param @w : f32[2] {scale = 0.25}" in text
+    g = parse_graph(text)
+    assert g.metadata == {"eps": 1e-5} and g.params["w"].annotations == {"scale": 0.25}
+
+
 def test_special_floats_round_trip_in_metadata():
     b = GraphBuilder("g")
     x = b.input("x", tensor(DType.F32, 2))
@@ -335,3 +349,47 @@ def test_other_changes_are_reported(mutate, message):
     mutate(b)
     assert structural_diff(a, b) == message
     assert not structural_equal(a, b)
+
+
+# -- damaged text: only IRParseError, never a crash -------------------------------------
+
+INSERTS = [*'{}()[]%@",:=*-.0123456789 \\\nabfiBS', "none", "f32", "bf16", "u8", "loc(", "->", "\\q"]
+
+
+@st.composite
+def damaged_texts(draw) -> str:
+    text = print_graph(draw(graphs()))
+    for _ in range(draw(st.integers(1, 3))):
+        lines = text.split("\n")
+        kind = draw(st.sampled_from(["delete", "insert", "duplicate line", "drop line", "swap lines"]))
+        if kind == "delete" and text:
+            i = draw(st.integers(0, len(text) - 1))
+            text = text[:i] + text[i + draw(st.integers(1, 4)):]
+        elif kind == "insert":
+            i = draw(st.integers(0, len(text)))
+            text = text[:i] + draw(st.sampled_from(INSERTS)) + text[i:]
+        elif kind == "duplicate line":
+            i = draw(st.integers(0, len(lines) - 1))
+            text = "\n".join([*lines[: i + 1], lines[i], *lines[i + 1 :]])
+        elif kind == "drop line":
+            i = draw(st.integers(0, len(lines) - 1))
+            text = "\n".join(lines[:i] + lines[i + 1 :])
+        elif kind == "swap lines" and len(lines) > 1:
+            i = draw(st.integers(0, len(lines) - 2))
+            lines[i], lines[i + 1] = lines[i + 1], lines[i]
+            text = "\n".join(lines)
+    return text
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged_texts(), st.booleans())
+def test_damaged_text_fails_cleanly_or_parses_to_a_stable_graph(text, fast):
+    try:
+        g = parse_graph(text, fast=fast)
+    except IRParseError as e:
+        assert e.line >= 1 and e.column >= 1
+        return
+    verify_problems(g)  # may find problems (an unused param), must not crash
+    again = parse_graph(print_graph(g))
+    assert structural_diff(again, g) is None
+    assert print_graph(again) == print_graph(g)

@@ -39,7 +39,7 @@ def test_use_before_definition():
     g.insert_before(lin, softmax)
     softmax.set_input(0, silu.output)
     assert verify_problems(g) == [
-        "node #0 softmax at head: input x is used before it is defined (by silu act)",
+        "node #0 softmax at head: input x is used before its definition by silu at act",
     ]
 
 
@@ -48,7 +48,7 @@ def test_a_cycle_is_named_with_the_ops_and_scopes_on_it():
     lin, _silu, softmax = g.nodes
     lin.set_input(0, softmax.output)  # linear reads softmax, which reads silu, which reads linear
     problems = verify_problems(g)
-    assert problems[0] == "node #0 linear at proj: input x is used before it is defined (by softmax head)"
+    assert problems[0] == "node #0 linear at proj: input x is used before its definition by softmax at head"
     cycle = problems[-1]
     assert cycle.startswith("graph has a cycle: ")
     assert set(cycle.removeprefix("graph has a cycle: ").split(" -> ")) == {

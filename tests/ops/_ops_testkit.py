@@ -21,8 +21,8 @@ F32_EPS = float(np.finfo(np.float32).eps)  # 2**-23: one ulp at 1.0
 # Property tests are sized to keep the whole tests/ops suite well under a minute on 2 cores;
 # ERNIE_IR_OPS_EXAMPLES=N multiplies the example counts by N for a soak run.
 _SCALE = max(1, int(os.environ.get("ERNIE_IR_OPS_EXAMPLES", "1")))
-FAST = settings(max_examples=60 * _SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(max_examples=30 * _SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=100 * _SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(max_examples=50 * _SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def run_kernel(op: str, *args: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:

@@ -100,9 +100,10 @@ def test_attention_matches_naive_loop(case):
     args = (q, k, v) if mask is None else (q, k, v, mask)
     out = run1("attention", *args, causal=causal, scale=scale)
     ref = ref_attention(q, k, v, mask, causal, scale)
-    # The float32 scores q.k (D <= 8 terms) carry ~1e-6 relative error, which exp() turns into
-    # the same relative error of the probabilities; the output sums up to 6 of them times v.
-    assert_close(out, ref, rtol=1e-5, atol=1e-5, what="attention")
+    # atol 5e-6, not 1e-6: the float32 scores q.k carry ~1 ulp per term, exp() passes that on
+    # to the probabilities, and outputs that cancel to ~0 (v ~ N(0, 1), up to 6 keys) keep
+    # that absolute error. Measured worst excess over rtol over 1500 cases: 8e-7.
+    assert_close(out, ref, rtol=1e-5, atol=5e-6, what="attention")
 
 
 def test_attention_gqa_head_mapping_is_h_div_group():
@@ -137,7 +138,7 @@ def test_attention_more_queries_than_keys_gives_zero_rows():
     out = run1("attention", q, k, v, causal=True)
     assert np.all(out[0, :2] == 0)
     assert np.all(np.isfinite(out))
-    assert_close(out, ref_attention(q, k, v, causal=True), atol=1e-5)
+    assert_close(out, ref_attention(q, k, v, causal=True), atol=5e-6)
 
 
 def test_attention_fully_masked_row_is_zero_and_additive_neg_inf_equals_bool_false():
@@ -151,7 +152,7 @@ def test_attention_fully_masked_row_is_zero_and_additive_neg_inf_equals_bool_fal
     assert np.all(out_bool[1, 2] == 0)
     assert np.all(out_add[1, 2] == 0)
     assert_close(out_bool, out_add.astype(np.float64), what="bool vs additive -inf")
-    assert_close(out_bool, ref_attention(q, k, v, keep, causal=False), atol=1e-5)
+    assert_close(out_bool, ref_attention(q, k, v, keep, causal=False), atol=5e-6)
 
 
 def test_attention_default_scale_is_inverse_sqrt_head_dim():

@@ -109,6 +109,10 @@ def test_lm_head_tied_weight_reads_rows_of_the_table():
     table = np.array([[1, 0], [0, 1], [1, 1]], np.float32)
     x = np.array([[2, 3]], np.float32)
     np.testing.assert_array_equal(run1("lm_head", x, table, transpose_weight=True), [[2, 3, 5]])
+    # A square, non-symmetric weight: the flag alone decides between x @ w and x @ w.T.
+    w = np.array([[1, 2], [0, 1]], np.float32)
+    np.testing.assert_array_equal(run1("lm_head", x, w), [[2, 7]])
+    np.testing.assert_array_equal(run1("lm_head", x, w, transpose_weight=True), [[8, 3]])
 
 
 # --------------------------------------------------------------------------------------

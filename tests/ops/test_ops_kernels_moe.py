@@ -194,9 +194,10 @@ def test_moe_experts_matches_per_token_loop(case):
     x, wts, idx, ug, dn = case
     (out,) = run_kernel("moe_experts", x, wts, idx, ug, dn)
     ref = ref_moe_experts(x, wts, idx, ug, dn)
-    # Two chained float32 matmuls (H and I <= 6 terms) plus silu: a few ulps relative to the
-    # magnitudes involved; outputs near zero by cancellation need the absolute term.
-    assert_close(out, ref, rtol=1e-5, atol=1e-5, what="moe_experts")
+    # atol 3e-6, not 1e-6: two chained float32 matmuls (H, I <= 6 terms) plus silu are good
+    # to a few ulps of the magnitudes involved, which outputs that cancel to ~0 keep as
+    # absolute error. Measured worst excess over rtol over 1500 cases: 4e-7.
+    assert_close(out, ref, rtol=1e-5, atol=3e-6, what="moe_experts")
 
 
 def test_moe_experts_gate_and_up_halves_are_not_swapped():

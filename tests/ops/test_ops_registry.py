@@ -4,13 +4,14 @@ agree on the output count, shapes and kinds of dtype."""
 
 from __future__ import annotations
 
+import enum
 import typing
 
 import numpy as np
 import pytest
 from pydantic.fields import FieldInfo
 
-from ernie_ir.ir import GraphBuilder, NoAttrs, OpAttrs, OpError, all_ops, f32, get_op, i64, tensor
+from ernie_ir.ir import DType, GraphBuilder, NoAttrs, OpAttrs, OpError, all_ops, f32, get_op, i64, tensor
 from ernie_ir.ir.types import TensorType
 
 CORE_OPS = {
@@ -78,7 +79,7 @@ def _sample_value(field: FieldInfo) -> object:
         return (1,)
     if typing.get_origin(ann) is typing.Literal:
         return typing.get_args(ann)[0]
-    if isinstance(ann, type) and issubclass(ann, __import__("enum").Enum):
+    if isinstance(ann, type) and issubclass(ann, enum.Enum):
         return next(iter(ann))
     pytest.fail(f"no sample value for a required attribute of type {ann}: extend _sample_value")
 
@@ -181,8 +182,6 @@ def test_samples_cover_the_core_op_set():
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_kernel_output_matches_inferred_types(name):
-    from ernie_ir.ir import DType
-
     args, attrs = SAMPLES[name]
     op = get_op(name)
     a = op.make_attrs(attrs)

@@ -1,0 +1,52 @@
+"""position_ids: the position of every token, from the shape of the token ids."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import Field
+
+from ernie_ir.ir import Input, OpAttrs, OpDef, OpError, TensorType, i64, register_op
+
+from ._checks import need, need_int, need_rank
+
+
+class PositionIdsAttrs(OpAttrs):
+    stride: int = Field(default=1, ge=1)
+    offset: int = Field(default=0, ge=0)
+    limit: int | None = Field(default=None, ge=1)
+    """Positions must stay below this (the model's max_position_embeddings); None: unchecked."""
+
+
+@register_op
+class PositionIds(OpDef):
+    """pos[b, s] = offset + stride * s        (only the shape of ids is read)
+
+    ids: integer [B, S]; pos: i64 [B, S]. With `limit`, a position >= limit
+    is an error at run time (the sequence is longer than the model supports).
+    GPT's learned positions use the defaults; ERNIE-3.5-SE with
+    `enable_random_position_ids` uses stride 8, offset 7.
+    """
+
+    name = "position_ids"
+    inputs = (Input("ids"),)
+    Attrs = PositionIdsAttrs
+
+    def infer(self, types: Sequence[TensorType | None], attrs: PositionIdsAttrs) -> list[TensorType]:
+        ids = need(types[0], self.name, "ids")
+        need_int(ids, self.name, "ids")
+        need_rank(ids, 2, self.name, "ids")
+        return [TensorType(i64, ids.shape)]
+
+    def kernel(self, args: Sequence[np.ndarray | None], attrs: PositionIdsAttrs) -> list[np.ndarray]:
+        ids = args[0]
+        assert ids is not None
+        b, s = ids.shape
+        pos = attrs.offset + attrs.stride * np.arange(s, dtype=np.int64)
+        if attrs.limit is not None and s and pos[-1] >= attrs.limit:
+            raise OpError(
+                f"position_ids: sequence length {s} reaches position {int(pos[-1])}, "
+                f"beyond the model's {attrs.limit} positions"
+            )
+        return [np.broadcast_to(pos, (b, s)).copy()]

@@ -1,0 +1,307 @@
+"""Quantization numerics shared by the quantization ops and passes.
+
+Not an op: the exact arithmetic that the quantization ops' kernels and the
+quantization passes agree on, written once. Every function states the
+reference it matches bit for bit (Paddle 3.3.1 on CPU, cross-checked in
+tests/quant).
+
+Weight-only (Paddle `weight_quantize`, CPU kernel, per output channel or per
+group of `group_size` rows along the input axis; W is [..., K, N] = [in, out]):
+
+    absmax[c]  = max_k |W[k, c]|                       (exact, on the stored values)
+    scale[c]   = T(f32(absmax[c]) / f32(bound))         bound = 127 (int8) or 7 (int4);
+                                                        T = the weight's dtype, rounded to
+                                                        nearest even (Paddle returns bf16
+                                                        scales for bf16 weights)
+    q[k, c]    = clip(round(f32(W[k, c]) / f32(scale[c])), -bound, bound)
+                                                        round = half away from zero (C `round`);
+                                                        the division is one IEEE float32 division
+
+An all-zero channel gets scale 0 and q = 0 (Paddle writes 127 or -7 into
+such a channel, which its scale 0 also turns into 0: the dequantized values
+agree). NaN or Inf weights are an error.
+
+Fake quantization (Paddle `fake_*quantize_dequantize*` CPU kernels, float32):
+
+    inv(s)  = 1 / (s + 1e-6) if s <= 1e-30 else 1 / s
+    b       = 2^(bits-1) - 1
+    round_type 0: y = (clip(rint((b * inv(s)) * x), -b - 1, b) * s) / b
+    round_type 1: y = (round_half_away((b * inv(s)) * clip(x, -s, s)) * s) / b
+
+FP8 (tensor-wise, e4m3): scale = absmax / 448 (1 for an all-zero tensor),
+q = e4m3(clip(x / scale, -448, 448)) with ml_dtypes' round-to-nearest-even.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import ml_dtypes
+import numpy as np
+
+from ernie_ir.ir import DType, ErnieIRError
+
+INT_BOUND = {8: 127, 4: 7}
+"""Largest quantized magnitude per bit width (symmetric, as Paddle's weight-only kernels)."""
+
+FP8_MAX = {DType.F8E4M3: 448.0, DType.F8E5M2: 57344.0}
+
+_PREV_HALF = np.float32(0.49999997)  # the float32 just below 0.5 (bits 0x3EFFFFFF)
+
+
+class NonFiniteWeightError(ErnieIRError):
+    """A weight to be quantized holds NaN or Inf."""
+
+
+def round_half_away(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """C `round` for float32: nearest integer, ties away from zero.
+
+    Computed as trunc(x + copysign(0.49999997, x)), Eigen's vectorised round:
+    adding the float just below 0.5 instead of 0.5 keeps 0.49999997 from
+    rounding up, and every other finite float32 rounds as `round` does.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    half = np.copysign(_PREV_HALF, x)
+    if out is None:
+        return np.trunc(x + half)
+    np.add(x, half, out=out)
+    return np.trunc(out, out=out)
+
+
+def scale_dtype_for(dtype: np.dtype) -> np.dtype:
+    """The dtype Paddle returns weight-only scales in: the weight's own float dtype."""
+    return np.dtype(dtype) if np.dtype(dtype) in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16),
+                                                   np.dtype(np.float32)) else np.dtype(np.float32)
+
+
+def num_groups(k: int, group_size: int) -> int:
+    """Scale rows along the input axis: 1 per channel, ceil(K / g) grouped (the last may be short)."""
+    return 1 if group_size == -1 else math.ceil(k / group_size)
+
+
+def _check_args(w: np.ndarray, bits: int, group_size: int) -> None:
+    if bits not in INT_BOUND:
+        raise ValueError(f"weight-only quantization supports 8 or 4 bits, not {bits}")
+    if group_size != -1 and group_size <= 0:
+        raise ValueError(f"group_size must be -1 (per channel) or positive, not {group_size}")
+    if w.ndim < 2:
+        raise ValueError(f"a weight to quantize needs rank >= 2 ([..., in, out]), got shape {w.shape}")
+
+
+def _nonfinite(w: np.ndarray, name: str) -> NonFiniteWeightError:
+    bad = np.argwhere(~np.isfinite(w.astype(np.float32)))[0]
+    value = w[tuple(bad)]
+    return NonFiniteWeightError(
+        f"param {name} holds {value} at index {list(int(i) for i in bad)}: "
+        "a weight with NaN or Inf cannot be quantized (fix or re-export the checkpoint)"
+    )
+
+
+def _expand_groups(scale: np.ndarray, k: int, group_size: int) -> np.ndarray:
+    """Per-row view of a scale: [..., N] -> [..., 1, N]; [..., G, N] -> [..., K, N]."""
+    if group_size == -1:
+        return scale[..., None, :]
+    return np.repeat(scale, group_size, axis=-2)[..., :k, :]
+
+
+def weight_scales(w: np.ndarray, bits: int, group_size: int = -1, *, name: str = "weight") -> np.ndarray:
+    """The weight-only scales of `w` [..., K, N]: [..., N] per channel, [..., ceil(K/g), N] grouped.
+
+    Raises NonFiniteWeightError (naming `name`) if `w` holds NaN or Inf.
+    """
+    _check_args(w, bits, group_size)
+    dtype = scale_dtype_for(w.dtype)
+    if group_size == -1 and w.dtype == np.dtype(ml_dtypes.bfloat16):
+        bits16 = _absmax_bits_bf16(w)
+        if bits16.size and int(bits16.max()) >= 0x7F80:
+            raise _nonfinite(w, name)
+        absmax = (bits16.astype(np.uint32) << 16).view(np.float32)
+    else:
+        a = np.abs(w.astype(np.float32))
+        if not np.isfinite(a).all():
+            raise _nonfinite(w, name)
+        if group_size == -1:
+            absmax = a.max(axis=-2) if a.shape[-2] else np.zeros(a.shape[:-2] + a.shape[-1:], np.float32)
+        else:
+            k = a.shape[-2]
+            g = num_groups(k, group_size)
+            pad = g * group_size - k
+            if pad:
+                widths = [(0, 0)] * (a.ndim - 2) + [(0, pad), (0, 0)]
+                a = np.pad(a, widths)
+            absmax = a.reshape(*a.shape[:-2], g, group_size, a.shape[-1]).max(axis=-2)
+    return (absmax / np.float32(INT_BOUND[bits])).astype(dtype)
+
+
+def weight_quantize_reference(w: np.ndarray, bits: int, group_size: int = -1, *,
+                              name: str = "weight") -> tuple[np.ndarray, np.ndarray]:
+    """(q, scale) for `w` [..., K, N], computed the straightforward way (whole array at once).
+
+    q is int8 holding values in [-bound, bound]; scale is in the weight's dtype.
+    The specification of `weight_quantize`, which must give identical bits.
+    """
+    scale = weight_scales(w, bits, group_size, name=name)
+    sf = _expand_groups(scale.astype(np.float32), w.shape[-2], group_size)
+    sf = np.where(sf == 0, np.float32(1), sf)  # an all-zero channel: 0 / 1 = 0
+    t = w.astype(np.float32) / sf
+    b = np.float32(INT_BOUND[bits])
+    q = np.clip(round_half_away(t), -b, b).astype(np.int8)
+    return q, scale
+
+
+def weight_quantize(w: np.ndarray, bits: int, group_size: int = -1, *, name: str = "weight",
+                    threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(q, scale) for `w` [..., K, N]: bit-identical to `weight_quantize_reference`, faster.
+
+    bf16 weights are processed in cache-sized row blocks: the absmax runs on
+    the raw bits (`& 0x7fff`), the blocks are widened to float32 by a shift,
+    and divide, round (sign bits | 0.49999997, add; the cast to int truncates),
+    clip and cast run in place; up to `threads` threads
+    (default: min(2, cores)) share the rows. Other dtypes and shapes use the
+    reference path.
+    """
+    if w.dtype != np.dtype(ml_dtypes.bfloat16) or w.ndim < 2:
+        return weight_quantize_reference(w, bits, group_size, name=name)
+    scale = weight_scales(w, bits, group_size, name=name)
+    lead = w.shape[:-2]
+    k, n = w.shape[-2], w.shape[-1]
+    w3 = np.ascontiguousarray(w).reshape(-1, k, n)
+    s3 = scale.astype(np.float32).reshape(w3.shape[0], -1, n)
+    s3 = np.where(s3 == 0, np.float32(1), s3)
+    q = np.empty(w3.shape, np.int8)
+    bound = np.float32(INT_BOUND[bits])
+    rows = max(1, (256 * 1024) // max(1, 4 * n))  # ~256 KiB of float32 per block
+    tasks = [(e, r0, min(k, r0 + rows)) for e in range(w3.shape[0]) for r0 in range(0, k, rows)]
+    nthreads = max(1, min(threads or min(2, os.cpu_count() or 1), len(tasks)))
+    u16 = w3.view(np.uint16)
+
+    def run(chunk: list[tuple[int, int, int]]) -> None:
+        buf = np.empty((rows, n), np.uint32)
+        half = np.empty((rows, n), np.uint32)
+        for e, r0, r1 in chunk:
+            m = r1 - r0
+            x = buf[:m]
+            np.copyto(x, u16[e, r0:r1])
+            np.left_shift(x, 16, out=x)  # bf16 bits -> float32 bits (exact widening)
+            f = x.view(np.float32)
+            np.divide(f, s3[e, 0] if group_size == -1 else s3[e, np.arange(r0, r1) // group_size], out=f)
+            h = half[:m]  # copysign(0.49999997, f) on the bits: sign | 0x3EFFFFFF
+            np.bitwise_and(x, np.uint32(0x80000000), out=h)
+            np.bitwise_or(h, np.uint32(0x3EFFFFFF), out=h)
+            np.add(f, h.view(np.float32), out=f)
+            np.clip(f, -bound, bound, out=f)
+            np.copyto(q[e, r0:r1], f, casting="unsafe")  # float -> int truncates: the trunc of round
+
+    if nthreads == 1:
+        run(tasks)
+    else:
+        with ThreadPoolExecutor(nthreads) as pool:
+            list(pool.map(run, [tasks[i::nthreads] for i in range(nthreads)]))
+    return q.reshape(*lead, k, n), scale
+
+
+def _absmax_bits_bf16(w: np.ndarray) -> np.ndarray:
+    """max over axis -2 of the magnitude bits (`bits & 0x7fff`) of a bf16 array [..., K, N].
+
+    For finite values the largest magnitude bits are the bits of the largest
+    |w|; NaN and Inf give bits >= 0x7f80.
+    """
+    k, n = w.shape[-2], w.shape[-1]
+    u = np.ascontiguousarray(w).view(np.uint16).reshape(-1, k, n)
+    out = np.zeros((u.shape[0], n), np.uint16)
+    rows = max(1, (512 * 1024) // max(1, 2 * n))
+    tmp = np.empty((min(rows, max(k, 1)), n), np.uint16)
+    for e in range(u.shape[0]):
+        for r0 in range(0, k, rows):
+            blk = u[e, r0:r0 + rows]
+            t = tmp[: blk.shape[0]]
+            np.bitwise_and(blk, np.uint16(0x7FFF), out=t)
+            np.maximum(out[e], t.max(axis=0), out=out[e])
+    return out.reshape(*w.shape[:-2], n)
+
+
+def weight_dequantize(q: np.ndarray, scale: np.ndarray, group_size: int = -1) -> np.ndarray:
+    """float32 W[..., k, c] = f32(q[..., k, c]) * f32(scale[..., c or k // g, c]) (exact in float32)."""
+    sf = np.asarray(scale).astype(np.float32)
+    if sf.ndim == 0:
+        return q.astype(np.float32) * sf
+    return q.astype(np.float32) * _expand_groups(sf, q.shape[-2], group_size)
+
+
+# -- fake quantization (Paddle's CPU kernels) ----------------------------------------------------------
+
+
+def paddle_inverse(s: np.ndarray) -> np.ndarray:
+    """1 / s, or 1 / (s + 1e-6) where s <= 1e-30 (Paddle's `inverse`), in float32."""
+    s = np.asarray(s, dtype=np.float32)
+    one = np.float32(1)
+    with np.errstate(divide="ignore"):
+        return np.where(s <= np.float32(1e-30), one / (s + np.float32(1e-6)), one / s).astype(np.float32)
+
+
+def fake_quant_dequant(x: np.ndarray, scale: np.ndarray, bits: int, round_type: int) -> np.ndarray:
+    """Paddle's ClipAndFakeQuantDequant with scale `scale` (broadcast against x), float32.
+
+    round_type 0: (clip(rint((b * inv(s)) * x), -b - 1, b) * s) / b
+    round_type 1: (round_half_away((b * inv(s)) * clip(x, -s, s)) * s) / b
+    """
+    x = np.asarray(x, dtype=np.float32)
+    s = np.asarray(scale, dtype=np.float32)
+    b = np.float32(2 ** (bits - 1) - 1)
+    k = b * paddle_inverse(s)
+    if round_type == 0:
+        q = np.clip(np.rint(k * x), -b - np.float32(1), b)
+    else:
+        q = round_half_away(k * np.clip(x, -s, s))
+    return ((q * s) / b).astype(np.float32)
+
+
+def abs_max(x: np.ndarray, keep_axes: tuple[int, ...] = ()) -> np.ndarray:
+    """max |x| over every axis not in `keep_axes` (float32; the kept axes keep their size)."""
+    a = np.abs(np.asarray(x, dtype=np.float32))
+    keep = {ax % a.ndim for ax in keep_axes} if a.ndim else set()
+    reduce = tuple(i for i in range(a.ndim) if i not in keep)
+    if not reduce:
+        return a
+    if a.size == 0:
+        return np.zeros([d for i, d in enumerate(a.shape) if i in keep], np.float32)
+    return a.max(axis=reduce)
+
+
+def moving_average_state(absmax: np.float32, accum: np.float32, state: np.float32,
+                         rate: float) -> tuple[np.float32, np.float32, np.float32]:
+    """Paddle's FindMovingAverageAbsMax: (scale, accum, state) after one training step (float32).
+
+        state' = rate * state + 1;  accum' = rate * accum + absmax;  scale = accum' / state'
+    """
+    r = np.float32(rate)
+    new_state = np.float32(r * np.float32(state) + np.float32(1))
+    new_accum = np.float32(r * np.float32(accum) + np.float32(absmax))
+    return np.float32(new_accum / new_state), new_accum, new_state
+
+
+# -- FP8 -------------------------------------------------------------------------------------------
+
+
+def fp8_scale(x: np.ndarray, fmt: DType = DType.F8E4M3) -> np.float32:
+    """Tensor-wise FP8 scale: absmax / 448 (e4m3) or / 57344 (e5m2); 1 for an all-zero tensor."""
+    m = np.float32(abs_max(x)) if np.asarray(x).size else np.float32(0)
+    if not np.isfinite(m):
+        raise NonFiniteWeightError("cannot compute an FP8 scale of a tensor holding NaN or Inf")
+    if m == 0:
+        return np.float32(1)
+    return np.float32(m / np.float32(FP8_MAX[fmt]))
+
+
+def fp8_quantize(x: np.ndarray, scale: np.ndarray | float, fmt: DType = DType.F8E4M3) -> np.ndarray:
+    """fp8(clip(f32(x) / scale, -max, max)), rounded to nearest even by ml_dtypes (saturating)."""
+    top = np.float32(FP8_MAX[fmt])
+    t = np.asarray(x, dtype=np.float32) / np.float32(scale)
+    return np.clip(t, -top, top).astype(fmt.numpy)
+
+
+def fp8_fake_quant(x: np.ndarray, scale: np.ndarray | float, fmt: DType = DType.F8E4M3) -> np.ndarray:
+    """f32(fp8_quantize(x, scale)) * scale: the value an FP8 GEMM sees, in float32."""
+    return fp8_quantize(x, scale, fmt).astype(np.float32) * np.float32(scale)
