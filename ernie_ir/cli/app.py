@@ -181,7 +181,7 @@ def _logits(graph: Graph, ids: np.ndarray, emulate: str | None) -> np.ndarray:
                            f"{[v.name for v in graph.inputs]}")
     mode = DType.parse(emulate) if emulate else None
     outputs = Interpreter(graph, emulate=mode).run({graph.inputs[0].name or "": ids})
-    return outputs[graph.outputs[0].name or ""]
+    return outputs[graph.output_names[0]]
 
 
 @app.command()

@@ -96,8 +96,7 @@ class GraphBuilder:
         if names is None or len(names) != len(values):
             raise TypeError("give one name per output")
         for v, n in zip(values, names, strict=True):
-            v.name = n
-            self.graph.outputs.append(v)
+            self.graph.add_output(v, n)
 
     # -- ops ---------------------------------------------------------------------------
 

@@ -58,9 +58,11 @@ def structural_diff(a: Graph, b: Graph) -> str | None:
         mapping.update(zip(n.outputs, m.outputs, strict=True))
     if len(a.outputs) != len(b.outputs):
         return f"output counts differ: {len(a.outputs)} vs {len(b.outputs)}"
-    for x, y in zip(a.outputs, b.outputs, strict=True):
-        if x.name != y.name or mapping.get(x) is not y:
-            return f"output {x.name} differs"
+    if a.output_names != b.output_names:
+        return f"output names differ: {a.output_names} vs {b.output_names}"
+    for name, x, y in zip(a.output_names, a.outputs, b.outputs, strict=True):
+        if mapping.get(x) is not y:
+            return f"output {name} differs"
     return None
 
 

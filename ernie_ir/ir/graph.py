@@ -230,6 +230,9 @@ class Graph:
         self.name = name
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
+        # The interface names of the outputs, kept apart from the values: replacing an
+        # output value (by an input, a param or another output) must not rename the output.
+        self.output_names: list[str] = []
         self.params: dict[str, Param] = {}
         self.metadata: dict[str, Any] = {}
         self._head: Node | None = None
@@ -351,11 +354,23 @@ class Graph:
         del self.params[name]
         return p
 
-    def set_outputs(self, values: Sequence[Value], names: Sequence[str] | None = None) -> None:
-        """Declare the graph outputs; `names` become the values' names (the interface)."""
+    def set_outputs(self, values: Sequence[Value], names: Sequence[str]) -> None:
+        """Declare the graph outputs and their interface names."""
+        if len(values) != len(names):
+            raise ValueError(f"{len(values)} outputs but {len(names)} names")
         self.outputs = list(values)
-        for v, n in zip(values, names or [], strict=False):
-            v.name = n
+        self.output_names = list(names)
+        for v, n in zip(values, names, strict=True):
+            if v.name is None:
+                v.name = n
+
+    def add_output(self, value: Value, name: str) -> None:
+        if name in self.output_names:
+            raise ValueError(f"graph already has an output named {name!r}")
+        self.outputs.append(value)
+        self.output_names.append(name)
+        if value.name is None:
+            value.name = name
 
     def replace_all_uses_with(self, old: Value, new: Value) -> int:
         """Make every reader of `old` read `new` (graph outputs included). Returns the count."""
@@ -367,9 +382,7 @@ class Graph:
             count += 1
         for i, v in enumerate(self.outputs):
             if v is old:
-                self.outputs[i] = new
-                if new.name is None or new.producer is not None:
-                    new.name = old.name
+                self.outputs[i] = new  # the output keeps its name (output_names[i])
                 count += 1
         return count
 

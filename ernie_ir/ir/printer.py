@@ -159,8 +159,10 @@ class _Printer:
         for v in g.inputs:
             self.names[v] = input_ref(v.name or "")
         ins = ", ".join(f"{self.names[v]}: {self.type_str(v.type)}" for v in g.inputs)
-        outs = ", ".join(f"{output_label(v.name or f'out{i}')}: {self.type_str(v.type)}"
-                         for i, v in enumerate(g.outputs))
+        names = g.output_names
+        outs = ", ".join(
+            f"{output_label(names[i] if i < len(names) else f'out{i}')}: {self.type_str(v.type)}"
+            for i, v in enumerate(g.outputs))
         lines = [f"graph {param_ref(g.name)}({ins}) -> ({outs}) {{"]
         if g.metadata:
             lines.append(f"  meta {format_dict(g.metadata)}")

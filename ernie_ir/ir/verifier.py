@@ -92,10 +92,16 @@ def verify_problems(graph: Graph) -> list[str]:
     for name, p in graph.params.items():
         if not any(u.graph is graph for u, _ in p._uses):
             problems.append(f"param @{name} is never used (remove it or use it)")
+    names = graph.output_names
+    if len(names) != len(graph.outputs):
+        problems.append(f"graph has {len(graph.outputs)} outputs but {len(names)} output names")
+    elif len(set(names)) != len(names):
+        problems.append(f"graph outputs have duplicate names: {names}")
     for i, v in enumerate(graph.outputs):
+        name = names[i] if i < len(names) else ""
         if v not in defined:
-            problems.append(f"output {i} ({v.name}) is not defined in this graph")
-        if not v.name:
+            problems.append(f"output {i} ({name or v.name}) is not defined in this graph")
+        if not name:
             problems.append(f"output {i} has no name")
     return problems
 

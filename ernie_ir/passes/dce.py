@@ -4,19 +4,14 @@ from __future__ import annotations
 
 from ernie_ir.ir import Graph
 
-from .base import PassContext, PassOptions, function_pass
+from .base import NoOptions, PassContext, function_pass
 from .registry import register_pass
-
-
-class DceOptions(PassOptions):
-    keep_params: bool = False
-    """Keep params that no node reads any more (default: remove them)."""
 
 
 @register_pass
 @function_pass("dce", "Remove nodes whose results are unused, and params no node reads.",
-               options=DceOptions)
-def dce(graph: Graph, options: DceOptions, ctx: PassContext) -> bool:
+               options=NoOptions)
+def dce(graph: Graph, options: NoOptions, ctx: PassContext) -> bool:
     """Walks backwards once: a node is dead when none of its results is read or returned,
     and erasing it may make its producers dead in turn, which the backward walk sees next."""
     outputs = set(graph.outputs)
@@ -26,10 +21,10 @@ def dce(graph: Graph, options: DceOptions, ctx: PassContext) -> bool:
             continue
         graph.erase(node)
         removed += 1
-    if not options.keep_params:
-        for name in [n for n, p in graph.params.items() if not p.num_uses() and p not in outputs]:
-            graph.remove_param(name)
-            removed += 1
+    # Unused params always go: the verifier's invariant is that every param is used.
+    for name in [n for n, p in graph.params.items() if not p.num_uses() and p not in outputs]:
+        graph.remove_param(name)
+        removed += 1
     if removed:
         ctx.count("erased", removed)
     return removed > 0

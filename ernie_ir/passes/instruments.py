@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -99,7 +100,8 @@ class DumpInstrument(PassInstrument):
         header = (
             f"// ernie-ir dump, step {step}: {label}\n"
             f"// pipeline: {self._pipeline}\n"
-            f"// replay from this step: ernie-ir show {path} --pipeline '{replay}'\n"
+            f"// replay from this step: ernie-ir show {shlex.quote(str(path))} "
+            f"--pipeline {shlex.quote(replay)}\n"
         )
         path.write_text(header + print_graph(graph), encoding="utf-8")
         self.files.append(path)

@@ -68,8 +68,6 @@ class PassManager:
             before = _fingerprint(graph) if self.debug else ""
             ctx = PassContext(debug=self.debug)
             changed = bool(p.run(graph, ctx))
-            if p.produces or p.invalidates:
-                set_graph_properties(graph, (graph_properties(graph) - p.invalidates) | p.produces)
             if self.debug:
                 problems = verify_problems(graph)
                 if problems:
@@ -87,6 +85,10 @@ class PassManager:
                         "truthfully: caches and instruments rely on it)"
                     )
                 changed = really
+            # Recorded after the "changed" check: the manager writes these, not the pass, so a
+            # pass that only establishes a property (and says "unchanged") keeps its word.
+            if p.produces or p.invalidates:
+                set_graph_properties(graph, (graph_properties(graph) - p.invalidates) | p.produces)
             ran.append(p.spec())
             for inst in self.instruments:
                 inst.after_pass(index, p, graph, changed, ctx)

@@ -104,10 +104,10 @@ class _TextReader:
                 k = _NAME.match(self.text, self.i)
                 if k is None:
                     raise self.fail("expected an option name")
-                self.i = k.end()
                 key = k.group().replace("-", "_")
                 if key in options:
-                    raise self.fail(f"option {key!r} given twice")
+                    raise self.fail(f"option {key!r} given twice")  # at the repeated name
+                self.i = k.end()
                 self.expect("=")
                 options[key] = self.value()
             self.i += 1

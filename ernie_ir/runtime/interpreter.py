@@ -110,8 +110,8 @@ class Interpreter:
             for v in self._plan.get(node, ()):
                 env.pop(v, None)
         out: dict[str, np.ndarray] = {}
-        for v in g.outputs:
-            out[v.name or ""] = self.param(v) if isinstance(v, Param) else env[v]
+        for name, v in zip(g.output_names, g.outputs, strict=True):
+            out[name] = self.param(v) if isinstance(v, Param) else env[v]
         return out
 
     def _normalise(self, t: TensorType, arr: np.ndarray) -> np.ndarray:

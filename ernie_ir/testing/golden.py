@@ -9,6 +9,9 @@ A golden file is IR text with a header that says how to produce it:
 
 `input` is a built-in model, a model or graph folder, or an `.ir` file
 (relative paths are relative to the golden file); `pipeline` may be empty.
+An input in angle brackets (`<test>`, what the pytest `golden` fixture
+writes) names no loadable input: the test that wrote the file checks it, so
+it is neither collected by pytest nor found in folders by `ernie-ir golden`.
 Comparison is structural (value names do not matter); a mismatch reports a
 unified diff of the canonical text. `update` rewrites only failing files.
 """
@@ -58,7 +61,7 @@ class GoldenCase:
         if not lines or lines[0].strip() != MARKER:
             raise ErnieIRError(f"{p}: not a golden case (first line must be {MARKER!r})")
         fields: dict[str, str] = {}
-        body_start = 1
+        body_start = len(lines)  # a header without IR (and without a final newline)
         for i, line in enumerate(lines[1:], 1):
             if not line.startswith("//"):
                 body_start = i
@@ -77,7 +80,8 @@ class GoldenCase:
         return f"{MARKER}\n// input: {self.input}\n// pipeline: {self.pipeline}\n"
 
     def resolve_input(self) -> str:
-        local = self.path.parent / self.input
+        # Lexically normalised, so `../model.ir` works before the golden's folder exists.
+        local = Path(os.path.normpath(self.path.parent / self.input))
         return str(local) if local.exists() else self.input
 
     def compute(self) -> Graph:
@@ -122,10 +126,13 @@ def find_goldens(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found.extend(sorted(f for f in p.rglob("*.ir") if _is_golden(f)))
+            found.extend(sorted(f for f in p.rglob("*.ir") if _is_golden(f) and not _written_by_test(f)))
         elif p.is_file():
             if not _is_golden(p):
                 raise ErnieIRError(f"{p}: not a golden case (first line must be {MARKER!r})")
+            if _written_by_test(p):
+                raise ErnieIRError(f"{p}: written by a test's `golden` fixture (its input is not "
+                                   "loadable); run that test to check it")
             found.append(p)
         else:
             raise ErnieIRError(f"{p}: no such file or folder")
@@ -138,6 +145,16 @@ def _is_golden(p: Path) -> bool:
             return f.readline().strip() == MARKER
     except (OSError, UnicodeDecodeError):
         return False
+
+
+def _written_by_test(p: Path) -> bool:
+    """A golden whose input is `<...>`: written and checked by a test, not computable here."""
+    try:
+        with open(p, encoding="utf-8") as f:
+            head = [f.readline() for _ in range(3)]
+    except (OSError, UnicodeDecodeError):
+        return False
+    return any(line.startswith("// input: <") for line in head)
 
 
 def check_goldens(paths: Iterable[str | os.PathLike[str]], *, update: bool = False) -> list[GoldenResult]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .golden import GoldenCase, _is_golden, update_requested
+from .golden import GoldenCase, _is_golden, _written_by_test, update_requested
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -25,7 +25,7 @@ def _updating(config: pytest.Config) -> bool:
 
 
 def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:
-    if file_path.suffix == ".ir" and _is_golden(file_path):
+    if file_path.suffix == ".ir" and _is_golden(file_path) and not _written_by_test(file_path):
         return GoldenFile.from_parent(parent, path=file_path)
     return None
 

@@ -124,8 +124,14 @@ def test_value_of_another_graph():
 def test_output_not_defined():
     g = valid()
     stray = Value(tensor(F, "B", 4), "stray")
-    g.outputs.append(stray)
+    g.add_output(stray, "stray")
     assert verify_problems(g) == ["output 1 (stray) is not defined in this graph"]
+
+
+def test_outputs_and_names_must_pair_up():
+    g = valid()
+    g.outputs.append(g.outputs[0])
+    assert verify_problems(g) == ["graph has 2 outputs but 1 output names", "output 1 has no name"]
 
 
 def test_output_of_an_erased_node():
@@ -137,7 +143,7 @@ def test_output_of_an_erased_node():
 
 def test_unnamed_output():
     g = valid()
-    g.outputs[0].name = None
+    g.output_names[0] = ""
     assert verify_problems(g) == ["output 0 has no name"]
 
 

@@ -1,0 +1,95 @@
+"""The CLI's quantization and LoRA flags, turned into pipeline text.
+
+`pipeline_for(...)` is what `--quant`, `--quant-config`, `--lora-rank`,
+`--lora-alpha`, `--lora-targets` and `--lora-adapter` mean. It validates
+everything it can without a model (preset names, aliases, the YAML file,
+flag combinations) and raises `QuantFlagError` (one line) otherwise. The
+result is ordinary pipeline text: quantization first, then LoRA, so LoRA
+over a quantized base (WINT8MIX LoRA) is `--quant wint8mix --lora-rank 8`.
+
+    pipeline_for("wint8mix", None, 8, None, None, None)
+        == 'wint8mix,lora{rank=8}'
+    pipeline_for("wint4/8", None, None, None, None, None)        # ERNIEKit alias
+        == 'wint8mix'
+    pipeline_for(None, Path("q.yaml"), None, None, None, None)
+        == 'quant-annotate{config="q.yaml"},weight-only-quant'
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from ernie_ir.ir import ErnieIRError
+
+from .pipeline import format_value
+from .quant_config import QuantConfig, resolve_quant_name
+from .quant_presets import convert_passes
+
+NO_QUANT = ("none", "bf16", "fp16", "float", "")
+
+
+class QuantFlagError(ErnieIRError):
+    """Quantization / LoRA flags that cannot be combined or resolved."""
+
+
+def quant_pipeline(quant: str | None, quant_config: Path | None) -> list[str]:
+    """Pipeline elements for `--quant` / `--quant-config` (at most one of them)."""
+    if quant is not None and quant.strip().lower() in NO_QUANT:
+        quant = None
+    if quant is not None and quant_config is not None:
+        raise QuantFlagError("give --quant PRESET or --quant-config FILE.yaml, not both")
+    if quant is not None:
+        return [resolve_quant_name(quant)]
+    if quant_config is not None:
+        cfg = QuantConfig.from_yaml(quant_config)
+        return [f"quant-annotate{{config={json.dumps(str(quant_config))}}}", *convert_passes(cfg.algos)]
+    return []
+
+
+def lora_pipeline(lora_rank: int | None, lora_alpha: float | None, lora_targets: Sequence[str] | None,
+                  lora_adapter: Path | None) -> list[str]:
+    """Pipeline elements for the LoRA flags."""
+    if lora_adapter is not None:
+        if lora_rank is not None or lora_alpha is not None or lora_targets:
+            raise QuantFlagError("--lora-adapter imports a trained adapter with its own rank, alpha and "
+                                 "targets; do not combine it with --lora-rank/--lora-alpha/--lora-targets")
+        if not (Path(lora_adapter) / "lora_config.json").is_file():
+            raise QuantFlagError(f"--lora-adapter {lora_adapter}: not a LoRA adapter folder "
+                                 "(no lora_config.json)")
+        return [f"lora-import{{path={json.dumps(str(lora_adapter))}}}"]
+    if lora_rank is None:
+        if lora_alpha is not None or lora_targets:
+            raise QuantFlagError("--lora-alpha and --lora-targets need --lora-rank R")
+        return []
+    if lora_rank < 1:
+        raise QuantFlagError(f"--lora-rank must be a positive integer, not {lora_rank}")
+    opts = [f"rank={lora_rank}"]
+    if lora_alpha is not None:
+        if lora_alpha <= 0:
+            raise QuantFlagError(f"--lora-alpha must be positive, not {lora_alpha}")
+        opts.append(f"alpha={format_value(float(lora_alpha))}")
+    if lora_targets:
+        from .quant_config import compile_pattern
+
+        targets = [t.strip() for t in lora_targets if t.strip()]
+        for t in targets:
+            compile_pattern(t)
+        opts.append(f"targets={format_value(targets)}")
+    return [f"lora{{{','.join(opts)}}}"]
+
+
+def pipeline_for(quant: str | None, quant_config: Path | None, lora_rank: int | None,
+                 lora_alpha: float | None, lora_targets: Sequence[str] | None,
+                 lora_adapter: Path | None) -> str:
+    """Pipeline text for the CLI's quantization and LoRA flags ("" when none is given).
+
+    quant: a preset (wint8, wint4, wint8mix, wint8mix-erniekit, qat-int8, fp8), an alias
+    (ERNIEKit compute_type `wint4/8`; FastDeploy `mix_quant`, `tensor_wise_fp8`, ...) or
+    none. quant_config: a YAML quant-config file. lora_targets: regexes (full match) or
+    `glob:` patterns; a CLI passes `--lora-targets a,b` split on commas.
+    """
+    parts = quant_pipeline(quant, quant_config) + lora_pipeline(lora_rank, lora_alpha, lora_targets,
+                                                                lora_adapter)
+    return ",".join(parts)

@@ -1,0 +1,147 @@
+"""weight-only-quant: linears annotated weight_only_int8/int4 become weight_only_linear.
+
+For every weight param annotated by `quant-annotate` with a weight-only algo:
+
+- a dense `linear(x, W, b)` becomes `weight_only_linear(x, Wq, scale, b)`;
+- a stacked expert weight W [E, K, N] of `moe_experts` is replaced by
+  `dequantize(Wq, scale)` feeding the same input: each expert has its own
+  scales ([E, N], or [E, ceil(K/g), N] grouped).
+
+New params (names as FastDeploy's, layout ours: logical [in, out] values):
+`<module>.quant_weight` (i8, or i4 stored as packed int4) and
+`<module>.weight_scale` (the weight's dtype, as Paddle returns it). Numerics
+are `ernie_ir.ops.quant_numerics.weight_quantize` (= Paddle's
+`weight_quantize` CPU kernel). Scales are computed when the pass runs (so a
+NaN/Inf weight is an error naming the param); the int values are computed
+lazily when read (saving a graph streams them one tensor at a time). Meta
+graphs (no weight data) get typed params without data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, TensorType
+from ernie_ir.ir.weights import ArraySource, WeightSource
+from ernie_ir.ops.quant_numerics import num_groups, scale_dtype_for, weight_quantize, weight_scales
+
+from .base import Pass, PassContext
+from .param_edit import ParamPlacer
+from .quant_annotate import ANNOTATION
+from .quant_config import Algo, QuantSpec, module_path
+from .registry import register_pass
+
+_WEIGHT_ONLY = (Algo.WEIGHT_ONLY_INT8.value, Algo.WEIGHT_ONLY_INT4.value)
+_SLOTS = {"linear": (1,), "moe_experts": (3, 4), "moe_experts_lora": (3, 4)}
+
+
+class QuantizedWeightSource(WeightSource):
+    """The int values of `weight_quantize(base, bits, group_size)`, computed on read."""
+
+    def __init__(self, base: WeightSource, bits: int, group_size: int, name: str) -> None:
+        self.base = base
+        self.bits = bits
+        self.group_size = group_size
+        self.name = name
+        self.dtype = DType.I8 if bits == 8 else DType.I4
+        self.shape = tuple(base.shape)
+
+    def read(self) -> np.ndarray:
+        q, _ = weight_quantize(np.asarray(self.base.read()), self.bits, self.group_size, name=self.name)
+        return q if self.bits == 8 else q.view(DType.I4.numpy)
+
+    def describe(self) -> str:
+        return f"weight_quantize<int{self.bits}, group {self.group_size}>({self.base.describe()})"
+
+
+def quantized_params(placer: ParamPlacer, w: Param, spec: QuantSpec,
+                     scale: np.ndarray | None = None) -> tuple[Param, Param]:
+    """(quant_weight, weight_scale) params for weight `w` (created once, reused if present).
+
+    `scale`: the weight's scales if already computed (`weight_scales`)."""
+    graph = placer.graph
+    base = module_path(w.name)
+    qname, sname = f"{base}.quant_weight", f"{base}.weight_scale"
+    if qname in graph.params and sname in graph.params:
+        return graph.params[qname], graph.params[sname]
+    bits = spec.algo.bits
+    shape = w.type.shape
+    k, n = shape[-2], shape[-1]
+    groups = num_groups(k, spec.group_size) if isinstance(k, int) else 1
+    scale_shape = (*shape[:-2], n) if spec.group_size == -1 else (*shape[:-2], groups, n)
+    sdtype = DType.from_numpy(scale_dtype_for(w.type.dtype.numpy))
+    qsrc: WeightSource | None = None
+    ssrc: WeightSource | None = None
+    if w.source is not None:
+        if scale is None:
+            scale = weight_scales(np.asarray(w.read()), bits, spec.group_size, name=w.name)
+        ssrc = ArraySource(scale)
+        qsrc = QuantizedWeightSource(w.source, bits, spec.group_size, w.name)
+    ann: dict[str, Any] = {**w.annotations.get(ANNOTATION, {}), "source_dtype": w.type.dtype.value}
+    q = Param(qname, TensorType(DType.I8 if bits == 8 else DType.I4, shape), qsrc,
+              annotations={ANNOTATION: ann})
+    s = Param(sname, TensorType(sdtype, scale_shape), ssrc)
+    return placer.add(w.name, q), placer.add(w.name, s)
+
+
+def _spec(p: Param | None) -> QuantSpec | None:
+    if p is None:
+        return None
+    ann = p.annotations.get(ANNOTATION)
+    if not ann or ann.get("algo") not in _WEIGHT_ONLY or p.type.dtype.is_int:
+        return None
+    return QuantSpec.from_annotation(ann)
+
+
+def _replace_linear(graph: Graph, node: Node, q: Param, s: Param, group_size: int) -> None:
+    b = GraphBuilder(graph)
+    b.insert_point = node
+    x, bias = node.inputs[0], node.inputs[2] if len(node.inputs) > 2 else None
+    with b.at_scope(node.scope):
+        y = b.weight_only_linear(x, q, s, bias, group_size=group_size)
+    y.name = node.output.name
+    graph.replace_all_uses_with(node.output, y)
+    graph.erase(node)
+
+
+@register_pass
+class WeightOnlyQuant(Pass):
+    """Replace linears (and stacked expert weights) annotated weight_only_int8/int4 by quantized ones."""
+
+    name = "weight-only-quant"
+    description = "linear -> weight_only_linear, expert stacks -> dequantize(int, scale), per annotation."
+    requires = frozenset({"quant-annotated"})
+    produces = frozenset({"quantized"})
+
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
+        # Decide everything and compute every scale first: a bad weight (NaN/Inf) fails the pass
+        # before the graph is touched.
+        work: list[tuple[Node, int, Param, QuantSpec]] = []
+        for node in graph:
+            slots = _SLOTS.get(node.op, ())
+            for idx in slots:
+                w = node.inputs[idx]
+                spec = _spec(w) if isinstance(w, Param) else None
+                if spec is not None and isinstance(w, Param) and (node.op != "linear" or w.type.rank == 2):
+                    work.append((node, idx, w, spec))
+        scales: dict[str, np.ndarray] = {}
+        for _, _, w, spec in work:
+            if w.source is not None and w.name not in scales:
+                scales[w.name] = weight_scales(np.asarray(w.read()), spec.algo.bits, spec.group_size,
+                                               name=w.name)
+        placer = ParamPlacer(graph)
+        for node, idx, w, spec in work:
+            q, s = quantized_params(placer, w, spec, scales.get(w.name))
+            if node.op == "linear":
+                _replace_linear(graph, node, q, s, spec.group_size)
+                continue
+            b = GraphBuilder(graph)
+            b.insert_point = node
+            with b.at_scope(node.scope):
+                deq = b.dequantize(q, s, dtype=w.type.dtype, group_size=spec.group_size)
+            node.set_input(idx, deq)
+        placer.finish(removed={w.name for _, _, w, _ in work})
+        ctx.count("quantized", len(work))
+        return bool(work)
