@@ -53,16 +53,20 @@ def token_ids(spec: dict[str, Any], vocab_size: int, seed: int) -> np.ndarray:
 
 
 def random_param(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A float32 value for a parameter: norms 1 + 0.1 N(0,1), matrices N(0, 1/fan_in).
+    """A seeded float32 value for a parameter, chosen so that every weight matters.
 
-    ``fan_in`` is the smaller dimension of a 2-D weight (so it does not depend on
-    the [in, out] vs [out, in] convention), and the last dimension for 3-D
-    (stacked expert) weights.
+    1-D: biases (name ends in "bias") 0.1 N(0,1); norm weights 1 + 0.1 N(0,1).
+    Embeddings (name contains "embed"): 0.5 N(0,1). Other matrices:
+    N(0, 1/fan_in), where fan_in is the smaller dimension of a 2-D weight (so it
+    does not depend on the [in, out] vs [out, in] convention) and the last
+    dimension of a 3-D (stacked expert, [E, out, in]) weight.
     """
     if len(shape) == 1:
+        if name.endswith("bias"):
+            return (0.1 * rng.standard_normal(shape)).astype(np.float32)
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     fan_in = shape[-1] if len(shape) == 3 else min(shape)
-    std = 1.0 if "embed" in name else fan_in**-0.5
+    std = 0.5 if "embed" in name else fan_in**-0.5
     return (std * rng.standard_normal(shape)).astype(np.float32)
 
 
@@ -108,3 +112,4 @@ def quiet_env() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 import _refcommon as rc
+import numpy as np
 
 DEFAULTS: dict[str, Any] = {
     "hidden_size": 64,
@@ -56,10 +55,7 @@ def qkv_layout(fused: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, n
     "plain": [all q | all k | all v]. For MHA per_kv_group means per head.
     """
     qt, kt, vt = q.T, k.T, v.T
-    if np.array_equal(fused, np.concatenate([qt, kt, vt], axis=1)):
-        plain = True
-    else:
-        plain = False
+    plain = np.array_equal(fused, np.concatenate([qt, kt, vt], axis=1))
     qg, kg, vg = (np.split(a, nkv, axis=1) for a in (qt, kt, vt))
     grouped = np.concatenate([np.concatenate([qg[g], kg[g], vg[g]], axis=1) for g in range(nkv)], axis=1)
     per_group = np.array_equal(fused, grouped)

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 import _refcommon as rc
+import numpy as np
 from pf_ernie_dense import DEFAULTS
 
 TARGETS = [".*qkv_proj.*", ".*o_proj.*", ".*up_gate_proj.*", ".*down_proj.*"]

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Creates the reference virtual environments used by tests/reference/*.py.
+#
+#   bash tests/reference/install_envs.sh [pf] [hf] [nlp]     (default: all three)
+#
+# Root: $ERNIE_IR_REFENVS (default /work/refenvs). Each env is $ROOT/<name>,
+# made with `python3.11 -m venv`. Idempotent: an env whose smoke import passes
+# is left alone; a broken or partial one is removed and rebuilt. Versions are
+# pinned by the top-level requirements below plus constraints/<name>.txt (a
+# pip freeze of a working env). Prints one "env <name>: ..." line per env with
+# the seconds it took; exits non-zero if an env still fails its smoke import.
+set -euo pipefail
+
+ROOT="${ERNIE_IR_REFENVS:-/work/refenvs}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PY="${ERNIE_IR_REFENVS_PYTHON:-python3.11}"
+
+# top-level requirements, one env per line
+req_pf=("paddlepaddle==3.3.1" "paddleformers==1.2.0" "pyarrow==25.*")
+req_hf=("torch==2.13.0" "transformers==5.24.0" "safetensors==0.8.0")
+req_nlp=("paddlepaddle==3.3.1" "paddlenlp==3.0.0b4" "aistudio-sdk<0.3" "pyarrow==25.*")
+
+# smoke imports: the env "works" when this exits 0
+smoke_pf='import paddle, paddleformers, pyarrow, datasets, safetensors
+from paddleformers.transformers import Ernie4_5ForCausalLM
+from paddleformers.peft import LoRAModel, LoRAConfig
+assert paddle.__version__ == "3.3.1", paddle.__version__'
+smoke_hf='import torch, transformers, safetensors
+from transformers import Ernie4_5ForCausalLM, Ernie4_5_MoeForCausalLM
+assert torch.__version__.startswith("2.13.0"), torch.__version__'
+smoke_nlp='import paddle, paddlenlp, safetensors
+from paddlenlp.transformers import GPTForCausalLM
+assert paddlenlp.__version__ == "3.0.0b4", paddlenlp.__version__'
+
+works() {  # works NAME
+  local py="$ROOT/$1/bin/python" code="smoke_$1"
+  [ -x "$py" ] && PYTHONWARNINGS=ignore "$py" -c "${!code}" >/dev/null 2>&1
+}
+
+build() {  # build NAME
+  local name="$1" t0 req
+  t0=$(date +%s)
+  if works "$name"; then
+    echo "env $name: ok (already works) $ROOT/$name"
+    return 0
+  fi
+  rm -rf "${ROOT:?}/$name"
+  mkdir -p "$ROOT"
+  "$PY" -m venv "$ROOT/$name"
+  req="req_${name}[@]"
+  "$ROOT/$name/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -c "$HERE/constraints/$name.txt" "${!req}" 2>&1 | grep -v "is ignored: it is neither" || true
+  if works "$name"; then
+    echo "env $name: installed in $(( $(date +%s) - t0 ))s $ROOT/$name"
+  else
+    echo "env $name: FAILED smoke import after $(( $(date +%s) - t0 ))s" >&2
+    return 1
+  fi
+}
+
+names=("$@")
+[ ${#names[@]} -eq 0 ] && names=(pf hf nlp)
+status=0
+for n in "${names[@]}"; do
+  case "$n" in
+    pf|hf|nlp) build "$n" || status=1 ;;
+    *) echo "unknown env: $n (choose pf, hf, nlp)" >&2; status=2 ;;
+  esac
+done
+exit $status
