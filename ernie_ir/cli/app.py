@@ -44,6 +44,22 @@ PipelineOpt = Annotated[
     str | None,
     typer.Option("--pipeline", "-p", help="Passes to run: 'canonicalize,cse,dce' or a YAML file."),
 ]
+QuantOpt = Annotated[
+    str | None,
+    typer.Option("--quant", help="Quantization preset: none, wint8, wint4, wint8mix, qat-int8, fp8 "
+                 "(or an ERNIEKit/FastDeploy alias)."),
+]
+QuantConfigOpt = Annotated[
+    Path | None, typer.Option("--quant-config", help="A YAML quantization config (rules by scope).")
+]
+LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", help="Insert LoRA adapters of rank R.")]
+LoraAlphaOpt = Annotated[float | None, typer.Option("--lora-alpha", help="LoRA alpha (default 2*rank).")]
+LoraTargetsOpt = Annotated[
+    str | None, typer.Option("--lora-targets", help="Comma-separated regexes of target modules.")
+]
+LoraAdapterOpt = Annotated[
+    Path | None, typer.Option("--lora-adapter", help="Import a paddleformers LoRA adapter folder.")
+]
 TrustOpt = Annotated[
     bool, typer.Option("--trust-pickle", help="Allow loading pickle-based .pdparams checkpoints.")
 ]
@@ -62,6 +78,22 @@ def _root(
     ] = False,
 ) -> None:
     """A declarative graph compiler for ERNIE and GPT models."""
+
+
+def _full_pipeline(pipeline: str | None, quant: str | None, quant_config: Path | None,
+                   lora_rank: int | None, lora_alpha: float | None, lora_targets: str | None,
+                   lora_adapter: Path | None) -> str | None:
+    """The user's --pipeline, then what the quantization and LoRA flags expand to."""
+    from ernie_ir.passes.quant_cli import pipeline_for
+
+    if pipeline and pipeline.endswith((".yaml", ".yml")) and (quant or quant_config or lora_rank
+                                                              or lora_adapter):
+        raise ErnieIRError("--pipeline FILE.yaml cannot be combined with --quant/--lora-* flags: "
+                           "put those passes in the YAML file")
+    targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
+    extra = pipeline_for(quant, quant_config, lora_rank, lora_alpha, targets, lora_adapter)
+    parts = [p for p in (pipeline, extra) if p]
+    return ",".join(parts) or None
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -132,9 +164,17 @@ def show(
         Path | None, typer.Option("--dump-dir", help="Write every step to numbered .ir files.")
     ] = None,
     timing: Annotated[bool, typer.Option("--timing", help="Print a timing table of the passes.")] = False,
+    quant: QuantOpt = None,
+    quant_config: QuantConfigOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_adapter: LoraAdapterOpt = None,
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Print a model's IR (exactly the text format, so it can be parsed back)."""
+    pipeline = _full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
+                              lora_adapter)
     graph = load_input(model, trust_pickle=trust_pickle)
     verify(graph)
     _run_pipeline(graph, pipeline, print_before=_split(print_before), print_after=_split(print_after),
@@ -199,6 +239,12 @@ def run(
     emulate: Annotated[
         str | None, typer.Option("--emulate", help="Round activations typed bf16/f16 after each op.")
     ] = None,
+    quant: QuantOpt = None,
+    quant_config: QuantConfigOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_adapter: LoraAdapterOpt = None,
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Run a model in the reference interpreter on this machine's CPU."""
@@ -206,6 +252,8 @@ def run(
 
     from ernie_ir.runtime.compare import compare_logits
 
+    pipeline = _full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
+                              lora_adapter)
     ids = _parse_tokens(tokens)
     graph = load_input(model, trust_pickle=trust_pickle)
     verify(graph)

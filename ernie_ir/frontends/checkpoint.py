@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from ernie_ir.ir import DType, WeightError
 from ernie_ir.ir.weights import SafetensorsFile, WeightSource
 
 from .errors import CheckpointError, UntrustedPickleError, name_some
-from .pdparams import PdparamsFile
+from .pdparams import PdparamsFile, UnsafePickleError
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PDPARAMS_INDEX = "model_state.pdparams.index.json"
@@ -38,7 +39,7 @@ class TensorStore:
         self.files = files
         self._where: dict[str, SafetensorsFile | PdparamsFile] = {}
         for f in files:
-            for key in f.keys():
+            for key in f.entries:
                 other = self._where.get(key)
                 if other is not None:
                     raise CheckpointError(
@@ -49,6 +50,9 @@ class TensorStore:
 
     def keys(self) -> list[str]:
         return list(self._where)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
 
     def __contains__(self, key: object) -> bool:
         return key in self._where
@@ -136,6 +140,8 @@ def open_checkpoint(folder: str | os.PathLike[str], *, trust_pickle: bool = Fals
         for p in pickles:
             try:
                 files.append(PdparamsFile(p))
+            except UnsafePickleError as e:
+                raise CheckpointError(str(e)) from None
             except WeightError as e:
                 raise CheckpointError(f"{e}; re-download or re-export it") from None
         store = TensorStore(root, "pdparams", files)

@@ -103,7 +103,7 @@ def _rope_theta_from_parameters(data: Any) -> Any:
 class Ernie45Config(ArchConfig):
     """ERNIE 4.5 dense (`Ernie4_5_ForCausalLM`)."""
 
-    ARCHITECTURES = ("Ernie4_5_ForCausalLM",)
+    ARCHITECTURES = ("Ernie4_5_ForCausalLM", "Ernie4_5ForCausalLM")  # published Paddle; transformers
     HINTS = {"rms_norm_eps": "1e-05", "rope_theta": "500000.0"}
 
     vocab_size: PositiveInt
@@ -166,7 +166,7 @@ class Ernie45Config(ArchConfig):
 class Ernie45MoeConfig(Ernie45Config):
     """ERNIE 4.5 MoE (`Ernie4_5_MoeForCausalLM`)."""
 
-    ARCHITECTURES = ("Ernie4_5_MoeForCausalLM",)
+    ARCHITECTURES = ("Ernie4_5_MoeForCausalLM", "Ernie4_5MoeForCausalLM")
     HINTS = {
         **Ernie45Config.HINTS,
         "moe_num_experts": "64",
@@ -194,6 +194,8 @@ class Ernie45MoeConfig(Ernie45Config):
             value = getattr(self, key, None)
             if value not in (None, "softmax"):
                 raise ValueError(f"{key} {value!r} is not supported (ERNIE 4.5 routes with softmax)")
+        if self.use_bias:
+            raise ValueError("use_bias: true is not supported for the MoE model (the experts have no bias)")
         if self.moe_k > self.moe_num_experts:
             raise ValueError(f"moe_k {self.moe_k} exceeds moe_num_experts {self.moe_num_experts}")
         if self.moe_layer_end_index == -1:
@@ -354,9 +356,13 @@ def read_config(folder: Path) -> ArchConfig:
     """Parse `folder/config.json`."""
     path = folder / "config.json"
     if not path.is_file():
-        raise ConfigError(f"{folder} has no config.json: a model folder needs config.json next to its weights")
+        raise ConfigError(
+            f"{folder} has no config.json: a model folder needs config.json next to its weights"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{path} is not valid JSON ({e}): fix or re-export it") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {path} ({e.strerror})") from None
     return parse_config(data, str(path))

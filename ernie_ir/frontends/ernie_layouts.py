@@ -37,12 +37,11 @@ A checkpoint with both fused and split tensors, or both prefixes, is refused.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from ernie_ir.ir.weights import ConcatSource, SlicedSource, StackSource, TransposedSource, WeightSource
 
 from .checkpoint import TensorStore
-from .config import Ernie45Config, Ernie45MoeConfig
+from .config import Ernie45Config
 from .errors import CheckpointError
 from .params import CheckpointWeights, Layout
 
@@ -54,7 +53,7 @@ _HF_MARK = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.|\.experts\.
 
 def detect_ernie_layout(store: TensorStore, cfg: Ernie45Config) -> ErnieLayout:
     """The layout of an ERNIE 4.5 checkpoint, from its key names (no data read)."""
-    keys = [k for k in store.keys() if not MTP.search(k)]
+    keys = [k for k in store if not MTP.search(k)]
     prefixes = {p: next((k for k in keys if k.startswith(p)), None) for p in ("ernie.", "model.")}
     if prefixes["ernie."] and prefixes["model."]:
         raise CheckpointError(
@@ -77,11 +76,13 @@ def detect_ernie_layout(store: TensorStore, cfg: Ernie45Config) -> ErnieLayout:
     return ErnieLayout("paddle" if paddle else "hf", prefix, cfg)
 
 
-@dataclass
 class ErnieLayout(Layout):
-    name: str
-    prefix: str
-    cfg: Ernie45Config
+    """`paddle` or `hf`, with the checkpoint's prefix (`ernie.` or `model.`)."""
+
+    def __init__(self, name: str, prefix: str, cfg: Ernie45Config) -> None:
+        self.name = name
+        self.prefix = prefix
+        self.cfg = cfg
 
     # -- names ---------------------------------------------------------------------------
 
@@ -138,7 +139,8 @@ class ErnieLayout(Layout):
             return None
         return StackSource(parts)  # type: ignore[arg-type]
 
-    def _gate_up(self, cw: CheckpointWeights, module: str, shape: tuple[int, ...], leaf: str) -> WeightSource | None:
+    def _gate_up(self, cw: CheckpointWeights, module: str, shape: tuple[int, ...],
+                 leaf: str) -> WeightSource | None:
         """[gate | up] columns ([in, 2I]) or bias ([2I]) from HF gate_proj and up_proj."""
         if leaf == ".bias":
             half = (shape[0] // 2,)
@@ -161,7 +163,8 @@ class ErnieLayout(Layout):
             return cw.take(key, shape)
         return _t(cw.take(key, shape[::-1]))  # o_proj, down_proj, gate (router) are [out, in] in HF
 
-    def _qkv(self, cw: CheckpointWeights, module: str, shape: tuple[int, ...], leaf: str) -> WeightSource | None:
+    def _qkv(self, cw: CheckpointWeights, module: str, shape: tuple[int, ...],
+             leaf: str) -> WeightSource | None:
         cfg = self.cfg
         nh, nkv, hd = cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head
         hidden = cfg.hidden_size
@@ -169,19 +172,19 @@ class ErnieLayout(Layout):
             q = cw.take(f"{module}.q_proj.bias", (nh * hd,))
             k = cw.take(f"{module}.k_proj.bias", (nkv * hd,))
             v = cw.take(f"{module}.v_proj.bias", (nkv * hd,))
-            axis, rows = 0, None
+            axis, transpose = 0, False
         else:
             q = cw.take(f"{module}.q_proj.weight", (nh * hd, hidden))
             k = cw.take(f"{module}.k_proj.weight", (nkv * hd, hidden))
             v = cw.take(f"{module}.v_proj.weight", (nkv * hd, hidden))
-            axis, rows = 1, True
+            axis, transpose = 1, True
         if q is None or k is None or v is None:
             return None
         if nkv != nh:  # GQA: [all q | all k | all v]
             parts = [q, k, v]
         else:  # MHA: per head [q0 k0 v0 | q1 k1 v1 | ...]
             parts = [SlicedSource(t, 0, h * hd, (h + 1) * hd) for h in range(nh) for t in (q, k, v)]
-        if rows:
+        if transpose:  # [out, in] rows -> [in, out] columns
             parts = [TransposedSource(p) for p in parts]
         return ConcatSource(parts, axis)
 
@@ -202,7 +205,3 @@ def _split_linear(name: str) -> tuple[str, str, str]:
 
 def _is_linear(name: str) -> bool:
     return _split_linear(name)[1] in _LINEARS if name.count(".") >= 2 else False
-
-
-def moe_config(cfg: Ernie45Config) -> Ernie45MoeConfig | None:
-    return cfg if isinstance(cfg, Ernie45MoeConfig) else None

@@ -110,7 +110,11 @@ class NativeLayout(Layout):
 
 @dataclass
 class IgnoreRule:
-    """Checkpoint tensors a model does not compute with, kept visible in the metadata."""
+    """Checkpoint tensors a model does not compute with, kept visible in the metadata.
+
+    `finish()` lists them as {reason, tensors (count), modules}: a module is the
+    part of the key the pattern matched (write the pattern to match the module).
+    """
 
     pattern: re.Pattern[str]
     reason: str
@@ -160,7 +164,9 @@ class CheckpointWeights(WeightProvider):
             return src
         if transposable and len(found) == 2 and found[::-1] == shape:
             return TransposedSource(src)
-        self.mismatched.append(f"{key}: the config needs shape {list(shape)}, the checkpoint has {list(found)}")
+        self.mismatched.append(
+            f"{key}: the config needs shape {list(shape)}, the checkpoint has {list(found)}"
+        )
         return None
 
     # -- reporting --------------------------------------------------------------------------
@@ -183,22 +189,26 @@ class CheckpointWeights(WeightProvider):
                 f"{where}: tensor(s) {name_some(self.not_float)} are not floating point: quantized "
                 "checkpoints cannot be imported; use the bf16/f16/f32 weights"
             )
-        ignored: dict[str, list[str]] = {}
+        ignored: dict[str, dict[str, object]] = {}
         unexpected: list[str] = []
-        for key in self.store.keys():
+        for key in self.store:
             if key in self.used:
                 continue
-            rule = next((r for r in self.ignore if r.pattern.search(key)), None)
-            if rule is None:
+            rule, match = next(((r, m) for r in self.ignore if (m := r.pattern.search(key))), (None, None))
+            if rule is None or match is None:
                 unexpected.append(key)
-            else:
-                ignored.setdefault(rule.reason, []).append(key)
+                continue
+            entry = ignored.setdefault(rule.reason, {"reason": rule.reason, "tensors": 0, "modules": set()})
+            entry["tensors"] += 1  # type: ignore[operator]
+            entry["modules"].add(match.group(0))  # type: ignore[union-attr]
         if unexpected:
             raise CheckpointError(
                 f"{where}: {len(unexpected)} tensor(s) are not part of the model the config describes: "
                 f"{name_some(unexpected)}; {self.hint}"
             )
-        return {"ignored_weights": ignored} if ignored else {}
+        for entry in ignored.values():
+            entry["modules"] = sorted(entry["modules"])  # type: ignore[arg-type]
+        return {"ignored_weights": list(ignored.values())} if ignored else {}
 
 
 class ParamMaker:

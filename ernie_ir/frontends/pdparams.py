@@ -6,7 +6,8 @@ run arbitrary code, so the frontend opens one only when the caller trusts it
 explicitly (`trust_pickle=True`, `--trust-pickle`), and even then this reader
 is restricted: it resolves only the handful of globals a numpy state dict
 needs (`numpy...._reconstruct`, `numpy.ndarray`, `numpy.dtype`,
-`collections.OrderedDict`, `_codecs.encode`) and refuses everything else.
+`collections.OrderedDict`, `builtins.tuple`, `_codecs.encode`) and refuses
+everything else.
 
 It is also lazy: the pure-Python unpickler walks the opcode stream, and for
 each large byte string (an array's raw data, written outside pickle frames)
@@ -26,7 +27,7 @@ import pickle
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -34,6 +35,10 @@ from ernie_ir.ir import DType, WeightError
 from ernie_ir.ir.weights import WeightSource
 
 _SPAN_MIN = 4096  # byte strings at least this long (and outside a frame) are left on disk
+
+
+class UnsafePickleError(WeightError):
+    """The pickle asks for something a numpy state dict never needs (code, other classes)."""
 
 
 @dataclass(frozen=True)
@@ -82,12 +87,13 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
     ("collections", "OrderedDict"): collections.OrderedDict,
+    ("builtins", "tuple"): tuple,  # paddle pickles a Tensor as (name, array)
     ("_codecs", "encode"): lambda s, enc="latin1": s.encode(enc),  # protocol 2 bytes
 }
 
 
 class _LazyUnpickler(pickle._Unpickler):  # the pure-Python unpickler: its opcodes can be overridden
-    dispatch = dict(pickle._Unpickler.dispatch)
+    dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, fh: io.BufferedReader) -> None:
         super().__init__(fh)
@@ -97,8 +103,9 @@ class _LazyUnpickler(pickle._Unpickler):  # the pure-Python unpickler: its opcod
         try:
             return _ALLOWED[(module, name)]
         except KeyError:
-            raise pickle.UnpicklingError(
-                f"refusing to load {module}.{name}: only numpy arrays are allowed in a state dict"
+            raise UnsafePickleError(
+                f"refusing to load {module}.{name}: a Paddle state dict holds only numpy arrays, so this "
+                "file is not one; do not load it"
             ) from None
 
     def _bytes_or_span(self, n: int) -> bytes | _FileSpan:
@@ -150,11 +157,18 @@ class PdparamsFile:
                 obj = _LazyUnpickler(fh).load()
         except OSError as e:
             raise WeightError(f"{self.path}: cannot read ({e.strerror})") from None
-        except (pickle.UnpicklingError, EOFError, ValueError, struct.error) as e:
-            raise WeightError(f"{self.path}: not a readable Paddle state dict ({e})") from None
+        except UnsafePickleError as e:
+            raise UnsafePickleError(f"{self.path}: {e}") from None
+        except (EOFError, struct.error):
+            raise WeightError(f"{self.path}: the pickle ends early: the file is truncated") from None
+        except (pickle.UnpicklingError, ValueError) as e:
+            hint = "the file is truncated" if "exhausted" in str(e) or "truncated" in str(e) else str(e)
+            raise WeightError(f"{self.path}: not a readable Paddle state dict ({hint})") from None
         if not isinstance(obj, dict):
             raise WeightError(f"{self.path}: holds a {type(obj).__name__}, not a state dict")
         for key, value in obj.items():
+            if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], _ArrayStub):
+                value = value[1]
             if key in self.NON_TENSOR_KEYS or not isinstance(value, _ArrayStub):
                 continue
             if isinstance(value.data, _FileSpan) and value.data.offset + value.data.length > size:
