@@ -9,7 +9,7 @@ from pydantic import field_validator
 
 from ernie_ir.ir import DType, Input, OpAttrs, OpDef, OpError, TensorType, register_op
 
-from ._checks import need, need_rank, same_dim
+from ._checks import need, same_dim
 from .quant_numerics import weight_dequantize
 from .weight_only_linear import check_quantized_weight
 
@@ -35,10 +35,10 @@ class Dequantize(OpDef):
     Integer form (weight-only): q i8/i4 [..., K, N], scale [..., N]
     (per output channel) or [..., ceil(K / g), N] (group_size g); the
     leading dims are e.g. the experts of a stacked [E, K, N] weight, each
-    with its own scales. FP8 form: q f8e4m3/f8e5m2 of any shape, scale f32[]
-    (tensor-wise). The product is exact in float32; the cast to `dtype`
-    rounds to nearest even (bf16 loses bits: a reference kernel that keeps
-    float32 should pass dtype=f32).
+    with its own scales. FP8 form: q f8e4m3/f8e5m2, scale f32[] (tensor-wise)
+    or f32[E] for a stacked [E, K, N] q (tensor-wise per expert). The
+    product is exact in float32; the cast to `dtype` rounds to nearest even
+    (bf16 can lose bits of q * scale, as a bf16 GPU dequantize does).
     """
 
     name = "dequantize"
@@ -48,7 +48,9 @@ class Dequantize(OpDef):
     def infer(self, types: Sequence[TensorType | None], attrs: DequantizeAttrs) -> list[TensorType]:
         q, s = need(types[0], self.name, "q"), need(types[1], self.name, "scale")
         if q.dtype in (DType.F8E4M3, DType.F8E5M2):
-            need_rank(s, 0, self.name, "scale")
+            if s.rank > max(q.rank - 2, 0) or tuple(s.shape) != tuple(q.shape[: s.rank]):
+                raise OpError(f"dequantize: an fp8 scale is f32[] or one per leading index of q "
+                              f"({list(q.shape[:-2])}), got {s}")
             if attrs.group_size != -1:
                 raise OpError("dequantize: fp8 values have a tensor-wise scale; group_size must be -1")
         else:
@@ -62,7 +64,12 @@ class Dequantize(OpDef):
     def kernel(self, args: Sequence[np.ndarray | None], attrs: DequantizeAttrs) -> list[np.ndarray]:
         q, s = args[0], args[1]
         assert q is not None and s is not None
-        w = weight_dequantize(np.asarray(q), np.asarray(s), attrs.group_size)
+        s = np.asarray(s)
+        q = np.asarray(q)
+        if q.dtype.kind == "f":  # fp8 (widened): tensor-wise, or one scale per leading index
+            w = q.astype(np.float32) * s.astype(np.float32).reshape(s.shape + (1,) * (q.ndim - s.ndim))
+        else:
+            w = weight_dequantize(q, s, attrs.group_size)
         if attrs.dtype != DType.F32:
             w = w.astype(attrs.dtype.numpy)
         return [w]

@@ -238,8 +238,8 @@ class QuantConfig(BaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for graph metadata and YAML), defaults left out."""
-        out: dict[str, Any] = {"name": self.name, "rules": [
-            {"match": r.match, **{k: v for k, v in r.annotation().items()}} for r in self.rules]}
+        out: dict[str, Any] = {"name": self.name,
+                               "rules": [{"match": r.match, **r.annotation()} for r in self.rules]}
         if self.ignore:
             out["ignore"] = list(self.ignore)
         if self.skip_tensor_map:
