@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from pydantic import Field
@@ -120,20 +120,33 @@ class MoeExperts(OpDef):
         x, wts, idx, ug, dn = args
         assert x is not None and wts is not None and idx is not None
         assert ug is not None and dn is not None
-        hidden = x.shape[-1]
         inter = dn.shape[1]
-        tokens = x.reshape(-1, hidden)
-        flat_idx = idx.reshape(tokens.shape[0], -1)
-        flat_w = wts.reshape(tokens.shape[0], -1).astype(np.float32)
-        if flat_idx.size and (flat_idx.min() < 0 or flat_idx.max() >= ug.shape[0]):
-            raise OpError(f"moe_experts: expert index outside [0, {ug.shape[0]})")
-        out = np.zeros_like(tokens, dtype=np.float32)
-        for e in np.unique(flat_idx):
-            rows, slots = np.nonzero(flat_idx == e)
-            v = tokens[rows]
-            h = np.matmul(v, ug[e])
-            gate, up = h[:, :inter], h[:, inter:]
-            act = gate / (np.float32(1) + np.exp(-gate)) * up
-            y = np.matmul(act, dn[e])
-            np.add.at(out, rows, y * flat_w[rows, slots][:, None])
-        return [out.reshape(x.shape)]
+
+        def ffn(e: int, v: np.ndarray) -> np.ndarray:
+            return np.matmul(swiglu(np.matmul(v, ug[e]), inter), dn[e])
+
+        return [combine_experts(self.name, x, wts, idx, ug.shape[0], ffn)]
+
+
+def swiglu(h: np.ndarray, inter: int) -> np.ndarray:
+    """silu(h[:, :I]) * h[:, I:] for the fused [gate | up] projection."""
+    gate, up = h[:, :inter], h[:, inter:]
+    return gate / (np.float32(1) + np.exp(-gate)) * up
+
+
+def combine_experts(op: str, x: np.ndarray, weights: np.ndarray, indices: np.ndarray,
+                    num_experts: int, ffn: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
+    """out[t] = sum_j weights[t, j] * ffn(indices[t, j], x[t]), with tokens grouped by expert
+    so each expert's ffn runs once on all its rows; accumulated in float32."""
+    hidden = x.shape[-1]
+    tokens = x.reshape(-1, hidden)
+    flat_idx = indices.reshape(tokens.shape[0], -1)
+    flat_w = weights.reshape(tokens.shape[0], -1).astype(np.float32)
+    if flat_idx.size and (flat_idx.min() < 0 or flat_idx.max() >= num_experts):
+        raise OpError(f"{op}: expert index outside [0, {num_experts})")
+    out = np.zeros_like(tokens, dtype=np.float32)
+    for e in np.unique(flat_idx):
+        rows, slots = np.nonzero(flat_idx == e)
+        y = ffn(int(e), tokens[rows])
+        np.add.at(out, rows, y * flat_w[rows, slots][:, None])
+    return out.reshape(x.shape)

@@ -10,7 +10,7 @@ from ernie_ir.ir import Input, OpError, TensorType, register_op
 
 from ._checks import need, need_float, need_rank, same_dim
 from .lora import LoraAttrs
-from .moe import MoeExperts
+from .moe import MoeExperts, combine_experts, swiglu
 
 
 @register_op
@@ -63,24 +63,16 @@ class MoeExpertsLora(MoeExperts):
         x, wts, idx, ug, dn, ug_a, ug_b, dn_a, dn_b = padded
         assert x is not None and wts is not None and idx is not None and ug is not None and dn is not None
         scale = np.float32(attrs.scale)
-        hidden = x.shape[-1]
         inter = dn.shape[1]
-        tokens = x.reshape(-1, hidden)
-        flat_idx = idx.reshape(tokens.shape[0], -1)
-        flat_w = wts.reshape(tokens.shape[0], -1).astype(np.float32)
-        if flat_idx.size and (flat_idx.min() < 0 or flat_idx.max() >= ug.shape[0]):
-            raise OpError(f"moe_experts_lora: expert index outside [0, {ug.shape[0]})")
-        out = np.zeros_like(tokens, dtype=np.float32)
-        for e in np.unique(flat_idx):
-            rows, slots = np.nonzero(flat_idx == e)
-            v = tokens[rows]
+
+        def ffn(e: int, v: np.ndarray) -> np.ndarray:
             h = np.matmul(v, ug[e])
             if ug_a is not None and ug_b is not None:
                 h = h + np.matmul(np.matmul(v, ug_a[e]), ug_b[e]) * scale
-            gate, up = h[:, :inter], h[:, inter:]
-            act = gate / (np.float32(1) + np.exp(-gate)) * up
+            act = swiglu(h, inter)
             y = np.matmul(act, dn[e])
             if dn_a is not None and dn_b is not None:
                 y = y + np.matmul(np.matmul(act, dn_a[e]), dn_b[e]) * scale
-            np.add.at(out, rows, y * flat_w[rows, slots][:, None])
-        return [out.reshape(x.shape)]
+            return y
+
+        return [combine_experts(self.name, x, wts, idx, ug.shape[0], ffn)]
