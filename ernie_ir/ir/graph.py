@@ -144,13 +144,14 @@ class Node:
         self.opdef: OpDef = get_op(op)
         self.op = op
         self.opdef.check_arity(len(inputs))
-        for i, v in enumerate(inputs):  # before trailing Nones are dropped below
-            if v is None and not self.opdef.inputs[min(i, len(self.opdef.inputs) - 1)].optional:
-                raise OpError(f"op {op}: input {self.opdef.input_name(i)} is required")
-        # Trailing absent optional inputs are dropped so equal nodes look equal.
         ins = list(inputs)
-        while ins and ins[-1] is None:
-            ins.pop()
+        if None in ins:
+            for i, v in enumerate(ins):  # before trailing Nones are dropped below
+                if v is None and not self.opdef.inputs[min(i, len(self.opdef.inputs) - 1)].optional:
+                    raise OpError(f"op {op}: input {self.opdef.input_name(i)} is required")
+            # Trailing absent optional inputs are dropped so equal nodes look equal.
+            while ins and ins[-1] is None:
+                ins.pop()
         self.inputs: tuple[Value | None, ...] = tuple(ins)
         self.attrs: OpAttrs = self.opdef.make_attrs(attrs)
         self.scope = scope
@@ -162,11 +163,16 @@ class Node:
                 v._uses[(self, i)] = None
         if output_types is None:
             output_types = self.infer_types()
-        names = list(output_names or [])
-        self.outputs: tuple[Value, ...] = tuple(
-            Value(t, names[i] if i < len(names) else None, self, i)
-            for i, t in enumerate(output_types)
-        )
+        if output_names:
+            names = list(output_names)
+            self.outputs: tuple[Value, ...] = tuple(
+                Value(t, names[i] if i < len(names) else None, self, i)
+                for i, t in enumerate(output_types)
+            )
+        elif len(output_types) == 1:
+            self.outputs = (Value(output_types[0], None, self, 0),)
+        else:
+            self.outputs = tuple(Value(t, None, self, i) for i, t in enumerate(output_types))
 
     def input_types(self) -> list[TensorType | None]:
         return [v.type if v is not None else None for v in self.inputs]

@@ -2,11 +2,11 @@
 
 The format is line oriented: a header line, then one statement per line
 (`meta`, `param`, a node, `return`) and a closing `}`. A general tokenizer
-parses any statement and pinpoints errors. Node lines, which are nearly all
-of a large graph, first try one regular expression and cached sub-parses
-(types and attribute texts repeat across layers); a line the fast path does
-not take, for example one with a quoted param name, goes through the general
-parser. Tests check that both paths build identical graphs.
+parses any statement and pinpoints errors. Node and param lines, which are
+nearly all of a large graph, first take a fast path: string splitting and
+cached sub-parses (types and attribute texts repeat across layers); a line
+the fast path does not take, for example one with a quoted param name, goes
+through the general parser. Tests check that both paths build identical graphs.
 """
 
 from __future__ import annotations
@@ -201,10 +201,67 @@ class _Line:
         return out
 
 
-_NODE_FAST = re.compile(
-    r"\s*(?P<outs>%[0-9A-Za-z_.]+(?:, %[0-9A-Za-z_.]+)*) = (?P<op>[A-Za-z_][A-Za-z0-9_]*)"
-    r"\((?P<args>[^()\"]*)\)(?: (?P<attrs>\{.*\}))? : (?P<types>[^\"]+?)"
-    r"(?: loc\((?P<loc>\"(?:[^\"\\]|\\.)*\")\))?\s*$"
+class _NodeLine:
+    """The pieces of a printed node line, with the column of each (like a re.Match)."""
+
+    __slots__ = ("_groups", "_starts")
+
+    def __init__(self, groups: tuple[str, str, str, str | None, str, str | None],
+                 starts: dict[str, int]) -> None:
+        self._groups = groups
+        self._starts = starts
+
+    def groups(self) -> tuple[str, str, str, str | None, str, str | None]:
+        return self._groups
+
+    def start(self, name: str) -> int:
+        return self._starts[name]
+
+
+def _split_node_line(raw: str) -> _NodeLine | None:
+    """Split `%0, %1 = op(args) {attrs} : types loc("scope")` by string search.
+
+    Exact for every line the printer writes: a scope is a JSON string, so an unescaped
+    ` loc("` can only be the real one, and types never contain ` : `. Anything unusual
+    (quoted names, parentheses in args, odd spacing) returns None: the general parser,
+    which reports errors precisely, takes it.
+    """
+    body = raw.rstrip()
+    indent = len(body) - len(body.lstrip())
+    loc = None
+    if body.endswith('")'):
+        k = body.rfind(' loc("')
+        if k == -1:
+            return None
+        loc = body[k + 5:-1]
+        body = body[:k]
+    k = body.rfind(" : ")
+    if k == -1:
+        return None
+    types = body[k + 3:]
+    head = body[:k]
+    eq = head.find(" = ")
+    paren = head.find("(", eq)
+    close = head.find(")", paren)
+    if eq == -1 or paren == -1 or close == -1 or '"' in types:
+        return None
+    outs = head[indent:eq]
+    op = head[eq + 3:paren]
+    args = head[paren + 1:close]
+    tail = head[close + 1:]
+    if '"' in args or "(" in args or not op.isidentifier() or not outs.startswith("%"):
+        return None
+    attrs = None
+    if tail:
+        if not (tail.startswith(" {") and tail.endswith("}")):
+            return None
+        attrs = tail[1:]
+    starts = {"outs": indent, "op": eq + 3, "args": paren + 1, "attrs": close + 2, "types": k + 3}
+    return _NodeLine((outs, op, args, attrs, types, loc), starts)
+
+
+_PARAM_FAST = re.compile(
+    r"\s*param @([A-Za-z0-9_][A-Za-z0-9_.\-/:]*) : ([a-z0-9]+\[[^\]\[]*\])( trainable)?\s*$"
 )
 _TYPE_FAST = re.compile(r"([a-z0-9]+)\[([^\]]*)\]")
 
@@ -221,6 +278,7 @@ class _GraphParser:
         self.returned = False
         self.out_types: list[TensorType] = []
         self.type_cache: dict[str, list[TensorType]] = {}
+        self.opdefs: dict[str, OpDef] = {}
         self.attr_cache: dict[tuple[str, str], Any] = {}
 
     def line(self, idx: int) -> _Line:
@@ -250,7 +308,8 @@ class _GraphParser:
             elif stripped.startswith("%"):
                 self.node(idx)
             elif stripped.startswith("param"):
-                self.param(self.line(idx))
+                if not self.param_fast(idx):
+                    self.param(self.line(idx))
             elif stripped.startswith("meta"):
                 self.meta(self.line(idx))
             elif stripped.startswith("return"):
@@ -320,6 +379,17 @@ class _GraphParser:
         self.graph.metadata.update(ln.dict_value())
         ln.done()
 
+    def param_fast(self, idx: int) -> bool:
+        """A plain declaration (no annotations or hash) without tokenizing; False if not plain."""
+        m = _PARAM_FAST.match(self.lines[idx]) if self.fast else None
+        if m is None or self.graph is None or m.group(1) in self.graph.params:
+            return False
+        ptype = self.types(m.group(2), idx, m.start(2) + 1)
+        if len(ptype) != 1:
+            return False
+        self.graph.add_param(Param(m.group(1), ptype[0], trainable=m.group(3) is not None))
+        return True
+
     def param(self, ln: _Line) -> None:
         ln.expect("param")
         tok = ln.expect_kind("param", "a param name such as @ernie.norm.weight")
@@ -387,44 +457,39 @@ class _GraphParser:
 
     def node(self, idx: int) -> None:
         raw = self.lines[idx]
-        m = _NODE_FAST.match(raw) if self.fast else None
+        m = _split_node_line(raw) if self.fast else None
         if m is None:
             self.node_general(self.line(idx))
             return
         # Fast path: every piece below has a fixed, already-validated shape.
         lineno = idx + 1
-        opname = m.group("op")
-        opdef = self.opdef(opname, lineno, m.start("op") + 1)
+        outs_text, opname, args, attrs_text, types_text, loc = m.groups()
+        opdef = self.opdefs.get(opname) or self.opdef(opname, lineno, m.start("op") + 1)
         inputs: list[Value | None] = []
-        args = m.group("args")
-        if args.strip():
-            col = m.start("args") + 1
+        if args:
+            env = self.env
+            params = self.graph.params if self.graph is not None else {}
             for piece in args.split(","):
                 a = piece.strip()
-                a_col, col = col + len(piece) - len(piece.lstrip()), col + len(piece) + 1
-                if a == "none":
+                v = env.get(a)
+                if v is not None:
+                    inputs.append(v)
+                elif a == "none":
                     inputs.append(None)
                 elif a.startswith("%"):
-                    v = self.env.get(a)
-                    if v is None:
-                        raise IRParseError(f"use of undefined value {a}", lineno, a_col,
-                                           self.source)
-                    inputs.append(v)
-                elif a.startswith("@"):
-                    p = self.graph.params.get(a[1:]) if self.graph else None
-                    if p is None:
-                        self.node_general(self.line(idx))
-                        return
-                    inputs.append(p)
+                    # Point at this operand: the n-th comma-separated piece of the arguments.
+                    col = m.start("args") + 1 + args.index(piece) + len(piece) - len(piece.lstrip())
+                    raise IRParseError(f"use of undefined value {a}", lineno, col, self.source)
+                elif a.startswith("@") and a[1:] in params:
+                    inputs.append(params[a[1:]])
                 else:
                     self.node_general(self.line(idx))
                     return
-        attrs_text = m.group("attrs") or ""
+        attrs_text = attrs_text or ""
         attrs = self.attrs(opdef, attrs_text, idx,
                            m.start("attrs") + 1 if attrs_text else m.start("op") + 1)
-        types = self.types(m.group("types"), idx, m.start("types") + 1)
-        outs = m.group("outs").split(", ")
-        loc = m.group("loc")
+        types = self.type_cache.get(types_text) or self.types(types_text, idx, m.start("types") + 1)
+        outs = outs_text.split(", ")
         try:
             scope = "" if loc is None else (loc[1:-1] if "\\" not in loc else json.loads(loc))
         except json.JSONDecodeError:  # a bad escape: the general parser reports where
@@ -479,7 +544,8 @@ class _GraphParser:
 
     def opdef(self, name: str, lineno: int, col: int) -> OpDef:
         try:
-            return get_op(name)
+            self.opdefs[name] = get_op(name)
+            return self.opdefs[name]
         except ErnieIRError as e:
             raise IRParseError(str(e), lineno, col, self.source) from None
 

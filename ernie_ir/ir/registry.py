@@ -61,6 +61,7 @@ class OpDef(ABC):
 
     def __init__(self) -> None:
         self._attr_cache: dict[Any, OpAttrs] = {}
+        self._arity: tuple[int, int | None] | None = None
 
     @abstractmethod
     def infer(self, types: Sequence[TensorType | None], attrs: Any) -> list[TensorType]:
@@ -104,9 +105,12 @@ class OpDef(ABC):
         return attrs
 
     def check_arity(self, n: int) -> None:
-        required = sum(1 for i in self.inputs if not i.optional and not i.variadic)
-        variadic = any(i.variadic for i in self.inputs)
-        if n < required or (not variadic and n > len(self.inputs)):
+        bounds = self._arity
+        if bounds is None:
+            required = sum(1 for i in self.inputs if not i.optional and not i.variadic)
+            variadic = any(i.variadic for i in self.inputs)
+            bounds = self._arity = (required, None if variadic else len(self.inputs))
+        if n < bounds[0] or (bounds[1] is not None and n > bounds[1]):
             names = ", ".join(
                 i.name + ("?" if i.optional else "") + ("..." if i.variadic else "")
                 for i in self.inputs
