@@ -24,6 +24,10 @@ def load_input(spec: str, *, trust_pickle: bool = False) -> Graph:
         except UnicodeDecodeError:
             raise ErnieIRError(f"{spec}: not a text file (IR files are UTF-8 text)") from None
         return parse_graph(text, source=spec)
+    if path.is_dir() and (path / "manifest.json").is_file():
+        from ernie_ir.targets import load_artifact
+
+        return load_artifact(path)  # verifies every hash first
     if path.is_dir() and (path / GRAPH_FILE).is_file():
         return load_graph(path)
     try:

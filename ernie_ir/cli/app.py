@@ -283,6 +283,78 @@ def run(
 
 
 @app.command()
+def compile(
+    model: ModelArg,
+    target: Annotated[str, typer.Option("--target", "-t", help="cuda, ascend or kunlun.")],
+    quant: QuantOpt = None,
+    mode: Annotated[str, typer.Option("--mode", help="inference or training.")] = "inference",
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_adapter: LoraAdapterOpt = None,
+    quant_config: QuantConfigOpt = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
+    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree.")] = 1,
+    pipeline: PipelineOpt = None,
+    cuda_arch: Annotated[int, typer.Option("--cuda-arch", help="70, 75, 80, 86, 89 or 90.")] = 80,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Artifact folder to write.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing artifact folder.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    trust_pickle: TrustOpt = False,
+) -> None:
+    """Compile a model for a target into an artifact folder (written atomically)."""
+    import json
+
+    from ernie_ir.targets import compile_model
+
+    targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
+    report = compile_model(model, target, quant=quant, mode=mode, pipeline=pipeline,
+                           lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
+                           lora_adapter=lora_adapter, quant_config=quant_config, cuda_arch=cuda_arch,
+                           tp=tp, ep=ep, out=out_dir, force=force, trust_pickle=trust_pickle)
+    data = report.as_dict()
+    if json_out:
+        print(json.dumps(data, default=str))
+        return
+    for w in report.warnings:
+        err.print(f"warning: {w}", markup=False)
+    out.print(f"compiled {model} for {target} ({mode}) -> {report.out}", markup=False)
+    out.print(f"pipeline: {report.pipeline}", markup=False)
+    t = Table(title="params by dtype")
+    t.add_column("dtype")
+    t.add_column("before", justify="right")
+    t.add_column("after", justify="right")
+    for dtype in sorted(set(report.params_before) | set(report.params_after)):
+        b = report.params_before.get(dtype, {})
+        a = report.params_after.get(dtype, {})
+        t.add_row(dtype, f"{b.get('count', 0)} / {b.get('bytes', 0):,} B",
+                  f"{a.get('count', 0)} / {a.get('bytes', 0):,} B")
+    out.print(t)
+    plan = Table(title="kernel plan")
+    plan.add_column("kernel")
+    plan.add_column("nodes", justify="right")
+    counts: dict[str, int] = {}
+    for k in report.kernel_plan:
+        counts[k["kernel"]] = counts.get(k["kernel"], 0) + 1
+    for kernel, n in sorted(counts.items()):
+        plan.add_row(kernel, str(n))
+    out.print(plan)
+    for f in report.fallbacks:
+        out.print(f"fallback: {f.get('scope')} {f.get('op')} -> {f.get('kernel')}: {f.get('reason')}",
+                  markup=False)
+
+
+@app.command("verify")
+def verify_cmd(artifact: Annotated[Path, typer.Argument(help="An artifact folder.")]) -> None:
+    """Re-check the sha256 of every file of an artifact against its manifest."""
+    from ernie_ir.targets import verify_artifact
+
+    manifest = verify_artifact(artifact)
+    files = manifest.get("files", {})
+    out.print(f"ok: {artifact} ({len(files)} files match the manifest)", markup=False)
+
+
+@app.command()
 def passes() -> None:
     """List the passes and presets (built-in and plugins), with their options."""
     from ernie_ir.passes import all_passes, all_presets

@@ -1,0 +1,31 @@
+"""Targets (cuda, ascend, kunlun): capability tables, legalization, weight packing, artifacts.
+
+    from ernie_ir.targets import compile_model, load_artifact, verify_artifact
+    report = compile_model("ernie-4.5-21b-a3b@tiny", "ascend", quant="wint8mix", out=Path("a"))
+    graph = load_artifact("a")              # rank-0 graph, hashes checked
+
+Importing this package registers the `legalize-<target>` passes (they are
+also found through the `ernie_ir.passes` entry point).
+"""
+
+from . import passes  # noqa: F401  (registers legalize-cuda/-ascend/-kunlun)
+from .artifact import ArtifactError, load_artifact, read_manifest, verify_artifact, write_artifact
+from .capabilities import FusedMoE, Target, WeightOnlyKernel
+from .compile import CompileReport, compile_model
+from .registry import TARGETS, TargetError, get_target
+
+__all__ = [
+    "TARGETS",
+    "ArtifactError",
+    "CompileReport",
+    "FusedMoE",
+    "Target",
+    "TargetError",
+    "WeightOnlyKernel",
+    "compile_model",
+    "get_target",
+    "load_artifact",
+    "read_manifest",
+    "verify_artifact",
+    "write_artifact",
+]

@@ -1,0 +1,191 @@
+"""The compiled artifact (DESIGN.md section 6): writing, verifying and loading it.
+
+    manifest.json          format version, ernie-ir version, source model + sha256, resolved
+                           pipeline, target, mode, parallel layout, kernel plan summary, and the
+                           sha256 of every other file
+    graph.ir               final global IR
+    rank0/graph.ir         per-rank IR (one rank: tp = ep = 1)
+    rank0/weights.safetensors
+    inference/launch.sh    launch recipe (paddle.distributed.launch with the target's flag and env)
+    inference/launch.json  the same recipe as data
+
+Writing is atomic: everything goes into a hidden temp folder next to the
+destination, which is renamed into place at the end; any failure or
+interruption removes the temp folder. An existing destination is replaced
+only with `force`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.ir.printer import print_graph
+from ernie_ir.ir.storage import load_graph, write_graph_files
+
+from .capabilities import Target
+
+FORMAT = "ernie-ir-artifact"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class ArtifactError(ErnieIRError):
+    """An artifact folder that is missing, incomplete, tampered with, or in the way."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def launch_recipe(target: Target, mode: str, tp: int = 1) -> dict[str, Any]:
+    devices = ",".join(str(i) for i in range(tp))
+    env = {target.visible_devices_env: devices, **target.extra_env}
+    return {
+        "target": target.name,
+        "launcher": "python -m paddle.distributed.launch",
+        "flag": target.launch_flag,
+        "devices": devices,
+        "nproc": tp,
+        "collective_backend": target.collective_backend,
+        "env": env,
+        "paddle_device": target.paddle_device,
+        "inference_config": target.inference_config,
+        "entry": "ernie-ir run <artifact>",
+        "note": "the device-side Paddle executable is not emitted yet; the entry runs the "
+                "artifact in the CPU interpreter",
+        "mode": mode,
+    }
+
+
+def launch_script(recipe: dict[str, Any]) -> str:
+    lines = ["#!/bin/sh",
+             f"# ernie-ir launch recipe: target {recipe['target']}, {recipe['nproc']} process(es), "
+             f"collective backend {recipe['collective_backend']}",
+             'ARTIFACT="$(cd "$(dirname "$0")/.." && pwd)"']
+    for k, v in recipe["env"].items():
+        lines.append(f'export {k}="${{{k}:-{v}}}"')
+    vis = next(iter(recipe["env"]))
+    lines.append(f'exec {recipe["launcher"]} {recipe["flag"]} "${{{vis}}}" '
+                 '"$(command -v ernie-ir)" run "$ARTIFACT" "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target, mode: str,
+                   pipeline: str, source: dict[str, Any], force: bool = False,
+                   extra: dict[str, Any] | None = None) -> Path:
+    """Write the artifact folder atomically and return its path."""
+    from ernie_ir import __version__
+
+    dest = Path(out)
+    if dest.exists() and not force:
+        raise ArtifactError(f"{dest} already exists: pass --force (force=True) to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    old: Path | None = None
+    try:
+        (tmp / "graph.ir").write_text(print_graph(graph), encoding="utf-8")
+        (tmp / "rank0").mkdir()
+        write_graph_files(graph, tmp / "rank0")
+        exe = tmp / mode
+        exe.mkdir()
+        recipe = launch_recipe(target, mode)
+        (exe / "launch.json").write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
+        (exe / "launch.sh").write_text(launch_script(recipe), encoding="utf-8")
+        (exe / "launch.sh").chmod(0o755)
+        plan = graph.metadata.get("kernel_plan", {})
+        kernels: dict[str, int] = {}
+        for entry in plan.get("kernels", []):
+            kernels[entry["kernel"]] = kernels.get(entry["kernel"], 0) + 1
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "ernie_ir_version": __version__,
+            "source": source,
+            "pipeline": pipeline,
+            "target": target.name,
+            **({"cuda_arch": plan["cuda_arch"]} if "cuda_arch" in plan else {}),
+            "mode": mode,
+            "parallel": {"tp": 1, "ep": 1, "ranks": ["rank0"]},
+            "kernel_plan": {"kernels": dict(sorted(kernels.items())), "fallbacks": plan.get("fallbacks", [])},
+            **(extra or {}),
+            "files": {name: sha256_file(tmp / name) for name in _files(tmp)},
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not dest.exists():
+            os.replace(old, dest)  # put the previous artifact back
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    root = Path(path)
+    mf = root / MANIFEST
+    if not root.is_dir() or not mf.is_file():
+        raise ArtifactError(f"{root} is not an ernie-ir artifact (no {MANIFEST})")
+    try:
+        manifest = json.loads(mf.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ArtifactError(f"{mf} is not valid JSON: the artifact is corrupt") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{mf} is not an ernie-ir artifact manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{mf}: format version {manifest.get('format_version')} is not supported "
+                            f"(this ernie-ir reads version {FORMAT_VERSION}); recompile the model")
+    if not isinstance(manifest.get("files"), dict):
+        raise ArtifactError(f"{mf} lists no files: the artifact is corrupt")
+    return manifest
+
+
+def verify_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Re-check every file's sha256 against the manifest; returns the manifest.
+
+    Raises ArtifactError naming the first file that is missing, changed or unlisted.
+    """
+    root = Path(path)
+    manifest = read_manifest(root)
+    listed: dict[str, str] = manifest["files"]
+    for name, digest in listed.items():
+        f = root / name
+        if not f.is_file():
+            raise ArtifactError(f"artifact {root}: {name} is missing (listed in {MANIFEST})")
+        actual = sha256_file(f)
+        if actual != digest:
+            raise ArtifactError(f"artifact {root}: {name} was modified (sha256 {actual[:16]}..., "
+                                f"manifest says {digest[:16]}...); recompile or restore it")
+    extra = [n for n in _files(root) if n != MANIFEST and n not in listed]
+    if extra:
+        raise ArtifactError(f"artifact {root}: {extra[0]} is not listed in {MANIFEST} (an added file)")
+    return manifest
+
+
+def load_artifact(path: str | os.PathLike[str], *, verify: bool = True) -> Graph:
+    """The rank-0 graph of an artifact, weights memory-mapped (hashes checked first unless verify=False)."""
+    root = Path(path)
+    if verify:
+        verify_artifact(root)
+    else:
+        read_manifest(root)
+    return load_graph(root / "rank0")

@@ -1,0 +1,30 @@
+"""Huawei Ascend NPUs through PaddleCustomDevice ("npu"); weights in the logical layout."""
+
+from ..capabilities import REFERENCE, FusedMoE, Target, WeightOnlyKernel
+
+ASCEND = Target(
+    name="ascend",
+    description="Huawei Ascend NPU (PaddleCustomDevice npu backend)",
+    dtypes=("f32", "f16", "bf16"),
+    weight_only=WeightOnlyKernel(
+        kernel="weight_only_linear_npu", bits=(8,), group_sizes=(-1,),
+        source="PaddleCustomDevice backends/npu/custom_op/llama_infer/fused_weight_only_linear.cc "
+               "(per-channel int8; the CANN kernel takes int4 but no Paddle binding was found); "
+               + REFERENCE),
+    fused_moe=FusedMoE(kernel="sparse_moe", bits=(8, 4), confirmed=False,
+                       source="paddlenlp_ops sparse_moe (unconfirmed); " + REFERENCE),
+    fp8=False,
+    fp8_note="no FP8 kernels",
+    collective_backend="xccl (HCCL)",
+    launch_flag="--npus",
+    visible_devices_env="ASCEND_RT_VISIBLE_DEVICES",
+    extra_env={"PADDLE_XCCL_BACKEND": "npu"},
+    paddle_device="npu:0",
+    inference_config='config.enable_custom_device("npu", 0)',
+    onnx_runtime="CANN EP (small op set, no contrib ops)",
+    packing="logical int8 [in, out] + per-channel scales (device layout not confirmed)",
+    sources=("PaddleCustomDevice backends/npu/custom_op/llama_infer/fused_weight_only_linear.cc",
+             "ERNIE docs/devices/README_NPU.md", REFERENCE),
+)
+
+__all__ = ["ASCEND"]

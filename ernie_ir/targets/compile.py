@@ -1,0 +1,133 @@
+"""`compile_model`: a MODEL into an artifact for one target (the library behind `ernie-ir compile`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.load import load_input
+from ernie_ir.passes import run_pipeline
+from ernie_ir.passes.base import graph_properties
+from ernie_ir.passes.pipeline import load_pipeline
+from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
+from ernie_ir.passes.quant_config import resolve_quant_name
+
+from .artifact import ArtifactError, sha256_file, write_artifact
+from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
+from .registry import TargetError, get_target
+
+MODES = ("inference", "training")
+
+
+@dataclass
+class CompileReport:
+    """What `compile_model` did. `params_before/after`: dtype -> {"count", "bytes"}."""
+
+    model: str
+    target: str
+    mode: str
+    pipeline: str
+    out: str
+    passes_run: list[str]
+    params_before: dict[str, dict[str, int]]
+    params_after: dict[str, dict[str, int]]
+    kernel_plan: list[dict[str, Any]]
+    fallbacks: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+    cuda_arch: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def params_by_dtype(graph: Graph) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for p in graph.params.values():
+        d = out.setdefault(str(p.type.dtype), {"count": 0, "bytes": 0})
+        numel = math.prod(int(x) for x in p.type.shape if isinstance(x, int))
+        d["count"] += 1
+        d["bytes"] += math.ceil(numel * p.type.dtype.bits / 8)
+    return dict(sorted(out.items()))
+
+
+def source_info(model: str, graph: Graph) -> dict[str, Any]:
+    """The source model and sha256 of its files (a built-in: its name and a hash of its config)."""
+    path = Path(model)
+    if path.is_file():
+        return {"model": model, "kind": "file", "files": {path.name: sha256_file(path)}}
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        return {"model": model, "kind": "folder",
+                "files": {p.relative_to(path).as_posix(): sha256_file(p) for p in files}}
+    config = graph.metadata.get("config", {})
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+    return {"model": model, "kind": "builtin", "config_sha256": digest,
+            "weights": graph.metadata.get("weights", "")}
+
+
+def default_out(model: str, target: str, quant: str | None) -> Path:
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(model.rstrip("/")).name or model).strip("-")
+    q = "" if quant is None or quant.strip().lower() in NO_QUANT else f"-{quant.strip().lower()}"
+    return Path("artifacts") / f"{stem}-{target}{re.sub(r'[^a-z0-9_.-]+', '-', q)}"
+
+
+def compile_model(model: str, target: str, quant: str | None = None, mode: str = "inference",
+                  pipeline: str | None = None, lora_rank: int | None = None,
+                  lora_alpha: float | None = None, lora_targets: Sequence[str] | None = None,
+                  lora_adapter: Path | None = None, quant_config: Path | None = None,
+                  cuda_arch: int = DEFAULT_CUDA_ARCH, tp: int = 1, ep: int = 1,
+                  out: str | Path | None = None, force: bool = False,
+                  trust_pickle: bool = False) -> CompileReport:
+    """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
+
+    Every bad input raises an ErnieIRError subclass with one line, before any file is written.
+    """
+    tgt = get_target(target)
+    if mode not in MODES:
+        raise TargetError(f"unknown --mode {mode!r}: choose inference or training")
+    if mode == "training":
+        raise ErnieIRError("training executables are not built yet: compile with --mode inference "
+                           "(training artifacts are a later part of issue 6)")
+    if tp != 1 or ep != 1:
+        raise ErnieIRError(f"--tp {tp} --ep {ep}: only tp=1, ep=1 artifacts are built so far")
+    arch = check_arch(cuda_arch) if tgt.name == "cuda" else None
+    if quant is not None and quant.strip().lower() not in NO_QUANT:
+        canonical = resolve_quant_name(quant)
+        if canonical.startswith("fp8") and not tgt.fp8:
+            raise TargetError(f"--quant {quant} needs FP8 kernels, which {tgt.name} lacks: use "
+                              "--target cuda --cuda-arch 89/90, or --quant wint8 / wint8mix")
+        if canonical.startswith("fp8") and arch is not None and arch < 89:
+            raise TargetError(f"--quant {quant} needs FP8 kernels (Hopper/Ada): use --cuda-arch 89 or 90")
+    dest = Path(out) if out is not None else default_out(model, tgt.name, quant)
+    if dest.exists() and not force:
+        raise ArtifactError(f"{dest} already exists: pass --force (force=True) to replace it")
+    quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter)
+
+    graph = load_input(model, trust_pickle=trust_pickle)
+    before = params_by_dtype(graph)
+    parts: list[str] = []
+    if pipeline:
+        parts.append(str(load_pipeline(pipeline, initial=graph_properties(graph))))
+    if quant_text:
+        parts.append(quant_text)
+    parts.append(f"legalize-cuda{{cuda_arch={arch}}}" if arch is not None else f"legalize-{tgt.name}")
+    resolved = load_pipeline(",".join(parts), initial=graph_properties(graph))
+    result = run_pipeline(graph, resolved)
+    plan = graph.metadata.get("kernel_plan", {})
+    after = params_by_dtype(graph)
+    path = write_artifact(graph, dest, target=tgt, mode=mode, pipeline=str(resolved),
+                          source=source_info(model, graph), force=force,
+                          extra={"params_before": before, "params_after": after})
+    return CompileReport(
+        model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(path),
+        passes_run=[p.spec() for p in resolved.passes], params_before=before, params_after=after,
+        kernel_plan=list(plan.get("kernels", [])), fallbacks=list(plan.get("fallbacks", [])),
+        warnings=list(result.warnings), cuda_arch=arch,
+    )

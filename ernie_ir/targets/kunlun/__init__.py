@@ -1,0 +1,30 @@
+"""Kunlunxin XPUs (P800) through Paddle's XPU kernels; weights in the logical layout."""
+
+from ..capabilities import REFERENCE, FusedMoE, Target, WeightOnlyKernel
+
+KUNLUN = Target(
+    name="kunlun",
+    description="Kunlunxin XPU P800 (Paddle XPU build)",
+    dtypes=("f32", "f16", "bf16"),
+    weight_only=WeightOnlyKernel(
+        kernel="weight_only_linear_xpu", bits=(8,), group_sizes=(-1,),
+        source="paddle/phi/kernels/xpu/weight_only_linear_kernel.cc (int8, channel-wise, fp32 "
+               'scale; int4 raises "unsupported weight_dtype=int4"); ' + REFERENCE),
+    fused_moe=FusedMoE(kernel="moe_expert_ffn", bits=(8, 4), confirmed=True,
+                       source="FastDeploy custom_ops/xpu_ops/src/ops/moe_expert_ffn.cc; " + REFERENCE),
+    fp8=False,
+    fp8_note="no FP8 kernels",
+    collective_backend="bkcl",
+    launch_flag="--xpus",
+    visible_devices_env="XPU_VISIBLE_DEVICES",
+    paddle_device="xpu:0",
+    inference_config="config.enable_xpu()",
+    onnx_runtime="none",
+    packing="logical int8 [in, out] + per-channel scales (the XPU kernel's [N, K] + fp32-scale "
+            "layout is not produced yet)",
+    sources=("paddle/phi/kernels/xpu/weight_only_linear_kernel.cc",
+             "FastDeploy custom_ops/xpu_ops/src/ops/moe_expert_ffn.cc",
+             "ERNIE docs/devices/README_XPU.md", REFERENCE),
+)
+
+__all__ = ["KUNLUN"]
