@@ -1,4 +1,4 @@
-"""Ops that read weights in Paddle's CUDA weight-only layout (see ernie_ir/targets/cuda/packing.py).
+"""Ops that read weights in Paddle's CUDA weight-only layout (see ernie_ir/ops/cuda_layout.py).
 
 They let a cuda-lowered graph, whose `<layer>.quant_weight` params hold
 exactly the bytes `paddle.nn.quant.weight_quantize(w, algo, arch=A)` returns,
@@ -23,6 +23,7 @@ from pydantic import field_validator
 from ernie_ir.ir import DType, Input, OpAttrs, OpDef, OpError, TensorType, register_op
 
 from ._checks import need, need_float, need_rank, same_dim
+from .cuda_layout import unpack
 from .quant_numerics import weight_dequantize
 from .weight_only_linear import check_quantized_weight
 
@@ -65,8 +66,6 @@ def _logical_type(op: str, packed: TensorType, attrs: PackedAttrs) -> TensorType
 
 
 def _unpack(packed: np.ndarray, attrs: PackedAttrs) -> np.ndarray:
-    from ernie_ir.targets.cuda.packing import unpack
-
     rows = packed.shape[0]
     n = rows if attrs.bits == 8 else 2 * rows
     return unpack(packed, attrs.in_features, n, attrs.bits, attrs.arch)

@@ -1,112 +1,28 @@
-"""Paddle's CUDA weight-only layout: the bytes `paddle.nn.quant.weight_quantize(w, algo, arch)` returns.
+"""cuda weight packing: Paddle's CUTLASS weight-only layout.
 
-The IR keeps logical int values `q` [K, N] (= [in, out]). Paddle stores them
-transposed to [N, K] (int8) or [N/2, K] (int4, two nibbles per byte, low
-nibble first), biased (byte = q + 128, nibble = q + 8) and permuted for the
-CUTLASS mixed-input GEMM. The permutation depends on the arch only (not on
-the group size); arch 75/80/86/89/90 share one layout, 70 has its own. With
-element = byte (int8) or nibble (int4), i its flat index and
-`perm(x, L, t) = (x // L) * L + t[x % L]` (tests/reference/README.md, verified
-bit for bit against Paddle 3.3.1's CPU kernel):
-
-- arch 70: k = i // N, n = perm(i % N, 4, [0,2,1,3]) (int8) or
-  perm(i % N, 8, [0,2,4,6,1,3,5,7]) (int4);
-- arch >= 75: C = 2 (int8) or 4 (int4); j = i % 64, h = (i // 64) % C,
-  t = (i // (64 C)) % (K / 64), p = i // (C K); n = p C + h,
-  k = 64 t + rowperm(interleave(j)).
-
-Shape limits (observed on Paddle's CPU kernel): N % 16 == 0 (checked by
-Paddle); arch >= 75 also needs K % 64 == 0 (Paddle does not check it and
-corrupts its heap otherwise). `packable` says whether a shape fits.
+The layout math lives in `ernie_ir.ops.cuda_layout`, because the interpreter's
+`weight_only_linear_packed` kernel reads the same bytes (ops may not import
+targets); this module is the target's view of it.
 """
 
-from __future__ import annotations
+from ernie_ir.ops.cuda_layout import (
+    CUDA_ARCHS,
+    DEFAULT_CUDA_ARCH,
+    check_arch,
+    pack,
+    packable,
+    packed_shape,
+    position_map,
+    unpack,
+)
 
-from functools import lru_cache
-
-import numpy as np
-
-from ernie_ir.ir import ErnieIRError
-
-CUDA_ARCHS = (70, 75, 80, 86, 89, 90)
-DEFAULT_CUDA_ARCH = 80
-
-_IL8 = np.array([0, 2, 1, 3])
-_IL4 = np.array([0, 2, 4, 6, 1, 3, 5, 7])
-_RP8 = np.array([0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15])
-_RP4 = np.array([0, 1, 8, 9, 16, 17, 24, 25, 2, 3, 10, 11, 18, 19, 26, 27,
-                 4, 5, 12, 13, 20, 21, 28, 29, 6, 7, 14, 15, 22, 23, 30, 31])
-
-
-def _perm(x: np.ndarray, table: np.ndarray) -> np.ndarray:
-    n = len(table)
-    return (x // n) * n + table[x % n]
-
-
-def check_arch(arch: int) -> int:
-    if arch not in CUDA_ARCHS:
-        raise ErnieIRError(f"unknown --cuda-arch {arch}: choose one of {', '.join(map(str, CUDA_ARCHS))}")
-    return arch
-
-
-def packable(k: int, n: int, bits: int, arch: int) -> str | None:
-    """None if a [K, N] weight packs for `arch`, else the reason it does not."""
-    if n % 16:
-        return f"out_features {n} is not a multiple of 16 (Paddle weight_quantize requires it)"
-    if arch >= 75 and k % 64:
-        return (f"in_features {k} is not a multiple of 64 (the sm{arch} CUTLASS layout tiles "
-                "64 rows; use --cuda-arch 70 or a portable fallback)")
-    return None
-
-
-@lru_cache(maxsize=64)
-def position_map(k: int, n: int, bits: int, arch: int) -> np.ndarray:
-    """For each stored element (byte or nibble), the flat index n * K + k of its logical value."""
-    i = np.arange(k * n, dtype=np.int64)
-    il, rp, c = (_IL8, _RP8, 2) if bits == 8 else (_IL4, _RP4, 4)
-    if arch == 70:
-        kk = i // n
-        nn = _perm(i % n, il)
-    else:
-        j = i % 64
-        h = (i // 64) % c
-        t = (i // (64 * c)) % (k // 64)
-        p = i // (c * k)
-        nn = p * c + h
-        kk = 64 * t + _perm(_perm(j, il), rp)
-    out = nn * k + kk
-    out.setflags(write=False)
-    return out
-
-
-def packed_shape(k: int, n: int, bits: int) -> tuple[int, int]:
-    return (n, k) if bits == 8 else (n // 2, k)
-
-
-def pack(q: np.ndarray, bits: int, arch: int) -> np.ndarray:
-    """Logical int values q [K, N] (in [-127, 127] / [-7, 7]) -> Paddle's int8 bytes for `arch`."""
-    k, n = q.shape
-    why = packable(k, n, bits, arch)
-    if why:
-        raise ErnieIRError(f"cannot pack a [{k}, {n}] weight for sm{arch}: {why}")
-    logical = np.ascontiguousarray(np.asarray(q).astype(np.int16).T).reshape(-1)
-    elems = logical[position_map(k, n, bits, arch)]
-    if bits == 8:
-        return (elems + 128).astype(np.uint8).view(np.int8).reshape(n, k)
-    nib = (elems + 8).astype(np.uint8)
-    return (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8).view(np.int8).reshape(n // 2, k)
-
-
-def unpack(packed: np.ndarray, k: int, n: int, bits: int, arch: int) -> np.ndarray:
-    """Inverse of `pack`: the logical int8 values [K, N]."""
-    raw = np.asarray(packed).view(np.uint8).reshape(-1)
-    if bits == 8:
-        elems = raw.astype(np.int16) - 128
-    else:
-        nib = np.empty(raw.size * 2, np.int16)
-        nib[0::2] = raw & 0x0F
-        nib[1::2] = raw >> 4
-        elems = nib - 8
-    logical = np.empty(k * n, np.int16)
-    logical[position_map(k, n, bits, arch)] = elems
-    return np.ascontiguousarray(logical.reshape(n, k).T.astype(np.int8))
+__all__ = [
+    "CUDA_ARCHS",
+    "DEFAULT_CUDA_ARCH",
+    "check_arch",
+    "pack",
+    "packable",
+    "packed_shape",
+    "position_map",
+    "unpack",
+]
