@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -582,35 +581,34 @@ class _GraphParser:
     def make_node(self, opdef: OpDef, inputs: list[Value | None], attrs: Any,
                   types: list[TensorType], outs: list[str], scope: str, lineno: int,
                   out_col: int, type_col: int) -> None:
-        fail: Callable[[str, int], IRParseError] = lambda msg, col: IRParseError(  # noqa: E731
-            msg, lineno, col, self.source)
         try:
             node = Node(opdef.name, inputs, attrs, scope=scope, output_types=types)
         except ErnieIRError as e:
-            raise fail(str(e), out_col) from None
+            raise IRParseError(str(e), lineno, out_col, self.source) from None
+        problem, col = "", out_col
         if self.check_types:
             try:
                 expected = node.infer_types()
             except ErnieIRError as e:
-                node.drop_inputs()
-                raise fail(str(e), type_col) from None
-            if expected != types:
-                node.drop_inputs()
-                want = ", ".join(str(t) for t in expected)
-                got = ", ".join(str(t) for t in types)
-                raise fail(f"{opdef.name} produces {want}, but the text declares {got}", type_col)
-        elif len(types) != len(node.outputs):
-            raise fail(f"{opdef.name}: {len(types)} result types for {len(node.outputs)} results",
-                       type_col)
-        if len(outs) != len(node.outputs):
+                problem, col = str(e), type_col
+            else:
+                if expected != types:
+                    want = ", ".join(str(t) for t in expected)
+                    got = ", ".join(str(t) for t in types)
+                    problem = f"{opdef.name} produces {want}, but the text declares {got}"
+                    col = type_col
+        if not problem and len(outs) != len(node.outputs):
+            problem = f"{opdef.name} has {len(node.outputs)} results but the line names {len(outs)}"
+        env = self.env
+        if not problem:
+            for key in outs:
+                if key in env:
+                    problem = f"{key} is defined twice (SSA: one definition per value)"
+        if problem:
             node.drop_inputs()
-            raise fail(f"{opdef.name} has {len(node.outputs)} results but the line names "
-                       f"{len(outs)}", out_col)
+            raise IRParseError(problem, lineno, col, self.source)
         for key, v in zip(outs, node.outputs, strict=True):
-            if key in self.env:
-                node.drop_inputs()
-                raise fail(f"{key} is defined twice (SSA: one definition per value)", out_col)
-            self.env[key] = v
+            env[key] = v
         assert self.graph is not None
         self.graph.append(node)
 
