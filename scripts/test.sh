@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 VENV="${ERNIE_IR_VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || python3.11 -m venv "$VENV" 2>/dev/null || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e ".[test]"
+"$VENV/bin/python" -m pip install -q -e ".[test,paddle]"
 if [ -f tests/reference/install_envs.sh ]; then
   export ERNIE_IR_REFENVS="${ERNIE_IR_REFENVS:-$HOME/.cache/ernie-ir/refenvs}"
   bash tests/reference/install_envs.sh

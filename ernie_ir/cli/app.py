@@ -239,6 +239,9 @@ def run(
     emulate: Annotated[
         str | None, typer.Option("--emulate", help="Round activations typed bf16/f16 after each op.")
     ] = None,
+    backend: Annotated[
+        str, typer.Option("--backend", help="interpreter, or for an artifact: onnxruntime or paddle.")
+    ] = "interpreter",
     quant: QuantOpt = None,
     quant_config: QuantConfigOpt = None,
     lora_rank: LoraRankOpt = None,
@@ -247,7 +250,7 @@ def run(
     lora_adapter: LoraAdapterOpt = None,
     trust_pickle: TrustOpt = False,
 ) -> None:
-    """Run a model in the reference interpreter on this machine's CPU."""
+    """Run a model or an artifact on this machine's CPU (float32 where the CPU lacks bf16)."""
     import json
 
     from ernie_ir.runtime.compare import compare_logits
@@ -255,12 +258,21 @@ def run(
     pipeline = _full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
                               lora_adapter)
     ids = _parse_tokens(tokens)
-    graph = load_input(model, trust_pickle=trust_pickle)
-    verify(graph)
-    _run_pipeline(graph, pipeline, print_before=[], print_after=[], dump_dir=None, timing=False)
-    logits = _logits(graph, ids, emulate)
+    if backend != "interpreter":
+        if pipeline or emulate:
+            raise ErnieIRError(f"--backend {backend} runs an artifact as compiled: drop --pipeline, "
+                               "--quant, --lora-* and --emulate (or use --backend interpreter)")
+        from ernie_ir.runtime.artifact_runner import run_artifact
+
+        logits = run_artifact(Path(model), ids, backend)
+    else:
+        graph = load_input(model, trust_pickle=trust_pickle)
+        verify(graph)
+        _run_pipeline(graph, pipeline, print_before=[], print_after=[], dump_dir=None, timing=False)
+        logits = _logits(graph, ids, emulate)
     report: dict[str, object] = {
         "model": model,
+        "backend": backend,
         "logits_shape": list(logits.shape),
         "argmax": np.argmax(logits, axis=-1).tolist(),
     }
@@ -342,6 +354,30 @@ def compile(
     for f in report.fallbacks:
         out.print(f"fallback: {f.get('scope')} {f.get('op')} -> {f.get('kernel')}: {f.get('reason')}",
                   markup=False)
+
+
+@app.command()
+def train(
+    artifact: Annotated[Path, typer.Argument(help="An artifact compiled with --mode training.")],
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")],
+    data: Annotated[
+        Path | None, typer.Option("--data", help='JSON lines {"input_ids": [...]}; default: a fixed batch.')
+    ] = None,
+    lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 1e-3,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for data order and dropout.")] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the losses as JSON.")] = False,
+) -> None:
+    """Train the trainable params (LoRA, QAT) of a training artifact with AdamW on CPU."""
+    import json
+
+    from ernie_ir.runtime.training import train_artifact
+
+    losses = train_artifact(artifact, steps, data, lr, seed=seed)
+    if json_out:
+        print(json.dumps({"artifact": str(artifact), "steps": steps, "losses": losses}))
+        return
+    for i, loss in enumerate(losses, 1):
+        out.print(f"step {i:4d}  loss {loss:.6f}", markup=False)
 
 
 @app.command("verify")

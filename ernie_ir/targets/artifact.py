@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def launch_recipe(target: Target, mode: str, tp: int = 1) -> dict[str, Any]:
         "env": env,
         "paddle_device": target.paddle_device,
         "inference_config": target.inference_config,
-        "entry": "ernie-ir run <artifact>",
+        "entry": f"ernie-ir {'train' if mode == 'training' else 'run'} <artifact>",
         "note": "the device-side Paddle executable is not emitted yet; the entry runs the "
                 "artifact in the CPU interpreter",
         "mode": mode,
@@ -81,14 +82,21 @@ def launch_script(recipe: dict[str, Any]) -> str:
         lines.append(f'export {k}="${{{k}:-{v}}}"')
     vis = next(iter(recipe["env"]))
     lines.append(f'exec {recipe["launcher"]} {recipe["flag"]} "${{{vis}}}" '
-                 '"$(command -v ernie-ir)" run "$ARTIFACT" "$@"')
+                 f'"$(command -v ernie-ir)" {"train" if recipe.get("mode") == "training" else "run"} '
+                 '"$ARTIFACT" "$@"')
     return "\n".join(lines) + "\n"
 
 
 def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target, mode: str,
                    pipeline: str, source: dict[str, Any], force: bool = False,
-                   extra: dict[str, Any] | None = None) -> Path:
-    """Write the artifact folder atomically and return its path."""
+                   extra: dict[str, Any] | None = None,
+                   emitters: dict[str, Callable[[Graph, Path], Any]] | None = None) -> Path:
+    """Write the artifact folder atomically and return its path.
+
+    `emitters`: backend name -> fn(graph, executable folder) that writes that backend's files
+    (e.g. "onnxruntime" -> `inference/onnx/`); the manifest's "backends" lists "interpreter"
+    and these names, and every file they write is hashed like the others.
+    """
     from ernie_ir import __version__
 
     dest = Path(out)
@@ -107,6 +115,8 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
         (exe / "launch.json").write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
         (exe / "launch.sh").write_text(launch_script(recipe), encoding="utf-8")
         (exe / "launch.sh").chmod(0o755)
+        for emit in (emitters or {}).values():
+            emit(graph, exe)
         plan = graph.metadata.get("kernel_plan", {})
         kernels: dict[str, int] = {}
         for entry in plan.get("kernels", []):
@@ -123,6 +133,7 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
             "parallel": {"tp": 1, "ep": 1, "ranks": ["rank0"]},
             "kernel_plan": {"kernels": dict(sorted(kernels.items())), "fallbacks": plan.get("fallbacks", [])},
             **(extra or {}),
+            "backends": ["interpreter", *(emitters or {})],
             "files": {name: sha256_file(tmp / name) for name in _files(tmp)},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")

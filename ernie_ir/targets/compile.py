@@ -78,6 +78,32 @@ def default_out(model: str, target: str, quant: str | None) -> Path:
     return Path("artifacts") / f"{stem}-{target}{re.sub(r'[^a-z0-9_.-]+', '-', q)}"
 
 
+def onnx_emitters(target: str, mode: str, graph: Graph) -> dict[str, Any]:
+    """cuda inference artifacts carry `inference/onnx/model.onnx` (+ .data) for onnxruntime
+    (unless the graph holds ops without an ONNX lowering, e.g. fp8 or QAT fake-quant)."""
+    from .emit_onnx import emit_onnx, unsupported_ops
+
+    if target != "cuda" or mode != "inference" or unsupported_ops(graph):
+        return {}
+
+    return {"onnxruntime": lambda graph, exe: emit_onnx(graph, exe / "onnx")}
+
+
+def paddle_emitters(target: Any, mode: str, graph: Graph, warnings: list[str]) -> dict[str, Any]:
+    """Paddle executables: `inference/paddle/model.json` + `.pdiparams` (jit.save of the portable
+    Layer) or `training/train.json` (the recipe `ernie-ir train` reads). Training needs Paddle only
+    to run; the inference model is skipped, with a warning, where Paddle is not installed."""
+    from .emit_paddle import emit_paddle_inference, emit_paddle_training, paddle_available
+
+    if mode == "training":
+        return {"paddle": lambda graph, exe: emit_paddle_training(graph, exe, target)}
+    if not paddle_available():
+        warnings.append("no Paddle inference model: PaddlePaddle is not installed "
+                        "(install ernie-ir[paddle] or paddlepaddle-gpu)")
+        return {}
+    return {"paddle": lambda graph, exe: emit_paddle_inference(graph, exe / "paddle")}
+
+
 def compile_model(model: str, target: str, quant: str | None = None, mode: str = "inference",
                   pipeline: str | None = None, lora_rank: int | None = None,
                   lora_alpha: float | None = None, lora_targets: Sequence[str] | None = None,
@@ -92,9 +118,6 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     tgt = get_target(target)
     if mode not in MODES:
         raise TargetError(f"unknown --mode {mode!r}: choose inference or training")
-    if mode == "training":
-        raise ErnieIRError("training executables are not built yet: compile with --mode inference "
-                           "(training artifacts are a later part of issue 6)")
     if tp != 1 or ep != 1:
         raise ErnieIRError(f"--tp {tp} --ep {ep}: only tp=1, ep=1 artifacts are built so far")
     arch = check_arch(cuda_arch) if tgt.name == "cuda" else None
@@ -120,14 +143,21 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     parts.append(f"legalize-cuda{{cuda_arch={arch}}}" if arch is not None else f"legalize-{tgt.name}")
     resolved = load_pipeline(",".join(parts), initial=graph_properties(graph))
     result = run_pipeline(graph, resolved)
+    if mode == "training":
+        from .emit_paddle import check_trainable
+
+        check_trainable(graph)
+    warnings = list(result.warnings)
     plan = graph.metadata.get("kernel_plan", {})
     after = params_by_dtype(graph)
     path = write_artifact(graph, dest, target=tgt, mode=mode, pipeline=str(resolved),
                           source=source_info(model, graph), force=force,
-                          extra={"params_before": before, "params_after": after})
+                          extra={"params_before": before, "params_after": after},
+                          emitters={**onnx_emitters(tgt.name, mode, graph),
+                                    **paddle_emitters(tgt, mode, graph, warnings)})
     return CompileReport(
         model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(path),
         passes_run=[p.spec() for p in resolved.passes], params_before=before, params_after=after,
         kernel_plan=list(plan.get("kernels", [])), fallbacks=list(plan.get("fallbacks", [])),
-        warnings=list(result.warnings), cuda_arch=arch,
+        warnings=warnings, cuda_arch=arch,
     )

@@ -63,8 +63,13 @@ def test_compile_load_run_within_budget(tmp_path: Path, model: str, quant: str, 
     manifest = verify_artifact(out)
     assert manifest["target"] == target and manifest["mode"] == "inference"
     assert manifest["parallel"] == {"tp": 1, "ep": 1, "ranks": ["rank0"]}
-    assert set(manifest["files"]) == {"graph.ir", "rank0/graph.ir", "rank0/weights.safetensors",
-                                      "inference/launch.json", "inference/launch.sh"}
+    base = {"graph.ir", "rank0/graph.ir", "rank0/weights.safetensors",
+            "inference/launch.json", "inference/launch.sh"}
+    assert base <= set(manifest["files"])
+    executables = {"inference/onnx/"} if target == "cuda" else set()  # the ONNX executable: cuda only
+    assert all(any(f.startswith(e) for e in (*executables, "inference/paddle/"))
+               for f in set(manifest["files"]) - base)
+    assert ("onnxruntime" in manifest["backends"]) == (target == "cuda")
     recipe = json.loads((out / "inference/launch.json").read_text())
     tgt = get_target(target)
     assert recipe["flag"] == tgt.launch_flag and tgt.visible_devices_env in recipe["env"]
@@ -188,7 +193,7 @@ def test_failure_mid_write_leaves_nothing(tmp_path: Path, existing: bool) -> Non
     ({"target": "cuda", "quant": "fp8"}, "use --cuda-arch 89 or 90"),
     ({"target": "cuda", "cuda_arch": 61}, "unknown --cuda-arch 61"),
     ({"target": "cuda", "quant": "nope"}, "nope"),
-    ({"target": "cuda", "mode": "training"}, "training executables are not built yet"),
+    ({"target": "cuda", "mode": "training"}, "--mode training needs trainable params"),
     ({"target": "cuda", "mode": "serve"}, "unknown --mode"),
 ])
 def test_impossible_combinations_are_one_line_errors(tmp_path: Path, kwargs: dict, message: str) -> None:

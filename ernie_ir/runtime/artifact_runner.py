@@ -1,0 +1,55 @@
+"""Run a compiled artifact through one of the backends its manifest offers.
+
+    logits = run_artifact(Path("art"), np.array([[1, 2, 3]]), "onnxruntime")
+
+Backends: "interpreter" (the rank-0 lowered graph in the reference
+interpreter, every artifact), "onnxruntime" (`inference/onnx/model.onnx`,
+cuda inference artifacts, exact session settings). Hashes are checked first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ernie_ir.ir import ErnieIRError
+
+BACKENDS = ("interpreter", "onnxruntime", "paddle")
+ONNX_MODEL = Path("inference") / "onnx" / "model.onnx"
+
+
+def artifact_backends(path: Path) -> list[str]:
+    """The backends the artifact's manifest offers (older artifacts: the interpreter only)."""
+    from ernie_ir.targets import read_manifest
+
+    return list(read_manifest(path).get("backends", ["interpreter"]))
+
+
+def run_artifact(path: Path, input_ids: np.ndarray, backend: str) -> np.ndarray:
+    """Logits [B, S, V] of the artifact at `path` for `input_ids` [B, S] on `backend`."""
+    from ernie_ir.targets import verify_artifact
+
+    root = Path(path)
+    offered = list(verify_artifact(root).get("backends", ["interpreter"]))
+    if backend not in offered:
+        raise ErnieIRError(f"artifact {root} does not offer backend {backend!r}; it offers "
+                           f"{', '.join(offered)}")
+    ids = np.asarray(input_ids)
+    if backend == "interpreter":
+        from ernie_ir.targets import load_artifact
+
+        from .interpreter import run_graph
+
+        graph = load_artifact(root, verify=False)
+        name = graph.output_names[0]
+        return run_graph(graph, {graph.inputs[0].name: ids})[name]
+    if backend == "onnxruntime":
+        from .onnx_backend import run_onnx
+
+        return run_onnx(root / ONNX_MODEL, ids)
+    if backend == "paddle":
+        from .paddle_backend import run_paddle
+
+        return run_paddle(root, ids)
+    raise ErnieIRError(f"backend {backend!r} has no runner yet (known: {', '.join(BACKENDS)})")

@@ -1,0 +1,635 @@
+"""A `paddle.nn.Layer` built from an IR graph: its forward evaluates the graph with Paddle ops.
+
+Each IR op maps to Paddle ops with the math of its numpy reference kernel
+(ernie_ir/ops/*.py), in float32 (params stored in bf16/f16/fp8 are widened
+exactly, int4 is held one value per int8). Weight-only linears use Paddle's
+device kernel (`paddle.nn.quant.weight_only_linear`) when the Layer is built
+for a GPU and the weight fits its layout; everywhere else (CPU, custom
+devices, `portable=True`) they run the portable form: logical int values
+times scales, then matmul. The choice is made once, at build time, from the
+device, and recorded in `layer.kernels`.
+
+Params the IR marks `trainable` (LoRA A/B, PACT alpha, QAT weights) become
+trainable Paddle parameters; every other param is frozen (`stop_gradient`).
+QAT fake quantization has straight-through gradients (x + (fq(x) - x).detach()).
+With `layer.track_state = True`, each forward queues the next moving-average
+state of `fake_quant_moving_average` nodes; `layer.commit_state()` writes it
+into the state params (the training loop calls it after every step).
+
+Paddle is imported lazily: importing this module needs no Paddle.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, Value
+from ernie_ir.ops.cuda_layout import pack, packable, unpack
+from ernie_ir.ops.quant_numerics import FP8_MAX
+from ernie_ir.ops.rope import rope_angles
+
+PADDLE_HINT = "install ernie-ir[paddle] or paddlepaddle-gpu"
+
+
+class PaddleMissingError(ErnieIRError):
+    """PaddlePaddle is needed for this and is not installed."""
+
+
+class PaddleEmitError(ErnieIRError):
+    """The graph cannot be expressed as a Paddle Layer."""
+
+
+def require_paddle() -> Any:
+    """The `paddle` module, or PaddleMissingError with the install hint."""
+    # Paddle's C++ logging and its extension loader's ccache warning are noise to our users.
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*ccache.*")
+            import paddle
+    except ImportError:
+        raise PaddleMissingError(f"PaddlePaddle is not installed: {PADDLE_HINT}") from None
+    return paddle
+
+
+_PREV_HALF = 0.49999997  # float32 just below 0.5, as ernie_ir.ops.quant_numerics.round_half_away
+
+
+def _round_half_away(P: Any, t: Any) -> Any:
+    return P.trunc(t + P.sign(t) * _PREV_HALF)
+
+
+def _fq(P: Any, x: Any, s: Any, bits: int, round_type: int) -> Any:
+    """Paddle's ClipAndFakeQuantDequant (ernie_ir.ops.quant_numerics.fake_quant_dequant)."""
+    b = float(2 ** (bits - 1) - 1)
+    inv = P.where(s <= 1e-30, 1.0 / (s + 1e-6), 1.0 / s)
+    k = inv * b
+    if round_type == 0:
+        q = P.clip(P.round(k * x), -b - 1.0, b)  # paddle.round: half to even (= rint)
+    else:
+        q = _round_half_away(P, k * P.minimum(P.maximum(x, -s), s))
+    return (q * s) / b
+
+
+def _ste(x: Any, y: Any) -> Any:
+    """y forward, identity gradient to x."""
+    return x + (y - x).detach()
+
+
+def _abs_max(P: Any, x: Any, keep: Sequence[int]) -> Any:
+    nd = len(x.shape)
+    keep = {a % nd for a in keep} if nd else set()
+    axes = [i for i in range(nd) if i not in keep]
+    a = P.abs(x)
+    return P.max(a, axis=axes, keepdim=True) if axes else a
+
+
+def _expand_scale(P: Any, s: Any, k: int, group_size: int) -> Any:
+    if len(s.shape) == 0:
+        return s
+    if group_size == -1:
+        return s.unsqueeze(-2)
+    return P.repeat_interleave(s, group_size, axis=-2)[..., :k, :]
+
+
+def _round_to(P: Any, x: Any, dtype: DType) -> Any:
+    """Round float32 values to `dtype` and widen back (what the interpreter's dtype rounding does)."""
+    name = {DType.BF16: "bfloat16", DType.F16: "float16", DType.F8E4M3: "float8_e4m3fn",
+            DType.F8E5M2: "float8_e5m2"}.get(dtype)
+    return x if name is None else P.cast(P.cast(x, name), "float32")
+
+
+def _fp8_fq(P: Any, x: Any, s: Any, fmt: DType) -> Any:
+    top = float(FP8_MAX[fmt])
+    return _round_to(P, P.clip(x / s, -top, top), fmt) * s
+
+
+# -- op implementations: f(layer, node, args) -> list of outputs ------------------------------------------
+
+OpImpl = Callable[[Any, Node, list[Any]], list[Any]]
+OPS: dict[str, OpImpl] = {}
+
+
+def _op(name: str) -> Callable[[OpImpl], OpImpl]:
+    def deco(fn: OpImpl) -> OpImpl:
+        OPS[name] = fn
+        return fn
+    return deco
+
+
+def _arg(args: list[Any], i: int) -> Any:
+    return args[i] if len(args) > i else None
+
+
+@_op("embedding")
+def _embedding(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return [L.F.embedding(a[0], a[1])]
+
+
+@_op("linear")
+def _linear(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    y = L.P.matmul(a[0], a[1])
+    return [y if _arg(a, 2) is None else y + a[2]]
+
+
+def _dequant_matmul(L: Any, x: Any, q: Any, s: Any, bias: Any, group_size: int) -> Any:
+    w = L.P.cast(q, "float32") * _expand_scale(L.P, s, q.shape[-2], group_size)
+    y = L.P.matmul(x, w)
+    return y if bias is None else y + bias
+
+
+@_op("weight_only_linear")
+def _weight_only_linear(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    dev = L._device_weights.get(id(n))
+    if dev is not None:
+        return [L._device_weight_only(a[0], dev, _arg(a, 3))]
+    return [_dequant_matmul(L, a[0], a[1], a[2], _arg(a, 3), n.attrs.group_size)]
+
+
+@_op("weight_only_linear_packed")
+def _weight_only_linear_packed(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    dev = L._device_weights.get(id(n))
+    if dev is not None:
+        return [L._device_weight_only(a[0], dev, _arg(a, 3))]
+    q = getattr(L, L._node_consts[id(n)])  # the logical int values, unpacked at build time
+    return [_dequant_matmul(L, a[0], q, a[2], _arg(a, 3), n.attrs.group_size)]
+
+
+@_op("dequantize")
+def _dequantize(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    q, s = a
+    P = L.P
+    if n.inputs[0] is not None and n.inputs[0].type.dtype in (DType.F8E4M3, DType.F8E5M2):
+        w = q * s.reshape(list(s.shape) + [1] * (len(q.shape) - len(s.shape)))
+    else:
+        w = P.cast(q, "float32") * _expand_scale(P, s, q.shape[-2], n.attrs.group_size)
+    return [_round_to(P, w, n.attrs.dtype)]
+
+
+@_op("rms_norm")
+def _rms_norm(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    x, w = a
+    var = L.P.mean(L.P.square(x), axis=-1, keepdim=True)
+    return [x / L.P.sqrt(var + n.attrs.eps) * w]
+
+
+@_op("layer_norm")
+def _layer_norm(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    P, x = L.P, a[0]
+    c = x - P.mean(x, axis=-1, keepdim=True)
+    y = c / P.sqrt(P.mean(P.square(c), axis=-1, keepdim=True) + n.attrs.eps)
+    if _arg(a, 1) is not None:
+        y = y * a[1]
+    if _arg(a, 2) is not None:
+        y = y + a[2]
+    return [y]
+
+
+@_op("rope")
+def _rope(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    P, x = L.P, a[0]
+    d = int(x.shape[3])
+    inv = P.to_tensor(rope_angles(np.ones((), np.float32), d, n.attrs.theta).reshape(-1))
+    pos = _arg(a, 1)
+    if pos is None:
+        pos = P.arange(P.shape(x)[1], dtype="int64").unsqueeze(0)
+    ang = (P.cast(pos, "float32").unsqueeze(-1) * inv).unsqueeze(2)  # [B|1, S, 1, D/2]
+    cos, sin = P.cos(ang), P.sin(ang)
+    if n.attrs.style == "interleaved":
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+    else:
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    r1 = x1 * cos - x2 * sin
+    r2 = x2 * cos + x1 * sin
+    if n.attrs.style == "interleaved":
+        return [P.reshape(P.stack([r1, r2], axis=-1), P.shape(x))]
+    return [P.concat([r1, r2], axis=-1)]
+
+
+@_op("attention")
+def _attention(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    P = L.P
+    q, k, v = a[0], a[1], a[2]
+    mask = _arg(a, 3)
+    h, kv, d = int(q.shape[2]), int(k.shape[2]), int(q.shape[3])
+    scale = n.attrs.scale if n.attrs.scale is not None else 1.0 / math.sqrt(d)
+    qh = P.transpose(q, [0, 2, 1, 3])
+    kh = P.transpose(k, [0, 2, 1, 3])
+    vh = P.transpose(v, [0, 2, 1, 3])
+    if h != kv:  # query head i reads kv head i // (H / KV)
+        kh = P.repeat_interleave(kh, h // kv, axis=1)
+        vh = P.repeat_interleave(vh, h // kv, axis=1)
+    scores = P.matmul(qh, kh, transpose_y=True) * scale
+    keep = None
+    if n.attrs.causal:
+        s_len, t_len = P.shape(q)[1], P.shape(k)[1]
+        keep = (P.arange(t_len).unsqueeze(0) <= P.arange(s_len).unsqueeze(1) + (t_len - s_len))
+    if mask is not None:
+        if mask.dtype == P.bool:
+            keep = mask if keep is None else P.logical_and(keep, mask)
+        else:
+            scores = scores + mask
+    if keep is not None:
+        scores = P.where(keep, scores, P.full_like(scores, float("-inf")))
+    probs = L.F.softmax(scores, axis=-1)
+    return [P.transpose(P.matmul(probs, vh), [0, 2, 1, 3])]
+
+
+@_op("silu")
+def _silu(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return [L.F.silu(a[0])]
+
+
+@_op("gelu")
+def _gelu(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return [L.F.gelu(a[0], approximate=n.attrs.approximate == "tanh")]
+
+
+@_op("softmax")
+def _softmax(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return [L.F.softmax(a[0], axis=n.attrs.axis)]
+
+
+@_op("add")
+def _add(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return [a[0] + a[1]]
+
+
+@_op("mul")
+def _mul(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return [a[0] * a[1]]
+
+
+@_op("cast")
+def _cast(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    dt: DType = n.attrs.dtype
+    if dt.is_float:
+        return [_round_to(L.P, L.P.cast(a[0], "float32"), dt)]
+    return [L.P.cast(a[0], _int_name(dt))]
+
+
+@_op("lm_head")
+def _lm_head(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return [L.P.matmul(a[0], a[1], transpose_y=n.attrs.transpose_weight)]
+
+
+@_op("split")
+def _split(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return list(L.P.split(a[0], list(n.attrs.sizes), axis=n.attrs.axis))
+
+
+@_op("concat")
+def _concat(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return [L.P.concat(list(a), axis=n.attrs.axis)]
+
+
+@_op("reshape")
+def _reshape(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return [L.P.reshape(a[0], list(n.attrs.shape))]  # 0 and -1 mean what they mean in the IR
+
+
+@_op("transpose")
+def _transpose(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return [L.P.transpose(a[0], list(n.attrs.perm))]
+
+
+@_op("stack")
+def _stack(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return [L.P.stack(list(a), axis=0)]
+
+
+@_op("position_ids")
+def _position_ids(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    P, ids = L.P, a[0]
+    pos = P.arange(P.shape(ids)[1], dtype="int64") * n.attrs.stride + n.attrs.offset
+    return [P.zeros_like(ids, dtype="int64") + pos.unsqueeze(0)]
+
+
+@_op("moe_gate")
+def _moe_gate(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    P = L.P
+    probs = L.F.softmax(P.matmul(a[0], a[1]), axis=-1)
+    bias = _arg(a, 2)
+    scores = probs if bias is None else probs + bias.reshape([-1])
+    idx = P.argsort(scores, axis=-1, descending=True, stable=True)[..., : n.attrs.top_k]
+    w = P.take_along_axis(probs, idx, axis=-1)
+    if n.attrs.normalize:
+        w = w / P.clip(P.sum(w, axis=-1, keepdim=True), min=n.attrs.norm_min)
+    return [w, idx]
+
+
+def _moe(L: Any, n: Node, a: list[Any], lora: bool) -> list[Any]:
+    """Dense formulation: every expert runs on every token; the routing weights (zero for the
+    experts a token did not choose) combine them. Same math as the grouped kernel."""
+    P = L.P
+    x, wts, idx, ug, dn = a[:5]
+    e, inter, hidden = int(ug.shape[0]), int(dn.shape[1]), int(x.shape[-1])
+    xt = P.reshape(x, [-1, hidden])
+    k = int(wts.shape[-1])
+    combine = P.sum(L.F.one_hot(P.reshape(idx, [-1, k]), e) * P.reshape(wts, [-1, k]).unsqueeze(-1), axis=1)
+    h = P.matmul(xt.unsqueeze(0), ug)  # [E, T, 2I]
+    scale = n.attrs.scale if lora else 0.0
+    pad = list(a) + [None] * (9 - len(a))
+    if lora and pad[5] is not None:
+        h = h + P.matmul(P.matmul(_drop(L, n, xt).unsqueeze(0), pad[5]), pad[6]) * scale
+    act = L.F.silu(h[..., :inter]) * h[..., inter:]
+    y = P.matmul(act, dn)  # [E, T, H]
+    if lora and pad[7] is not None:
+        y = y + P.matmul(P.matmul(_drop(L, n, act), pad[7]), pad[8]) * scale
+    out = P.sum(y * P.transpose(combine, [1, 0]).unsqueeze(-1), axis=0)
+    return [P.reshape(out, P.shape(x))]
+
+
+def _drop(L: Any, n: Node, x: Any) -> Any:
+    p = getattr(n.attrs, "dropout", 0.0)
+    return L.F.dropout(x, p=p, training=True) if p > 0 and L.training else x
+
+
+@_op("moe_experts")
+def _moe_experts(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return _moe(L, n, a, lora=False)
+
+
+@_op("moe_experts_lora")
+def _moe_experts_lora(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    return _moe(L, n, a, lora=True)
+
+
+@_op("lora")
+def _lora(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    base, x, la, lb = a
+    return [base + L.P.matmul(L.P.matmul(_drop(L, n, x), la), lb) * n.attrs.scale]
+
+
+@_op("fake_quant")
+def _fake_quant(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    x = a[0]
+    s = _abs_max(L.P, x, n.attrs.axes).detach()
+    return [_ste(x, _fq(L.P, x.detach(), s, n.attrs.bits, n.attrs.round_type))]
+
+
+@_op("fake_quant_moving_average")
+def _fake_quant_ma(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    P = L.P
+    x, scale, accum, state = a
+    at = n.attrs
+    if at.is_test:
+        return [_ste(x, _fq(P, x.detach(), scale, at.bits, at.round_type)), scale, state, accum]
+    r = at.moving_rate
+    new_state = state * r + 1.0
+    new_accum = accum * r + P.max(P.abs(x.detach())).reshape([1])
+    s = new_accum / new_state
+    if L.track_state:
+        L._pending.extend([(n.inputs[1], s), (n.inputs[2], new_accum), (n.inputs[3], new_state)])
+    return [_ste(x, _fq(P, x.detach(), s, at.bits, at.round_type)), s, new_state, new_accum]
+
+
+@_op("pact")
+def _pact(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    x, alpha = a
+    return [(x - L.F.relu(x - alpha)) + L.F.relu(-alpha - x)]
+
+
+@_op("fake_quant_fp8")
+def _fake_quant_fp8(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    P, x = L.P, a[0]
+    m = _abs_max(P, x.detach(), n.attrs.axes)
+    top = float(FP8_MAX[n.attrs.format])
+    s = P.where(m == 0, P.ones_like(m), m / top)
+    return [_ste(x, _fp8_fq(P, x.detach(), s, n.attrs.format))]
+
+
+@_op("fp8_linear")
+def _fp8_linear(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    x, w, ws, xs = a[:4]
+    y = L.P.matmul(_fp8_fq(L.P, x, xs, n.attrs.format), w * ws)
+    return [y if _arg(a, 4) is None else y + a[4]]
+
+
+_INT_NAMES = {DType.I64: "int64", DType.I32: "int32", DType.I8: "int8", DType.I4: "int8",
+              DType.U8: "uint8", DType.BOOL: "bool"}
+
+
+def _int_name(dt: DType) -> str:
+    try:
+        return _INT_NAMES[dt]
+    except KeyError:
+        raise PaddleEmitError(f"no Paddle dtype for {dt}") from None
+
+
+def _param_array(p: Param) -> np.ndarray:
+    arr = np.asarray(p.read())
+    if p.type.dtype.is_float:
+        return np.ascontiguousarray(arr.astype(np.float32))
+    return np.ascontiguousarray(arr.astype(np.dtype(_int_name(p.type.dtype))))
+
+
+def device_arch(paddle: Any) -> int:
+    """The CUDA arch Paddle's weight-only kernel takes for the current GPU (70, 75, 80, 86, 89, 90)."""
+    major, minor = paddle.device.cuda.get_device_capability()
+    cc = major * 10 + minor
+    return max(a for a in (70, 75, 80, 86, 89, 90) if a <= max(cc, 70))
+
+
+_LAYER_CLASS: type | None = None
+
+
+def _layer_class() -> type:
+    global _LAYER_CLASS
+    if _LAYER_CLASS is not None:
+        return _LAYER_CLASS
+    paddle = require_paddle()
+
+    class GraphLayer(paddle.nn.Layer):  # type: ignore[misc, name-defined]
+        """forward(*graph inputs) -> the graph's output (a tuple if it has several)."""
+
+        def _device_weight_only(self, x: Any, dev: dict[str, Any], bias: Any) -> Any:
+            P = self.P
+            dt = dev["dtype"]
+            y = P.nn.quant.weight_only_linear(
+                P.cast(x, dt), getattr(self, dev["weight"]),
+                bias=None if bias is None else P.cast(bias, dt),
+                weight_scale=getattr(self, dev["scale"]), weight_dtype=dev["weight_dtype"],
+                arch=dev["arch"], group_size=dev["group_size"])
+            return P.cast(y, "float32")
+
+        def forward(self, *inputs: Any) -> Any:
+            return self._run(list(inputs))
+
+        @paddle.jit.not_to_static
+        def _run(self, inputs: list[Any]) -> Any:
+            # Not AST-transformed: tracing runs this code as is (no data-dependent control flow).
+            env: dict[int, Any] = dict(zip(self._input_slots, inputs, strict=True))
+            for slot, attr in self._param_slots.items():
+                env[slot] = getattr(self, attr)
+            for fn, node, ins, outs in self._program:
+                args = [None if s is None else env[s] for s in ins]
+                while args and args[-1] is None:
+                    args.pop()
+                for s, r in zip(outs, fn(self, node, args), strict=True):
+                    env[s] = r
+            res = [env[s] for s in self._output_slots]
+            return res[0] if len(res) == 1 else tuple(res)
+
+        def commit_state(self) -> int:
+            """Write the queued QAT moving-average state into its params; returns how many."""
+            n = 0
+            with self.P.no_grad():
+                for p, value in self._pending:
+                    self.P.assign(value.detach().reshape(self.tensor(p).shape), self.tensor(p))
+                    n += 1
+            self._pending = []
+            return n
+
+        def tensor(self, p: Param | str) -> Any:
+            """The Paddle tensor that holds IR param `p`."""
+            name = p if isinstance(p, str) else p.name
+            return getattr(self, self.param_attrs[name])
+
+        def trainable_parameters(self) -> list[Any]:
+            return [self.tensor(n) for n in self.trainable_names]
+
+        def state_numpy(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+            return {n: np.asarray(self.tensor(n).numpy()) for n in names}
+
+    _LAYER_CLASS = GraphLayer
+    return GraphLayer
+
+
+def build_layer(graph: Graph, *, device: str | None = None, portable: bool | None = None) -> Any:
+    """A `paddle.nn.Layer` evaluating `graph` with Paddle ops, for `device` (default: Paddle's current).
+
+    portable=None: Paddle's weight-only kernel on GPUs, the portable form elsewhere;
+    portable=True: always the portable form (what a CPU can trace and `paddle.jit.save`).
+    """
+    paddle = require_paddle()
+    unknown = sorted({n.op for n in graph if n.op not in OPS and n.op != "unpack_weight"})
+    if unknown:
+        raise PaddleEmitError(f"the Paddle emitter has no lowering for op(s) {', '.join(unknown)}")
+    dev = device or paddle.get_device()
+    use_kernels = dev.startswith("gpu") and not portable
+    arch = device_arch(paddle) if use_kernels else None
+    if device is not None:
+        paddle.set_device(device)
+    cls = _layer_class()
+    layer = cls()
+    layer.P, layer.F = paddle, paddle.nn.functional
+    layer.track_state = False
+    layer._pending = []
+    layer.graph_name = graph.metadata.get("model", "")
+    slots: dict[int, int] = {}
+
+    def slot(v: Value) -> int:
+        return slots.setdefault(id(v), len(slots))
+
+    layer._input_slots = [slot(v) for v in graph.inputs]
+    layer.param_attrs = {}
+    layer.trainable_names = []
+    layer._param_slots = {}
+    layer.kernels = {}
+    layer._device_weights = {}
+    layer._node_consts = {}
+    consts: dict[int, np.ndarray] = {}  # folded values (unpack_weight of params), by value id
+
+    def value_array(v: Value) -> np.ndarray | None:
+        if isinstance(v, Param):
+            return np.asarray(v.read())
+        return consts.get(id(v))
+
+    def add_param(p: Param) -> None:
+        if p.name in layer.param_attrs:
+            return
+        attr = f"p{len(layer.param_attrs)}"
+        arr = _param_array(p)
+        if p.type.dtype.is_float:
+            lr = float(p.annotations.get("learning_rate", 1.0))
+            t = layer.create_parameter(
+                list(arr.shape), dtype="float32",
+                attr=paddle.ParamAttr(learning_rate=lr, trainable=p.trainable),
+                default_initializer=paddle.nn.initializer.Assign(arr))
+            t.stop_gradient = not p.trainable
+            layer.add_parameter(attr, t)
+            if p.trainable:
+                layer.trainable_names.append(p.name)
+        else:
+            layer.register_buffer(attr, paddle.to_tensor(arr), persistable=True)
+        layer.param_attrs[p.name] = attr
+        layer._param_slots[slot(p)] = attr
+
+    def add_const(v: Value, arr: np.ndarray) -> None:
+        attr = f"c{len(consts)}"
+        consts[id(v)] = arr
+        layer.register_buffer(attr, paddle.to_tensor(arr), persistable=True)
+        layer._param_slots[slot(v)] = attr
+
+    def logical_packed(n: Node) -> np.ndarray:
+        at = n.attrs
+        packed = np.asarray(value_array(n.inputs[1]))
+        rows = packed.shape[0]
+        return unpack(packed, at.in_features, rows if at.bits == 8 else 2 * rows, at.bits, at.arch)
+
+    program: list[tuple[OpImpl, Node, list[int | None], list[int]]] = []
+    for node in graph:
+        if node.op == "unpack_weight":  # a function of params: fold it now (int values, stored int8)
+            parts = [value_array(v) for v in node.inputs if v is not None]
+            if any(x is None for x in parts):
+                raise PaddleEmitError(f"unpack_weight at {node.scope}: its inputs must be params")
+            res = node.opdef.kernel(parts, node.attrs)[0]
+            add_const(node.outputs[0], np.asarray(res).astype(np.int8))
+            continue
+        for v in node.inputs:
+            if isinstance(v, Param):
+                add_param(v)
+        if node.op in ("weight_only_linear", "weight_only_linear_packed"):
+            _plan_weight_only(layer, paddle, node, arch, logical_packed, value_array)
+        program.append((OPS[node.op], node, [None if v is None else slot(v) for v in node.inputs],
+                        [slot(v) for v in node.outputs]))
+    for v in graph.outputs:
+        if isinstance(v, Param):
+            add_param(v)
+    layer._program = program
+    layer._output_slots = [slot(v) for v in graph.outputs]
+    layer.output_names = list(graph.output_names)
+    layer.device = dev
+    return layer
+
+
+def _plan_weight_only(layer: Any, paddle: Any, node: Node, arch: int | None,
+                      logical_packed: Callable[[Node], np.ndarray],
+                      value_array: Callable[[Value], np.ndarray | None]) -> None:
+    """Choose Paddle's device kernel or the portable form for one weight-only linear."""
+    packed = node.op == "weight_only_linear_packed"
+    q = logical_packed(node) if packed else None
+    where = node.scope or node.outputs[0].name or "?"
+    if arch is not None:
+        w = node.inputs[1]
+        bits = node.attrs.bits if packed else (4 if w is not None and w.type.dtype == DType.I4 else 8)
+        logical = q if q is not None else np.asarray(value_array(w)).astype(np.int8)  # type: ignore[arg-type]
+        k, n = logical.shape
+        if packable(k, n, bits, arch) is None and node.inputs[2] is not None:
+            if packed and (node.attrs.arch == 70) == (arch == 70):
+                data = np.asarray(value_array(w))  # type: ignore[arg-type]
+            else:
+                data = pack(logical, bits, arch)
+            scale = node.inputs[2]
+            sdt = "bfloat16" if scale.type.dtype == DType.BF16 else "float16"
+            wa, sa = f"k{len(layer._device_weights)}w", f"k{len(layer._device_weights)}s"
+            layer.register_buffer(wa, paddle.to_tensor(data), persistable=True)
+            sarr = np.asarray(value_array(scale)).astype(np.float32)  # type: ignore[arg-type]
+            layer.register_buffer(sa, paddle.cast(paddle.to_tensor(sarr), sdt), persistable=True)
+            layer._device_weights[id(node)] = {
+                "weight": wa, "scale": sa, "dtype": sdt, "arch": arch,
+                "weight_dtype": "int8" if bits == 8 else "int4", "group_size": node.attrs.group_size}
+            layer.kernels[where] = "paddle.nn.quant.weight_only_linear"
+            return
+    if q is not None:
+        attr = f"u{len(layer._node_consts)}"
+        layer.register_buffer(attr, paddle.to_tensor(q), persistable=True)
+        layer._node_consts[id(node)] = attr
+    layer.kernels[where] = "portable (int values * scale, matmul)"

@@ -1,0 +1,542 @@
+"""ONNX emitter: a (lowered or float) IR graph -> `model.onnx` + `model.onnx.data` (opset 21).
+
+    from ernie_ir.targets.emit_onnx import emit_onnx
+    files = emit_onnx(graph, Path("out"), form="qdq")   # [out/model.onnx, out/model.onnx.data]
+
+The ONNX graph computes in float32 exactly like the reference interpreter:
+float params (bf16/f16/f32) become f32 initializers (exact widening); a
+result the IR types bf16/f16 is *not* rounded (the interpreter does not round
+either), except where the IR op itself rounds (`cast` to bf16/f16,
+`dequantize` with a bf16/f16 result): there a Cast to that type and back is
+emitted. Weights live in one external data file.
+
+Weight-only int8/int4 (`form`):
+- "qdq" (default, exact): `DequantizeLinear` (per-axis for per-channel
+  scales, blocked for group-wise or stacked experts; int4 initializers are
+  INT4) + `MatMul`. Exact when onnxruntime runs it at ORT_ENABLE_BASIC (see
+  `ernie_ir.runtime.onnx_backend`).
+- "matmulnbits": `com.microsoft.MatMulNBits` (accuracy_level 0, exact in
+  float32) for `weight_only_linear(_packed)`; per-channel scales are repeated
+  per block. `dequantize` nodes (which may round to bf16) stay QDQ.
+
+Packed cuda weights (`weight_only_linear_packed`, `unpack_weight`) are
+unpacked back to their logical int values at export: ONNX has its own layout.
+MoE experts are lowered densely: every expert runs on every token and the
+results are weighted by a [T, E] routing matrix scattered from the top-k
+(exact; unchosen experts get weight 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, Value
+from ernie_ir.ops.quant_numerics import num_groups
+
+OPSET = 21
+FORMS = ("qdq", "matmulnbits")
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+
+_INT_TYPES = {
+    DType.I64: TensorProto.INT64, DType.I32: TensorProto.INT32, DType.I8: TensorProto.INT8,
+    DType.I4: TensorProto.INT4, DType.U8: TensorProto.UINT8, DType.BOOL: TensorProto.BOOL,
+}
+_ROUND_TYPES = {DType.BF16: TensorProto.BFLOAT16, DType.F16: TensorProto.FLOAT16}
+
+
+class OnnxExportError(ErnieIRError):
+    """A graph (or one of its nodes) that the ONNX emitter cannot lower."""
+
+
+def onnx_type(dtype: DType) -> int:
+    if dtype.is_float:
+        return TensorProto.FLOAT
+    if dtype in _INT_TYPES:
+        return _INT_TYPES[dtype]
+    raise OnnxExportError(f"ONNX export: no ONNX type for {dtype}")
+
+
+def _dims(shape: tuple[Any, ...]) -> list[Any]:
+    return [d if isinstance(d, int) else str(d) for d in shape]
+
+
+class _Emitter:
+    def __init__(self, graph: Graph, form: str) -> None:
+        self.graph = graph
+        self.form = form
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: dict[str, onnx.TensorProto] = {}
+        self.names: dict[Value, str] = {}
+        self.consts: dict[Value, np.ndarray] = {}  # values folded at export (params, unpacked weights)
+        self.counter = 0
+        self.ms_domain = False
+        self.node: Node | None = None
+        self.const_names: dict[tuple[Any, ...], str] = {}
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        self.counter += 1
+        return f"{hint}_{self.counter}"
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs: Any) -> Any:
+        outs = [self.fresh(op_type.lower()) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.fresh("n"), domain=domain,
+                                           **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def init(self, name: str, arr: np.ndarray) -> str:
+        if name not in self.inits:
+            self.inits[name] = numpy_helper.from_array(np.ascontiguousarray(arr), name)
+        return name
+
+    def const(self, arr: Any, dtype: Any = np.int64) -> str:
+        a = np.asarray(arr, dtype=dtype)
+        key = (a.dtype.str, a.shape, a.tobytes())
+        if key not in self.const_names:
+            self.const_names[key] = self.init(self.fresh("const"), a)
+        return self.const_names[key]
+
+    def fail(self, why: str) -> OnnxExportError:
+        n = self.node
+        where = f"{n.op} at {n.scope or '<root>'}" if n is not None else "graph"
+        return OnnxExportError(f"ONNX export cannot lower {where}: {why}")
+
+    def array(self, v: Value) -> np.ndarray:
+        """The constant value of a param (or folded value), as read (no widening)."""
+        if v in self.consts:
+            return self.consts[v]
+        if isinstance(v, Param):
+            arr = np.asarray(v.read())
+            self.consts[v] = arr
+            return arr
+        raise self.fail("needs a constant (param) input here")
+
+    def name(self, v: Value | None) -> str:
+        if v is None:
+            return ""
+        if v in self.names:
+            return self.names[v]
+        if isinstance(v, Param) or v in self.consts:
+            arr = self.array(v)
+            if v.type.dtype.is_float:
+                arr = arr.astype(np.float32)
+            elif v.type.dtype == DType.I4:
+                arr = arr.astype(DType.I4.numpy)
+            pname = v.name if isinstance(v, Param) else self.fresh("folded")
+            self.names[v] = self.init(pname, arr)
+            return self.names[v]
+        raise self.fail(f"value {v.name} is used before it is defined")
+
+    def shape_of(self, x: str, start: int, end: int) -> str:
+        return self.op("Shape", [x], start=start, end=end)
+
+    def f32(self, value: float) -> str:
+        return self.const(np.float32(value), np.float32)
+
+    def round_to(self, x: str, dtype: DType) -> str:
+        """Round a float32 tensor to bf16/f16 and back (what the interpreter's astype does)."""
+        if dtype in _ROUND_TYPES:
+            return self.op("Cast", [self.op("Cast", [x], to=_ROUND_TYPES[dtype])], to=TensorProto.FLOAT)
+        return x
+
+    # -- driver ----------------------------------------------------------------------------------
+    def run(self) -> onnx.ModelProto:
+        g = self.graph
+        inputs = []
+        for v in g.inputs:
+            self.names[v] = v.name
+            inputs.append(helper.make_tensor_value_info(v.name, onnx_type(v.type.dtype), _dims(v.type.shape)))
+        for node in g:
+            self.node = node
+            fn: Callable[[Node], list[str] | None] | None = getattr(self, f"op_{node.op}", None)
+            if fn is None:
+                raise self.fail(f"op {node.op!r} has no ONNX lowering "
+                                f"(supported: {', '.join(supported_ops())})")
+            outs = fn(node)
+            if outs is not None:
+                for v, n in zip(node.outputs, outs, strict=True):
+                    self.names[v] = n
+        self.node = None
+        outputs = []
+        for oname, v in zip(g.output_names, g.outputs, strict=True):
+            src = self.name(v)
+            self.nodes.append(helper.make_node("Identity", [src], [oname], name=self.fresh("out")))
+            outputs.append(helper.make_tensor_value_info(oname, onnx_type(v.type.dtype), _dims(v.type.shape)))
+        opsets = [helper.make_opsetid("", OPSET)]
+        if self.ms_domain:
+            opsets.append(helper.make_opsetid("com.microsoft", 1))
+        graph = helper.make_graph(self.nodes, g.name or "ernie_ir", inputs, outputs,
+                                  initializer=list(self.inits.values()))
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="ernie-ir")
+        model.ir_version = 10
+        return model
+
+    # -- weight-only helpers ---------------------------------------------------------------------
+    def dequant(self, q: np.ndarray, qname: str, scale: Value, group_size: int) -> str:
+        """DequantizeLinear of logical int values q [..., K, N] with IR scales -> float32 [..., K, N]."""
+        s = self.array(scale).astype(np.float32)
+        k = q.shape[-2]
+        qdt = DType.I4 if q.dtype == DType.I4.numpy else DType.I8
+        qn = self.init(qname, q.astype(qdt.numpy))
+        if s.ndim == 0:
+            return self.op("DequantizeLinear", [qn, self.init(f"{scale.name}::f32", s)])
+        if q.ndim == 2 and group_size == -1:
+            return self.op("DequantizeLinear", [qn, self.init(f"{scale.name}::f32", s)], axis=1)
+        if group_size == -1:  # stacked [..., K, N] with scale [..., N]: one block of K rows
+            s = s[..., None, :]
+            block = k
+        else:
+            block = group_size
+            if s.shape[-2] != num_groups(k, group_size):
+                raise self.fail(f"scale {list(s.shape)} does not match groups of {group_size} over {k} rows")
+        sname = self.init(f"{scale.name}::f32_blocked", s)
+        return self.op("DequantizeLinear", [qn, sname], axis=q.ndim - 2, block_size=block)
+
+    def matmul_nbits(self, x: str, q: np.ndarray, scale: Value, group_size: int, bits: int) -> str:
+        """com.microsoft.MatMulNBits over logical q [K, N] (accuracy_level 0: exact in float32)."""
+        k, n = q.shape
+        s = self.array(scale).astype(np.float32)
+        block = group_size if group_size != -1 else 128 if k >= 128 else max(16, 1 << (k - 1).bit_length())
+        if block & (block - 1) or block < 16:
+            raise self.fail(f"MatMulNBits needs a power-of-two block >= 16, group_size is {group_size}")
+        nblocks = math.ceil(k / block)
+        scales = np.repeat(s[None, :], nblocks, axis=0) if group_size == -1 else s  # [nblocks, N]
+        zero = 1 << (bits - 1)
+        u = (q.astype(np.int32) + zero).astype(np.uint8)  # [K, N], unsigned with implicit zero point
+        padded = np.full((nblocks * block, n), zero, np.uint8)
+        padded[:k] = u
+        bt = padded.T.reshape(n, nblocks, block)  # [N, nblocks, block]
+        if bits == 4:
+            bt = (bt[..., 0::2] | (bt[..., 1::2] << 4)).astype(np.uint8)  # low nibble first
+        base = self.fresh(f"{self.node.scope if self.node else 'w'}.nbits")
+        b_name = self.init(f"{base}.B", np.ascontiguousarray(bt))
+        s_name = self.init(f"{base}.scales", np.ascontiguousarray(scales.T).reshape(-1))
+        self.ms_domain = True
+        return self.op("MatMulNBits", [x, b_name, s_name], domain="com.microsoft", K=k, N=n, bits=bits,
+                       block_size=block, accuracy_level=0)
+
+    def weight_only(self, node: Node, q: np.ndarray, qname: str) -> list[str]:
+        x = self.name(node.inputs[0])
+        scale = node.inputs[2]
+        gs = node.attrs.group_size
+        bits = 4 if q.dtype == DType.I4.numpy else 8
+        if self.form == "matmulnbits":
+            y = self.matmul_nbits(x, q, scale, gs, bits)
+        else:
+            y = self.op("MatMul", [x, self.dequant(q, qname, scale, gs)])
+        bias = node.inputs[3] if len(node.inputs) > 3 else None
+        if bias is not None:
+            y = self.op("Add", [y, self.name(bias)])
+        return [y]
+
+    # -- ops -------------------------------------------------------------------------------------
+    def op_embedding(self, node: Node) -> list[str]:
+        return [self.op("Gather", [self.name(node.inputs[1]), self.name(node.inputs[0])], axis=0)]
+
+    def op_linear(self, node: Node) -> list[str]:
+        y = self.op("MatMul", [self.name(node.inputs[0]), self.name(node.inputs[1])])
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            y = self.op("Add", [y, self.name(node.inputs[2])])
+        return [y]
+
+    def op_lm_head(self, node: Node) -> list[str]:
+        w = self.name(node.inputs[1])
+        if node.attrs.transpose_weight:
+            w = self.op("Transpose", [w], perm=[1, 0])
+        return [self.op("MatMul", [self.name(node.inputs[0]), w])]
+
+    def op_weight_only_linear(self, node: Node) -> list[str]:
+        q = self.array(node.inputs[1])
+        return self.weight_only(node, q, node.inputs[1].name)
+
+    def op_weight_only_linear_packed(self, node: Node) -> list[str]:
+        from ernie_ir.ops.packed_weight import _unpack
+
+        q = _unpack(self.array(node.inputs[1]), node.attrs)
+        if node.attrs.bits == 4:
+            q = q.astype(DType.I4.numpy)
+        return self.weight_only(node, q, f"{node.inputs[1].name}::logical")
+
+    def _fold(self, node: Node) -> None:
+        args = [self.array(v) for v in node.inputs if v is not None]
+        for v, arr in zip(node.outputs, node.opdef.kernel(args, node.attrs), strict=True):
+            self.consts[v] = np.asarray(arr)
+
+    def op_unpack_weight(self, node: Node) -> None:
+        self._fold(node)
+
+    def op_stack(self, node: Node) -> None:
+        self._fold(node)
+
+    def op_dequantize(self, node: Node) -> list[str]:
+        qv = node.inputs[0]
+        if qv.type.dtype not in (DType.I8, DType.I4):
+            raise self.fail(f"only int8/int4 dequantize lowers, not {qv.type.dtype}")
+        q = self.array(qv)
+        qname = qv.name if isinstance(qv, Param) else self.fresh("unpacked")
+        w = self.dequant(q, qname, node.inputs[1], node.attrs.group_size)
+        return [self.round_to(w, node.attrs.dtype)]
+
+    def op_lora(self, node: Node) -> list[str]:
+        base, x, a, b = (self.name(v) for v in node.inputs)
+        low = self.op("MatMul", [self.op("MatMul", [x, a]), b])
+        return [self.op("Add", [base, self.op("Mul", [low, self.f32(node.attrs.scale)])])]
+
+    def op_rms_norm(self, node: Node) -> list[str]:
+        x, w = self.name(node.inputs[0]), self.name(node.inputs[1])
+        var = self.op("ReduceMean", [self.op("Mul", [x, x]), self.const([-1])], keepdims=1)
+        den = self.op("Sqrt", [self.op("Add", [var, self.f32(node.attrs.eps)])])
+        return [self.op("Mul", [self.op("Div", [x, den]), w])]
+
+    def op_layer_norm(self, node: Node) -> list[str]:
+        x = self.name(node.inputs[0])
+        axes = self.const([-1])
+        c = self.op("Sub", [x, self.op("ReduceMean", [x, axes], keepdims=1)])
+        var = self.op("ReduceMean", [self.op("Mul", [c, c]), axes], keepdims=1)
+        y = self.op("Div", [c, self.op("Sqrt", [self.op("Add", [var, self.f32(node.attrs.eps)])])])
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            y = self.op("Mul", [y, self.name(node.inputs[1])])
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            y = self.op("Add", [y, self.name(node.inputs[2])])
+        return [y]
+
+    def op_rope(self, node: Node) -> list[str]:
+        x = self.name(node.inputs[0])
+        d = node.inputs[0].type.shape[3]
+        if not isinstance(d, int):
+            raise self.fail("rope needs a static head dim")
+        pv = node.inputs[1] if len(node.inputs) > 1 else None
+        if pv is not None:
+            pos = self.op("Cast", [self.name(pv)], to=TensorProto.FLOAT)  # [B or 1, S]
+        else:
+            s = self.op("Squeeze", [self.shape_of(x, 1, 2), self.const([0])])
+            pos = self.op("Unsqueeze", [self.op("Cast", [self.op("Range", [self.const(0), s, self.const(1)])],
+                                                to=TensorProto.FLOAT), self.const([0])])  # [1, S]
+        inv = (1.0 / (node.attrs.theta ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))))
+        ang = self.op("Mul", [self.op("Unsqueeze", [pos, self.const([-1])]),
+                              self.const(inv.astype(np.float32), np.float32)])  # [., S, D/2]
+        ang = self.op("Unsqueeze", [ang, self.const([2])])  # [., S, 1, D/2]
+        if node.attrs.style == "interleaved":
+            ang = self.op("Unsqueeze", [ang, self.const([-1])])  # [., S, 1, D/2, 1]
+            xr = self.op("Reshape", [x, self.const([0, 0, 0, d // 2, 2])])
+            x1, x2 = self.op("Split", [xr, self.const([1, 1])], 2, axis=-1)
+        else:
+            x1, x2 = self.op("Split", [x, self.const([d // 2, d // 2])], 2, axis=-1)
+        cos, sin = self.op("Cos", [ang]), self.op("Sin", [ang])
+        r1 = self.op("Sub", [self.op("Mul", [x1, cos]), self.op("Mul", [x2, sin])])
+        r2 = self.op("Add", [self.op("Mul", [x2, cos]), self.op("Mul", [x1, sin])])
+        y = self.op("Concat", [r1, r2], axis=-1)
+        if node.attrs.style == "interleaved":
+            y = self.op("Reshape", [y, self.const([0, 0, 0, d])])
+        return [y]
+
+    def op_attention(self, node: Node) -> list[str]:
+        qt, kt, vt = (v.type for v in node.inputs[:3])
+        h, kv, d = qt.shape[2], kt.shape[2], qt.shape[3]
+        if not all(isinstance(z, int) for z in (h, kv, d)):
+            raise self.fail("attention needs static head counts and head dim")
+        q, k, v = (self.name(x) for x in node.inputs[:3])
+        group = h // kv
+        qh = self.op("Transpose", [q], perm=[0, 2, 1, 3])  # [B, H, S, D]
+
+        def heads(t: str, t_dim: int) -> str:  # [B, T, KV, D] -> [B, H, T, D]; head h reads h // group
+            t = self.op("Transpose", [t], perm=[0, 2, 1, 3])
+            if group == 1:
+                return t
+            t = self.op("Unsqueeze", [t, self.const([2])])
+            t = self.op("Expand", [t, self.const([1, 1, group, 1, 1])])
+            return self.op("Reshape", [t, self.const([0, h, -1, t_dim])])
+
+        vd = vt.shape[3]
+        if not isinstance(vd, int):
+            raise self.fail("attention needs a static value head dim")
+        kh, vh = heads(k, d), heads(v, vd)
+        scale = np.float32(node.attrs.scale if node.attrs.scale is not None else 1.0 / np.sqrt(d))
+        scores = self.op("Mul", [self.op("MatMul", [qh, self.op("Transpose", [kh], perm=[0, 1, 3, 2])]),
+                                 self.f32(scale)])
+        mask = node.inputs[3] if len(node.inputs) > 3 else None
+        keep = None
+        if node.attrs.causal:
+            s = self.op("Squeeze", [self.shape_of(q, 1, 2), self.const([0])])
+            t = self.op("Squeeze", [self.shape_of(k, 1, 2), self.const([0])])
+            rows = self.op("Range", [self.const(0), s, self.const(1)])
+            rows = self.op("Add", [rows, self.op("Sub", [t, s])])
+            cols = self.op("Range", [self.const(0), t, self.const(1)])
+            keep = self.op("LessOrEqual", [self.op("Unsqueeze", [cols, self.const([0])]),
+                                           self.op("Unsqueeze", [rows, self.const([1])])])  # [S, T]
+        if mask is not None:
+            if mask.type.dtype == DType.BOOL:
+                keep = self.name(mask) if keep is None else self.op("And", [keep, self.name(mask)])
+            else:
+                scores = self.op("Add", [scores, self.name(mask)])
+        if keep is not None:
+            scores = self.op("Where", [keep, scores, self.f32(-np.inf)])
+        probs = self.op("Softmax", [scores], axis=-1)
+        out = self.op("MatMul", [probs, vh])  # [B, H, S, Dv]
+        return [self.op("Transpose", [out], perm=[0, 2, 1, 3])]
+
+    def op_silu(self, node: Node) -> list[str]:
+        x = self.name(node.inputs[0])
+        return [self.op("Div", [x, self.op("Add", [self.f32(1.0), self.op("Exp", [self.op("Neg", [x])])])])]
+
+    def op_gelu(self, node: Node) -> list[str]:
+        x = self.name(node.inputs[0])
+        if node.attrs.approximate == "tanh":
+            c = self.f32(math.sqrt(2.0 / math.pi))
+            cube = self.op("Mul", [self.op("Mul", [self.op("Mul", [self.f32(0.044715), x]), x]), x])
+            inner = self.op("Mul", [c, self.op("Add", [x, cube])])
+            half = self.op("Mul", [self.f32(0.5), x])
+            return [self.op("Mul", [half, self.op("Add", [self.f32(1.0), self.op("Tanh", [inner])])])]
+        erf = self.op("Erf", [self.op("Div", [x, self.f32(math.sqrt(2.0))])])
+        return [self.op("Mul", [self.op("Mul", [self.f32(0.5), x]), self.op("Add", [self.f32(1.0), erf])])]
+
+    def op_softmax(self, node: Node) -> list[str]:
+        return [self.op("Softmax", [self.name(node.inputs[0])], axis=node.attrs.axis)]
+
+    def op_add(self, node: Node) -> list[str]:
+        return [self.op("Add", [self.name(node.inputs[0]), self.name(node.inputs[1])])]
+
+    def op_mul(self, node: Node) -> list[str]:
+        return [self.op("Mul", [self.name(node.inputs[0]), self.name(node.inputs[1])])]
+
+    def op_split(self, node: Node) -> list[str]:
+        x = self.name(node.inputs[0])
+        if len(node.attrs.sizes) == 1:
+            return [self.op("Identity", [x])]
+        return list(self.op("Split", [x, self.const(list(node.attrs.sizes))], len(node.attrs.sizes),
+                            axis=node.attrs.axis))
+
+    def op_concat(self, node: Node) -> list[str]:
+        return [self.op("Concat", [self.name(v) for v in node.inputs], axis=node.attrs.axis)]
+
+    def op_reshape(self, node: Node) -> list[str]:
+        return [self.op("Reshape", [self.name(node.inputs[0]), self.const(list(node.attrs.shape))])]
+
+    def op_transpose(self, node: Node) -> list[str]:
+        return [self.op("Transpose", [self.name(node.inputs[0])], perm=list(node.attrs.perm))]
+
+    def op_cast(self, node: Node) -> list[str]:
+        x = self.name(node.inputs[0])
+        dt = node.attrs.dtype
+        if dt.is_float:
+            if not node.inputs[0].type.dtype.is_float:
+                x = self.op("Cast", [x], to=TensorProto.FLOAT)
+            return [self.round_to(x, dt) if dt in _ROUND_TYPES else self.op("Identity", [x])]
+        return [self.op("Cast", [x], to=onnx_type(dt))]
+
+    def op_position_ids(self, node: Node) -> list[str]:
+        ids = self.name(node.inputs[0])
+        s = self.op("Squeeze", [self.shape_of(ids, 1, 2), self.const([0])])
+        r = self.op("Range", [self.const(0), s, self.const(1)])
+        pos = self.op("Mul", [r, self.const(node.attrs.stride)])
+        pos = self.op("Add", [pos, self.const(node.attrs.offset)])
+        return [self.op("Expand", [pos, self.op("Shape", [ids])])]
+
+    def op_moe_gate(self, node: Node) -> list[str]:
+        x, w = self.name(node.inputs[0]), self.name(node.inputs[1])
+        p = self.op("Softmax", [self.op("MatMul", [x, w])], axis=-1)
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is not None:
+            scores = self.op("Add", [p, self.op("Reshape", [self.name(bias), self.const([-1])])])
+        else:
+            scores = p
+        _, idx = self.op("TopK", [scores, self.const([node.attrs.top_k])], 2, axis=-1, largest=1, sorted=1)
+        wts = self.op("GatherElements", [p, idx], axis=-1)
+        if node.attrs.normalize:
+            total = self.op("ReduceSum", [wts, self.const([-1])], keepdims=1)
+            wts = self.op("Div", [wts, self.op("Max", [total, self.f32(node.attrs.norm_min)])])
+        return [wts, idx]
+
+    def op_moe_experts(self, node: Node) -> list[str]:
+        x, wts, idx, ug, dn = (self.name(v) for v in node.inputs)
+        e, hidden, two_i = node.inputs[3].type.shape
+        if not all(isinstance(z, int) for z in (e, hidden, two_i)):
+            raise self.fail("moe_experts needs static expert weights")
+        tokens = self.op("Reshape", [x, self.const([-1, hidden])])  # [T, H]
+        k = node.inputs[1].type.shape[-1]
+        flat_w = self.op("Reshape", [wts, self.const([-1, k])])
+        flat_i = self.op("Reshape", [idx, self.const([-1, k])])
+        if node.inputs[2].type.dtype != DType.I64:
+            flat_i = self.op("Cast", [flat_i], to=TensorProto.INT64)
+        zeros_shape = self.op("Concat", [self.shape_of(tokens, 0, 1), self.const([e])], axis=0)
+        zeros = self.op("ConstantOfShape", [zeros_shape],
+                        value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))
+        route = self.op("ScatterElements", [zeros, flat_i, flat_w], axis=1)  # [T, E]
+        h = self.op("MatMul", [self.op("Unsqueeze", [tokens, self.const([0])]), ug])  # [E, T, 2I]
+        gate, up = self.op("Split", [h, self.const([two_i // 2, two_i // 2])], 2, axis=-1)
+        den = self.op("Add", [self.f32(1.0), self.op("Exp", [self.op("Neg", [gate])])])
+        act = self.op("Div", [gate, den])
+        y = self.op("MatMul", [self.op("Mul", [act, up]), dn])  # [E, T, H]
+        r = self.op("Unsqueeze", [self.op("Transpose", [route], perm=[1, 0]), self.const([-1])])  # [E, T, 1]
+        out = self.op("ReduceSum", [self.op("Mul", [y, r]), self.const([0])], keepdims=0)  # [T, H]
+        return [self.op("Reshape", [out, self.op("Shape", [x])])]
+
+
+def supported_ops() -> list[str]:
+    return sorted(n[3:] for n in dir(_Emitter) if n.startswith("op_"))
+
+
+def unsupported_ops(graph: Graph) -> list[str]:
+    """The ops of `graph` that have no ONNX lowering (sorted, unique)."""
+    ok = set(supported_ops())
+    return sorted({n.op for n in graph if n.op not in ok})
+
+
+def build_onnx(graph: Graph, *, form: str = "qdq") -> onnx.ModelProto:
+    """The ONNX model of `graph` in memory (initializers inline)."""
+    if form not in FORMS:
+        raise OnnxExportError(f"unknown ONNX form {form!r}: choose one of {', '.join(FORMS)}")
+    return _Emitter(graph, form).run()
+
+
+def _weight_names(model: onnx.ModelProto) -> list[str]:
+    """Initializers that are weights (everything but the emitter's small shape/scalar constants)."""
+    return [t.name for t in model.graph.initializer if not t.name.startswith("const_")]
+
+
+def _externalise(model: onnx.ModelProto, data: Path, names: set[str]) -> None:
+    """Move the raw bytes of the named initializers into `data` (64-byte aligned offsets)."""
+    offset = 0
+    with open(data, "wb") as f:
+        for t in model.graph.initializer:
+            if t.name not in names:
+                continue
+            if not t.HasField("raw_data"):
+                arr = numpy_helper.to_array(t)
+                t.CopyFrom(numpy_helper.from_array(arr, t.name))
+            raw = t.raw_data
+            pad = (-offset) % 64
+            f.write(b"\0" * pad)
+            offset += pad
+            f.write(raw)
+            del t.external_data[:]
+            for k, v in (("location", data.name), ("offset", str(offset)), ("length", str(len(raw)))):
+                entry = t.external_data.add()
+                entry.key, entry.value = k, v
+            t.data_location = TensorProto.EXTERNAL
+            t.ClearField("raw_data")
+            offset += len(raw)
+
+
+def emit_onnx(graph: Graph, folder: Path, *, form: str = "qdq") -> list[Path]:
+    """Write `folder/model.onnx` + `folder/model.onnx.data` (every initializer external); returns both.
+
+    The model passes `onnx.checker.check_model` (checked here, path-based).
+    """
+    model = build_onnx(graph, form=form)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / MODEL_FILE
+    data = folder / DATA_FILE
+    _externalise(model, data, {n for n in _weight_names(model)})
+    onnx.save_model(model, str(path))
+    onnx.checker.check_model(str(path), full_check=False)
+    return [path, data]

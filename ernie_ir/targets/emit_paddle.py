@@ -1,0 +1,130 @@
+"""Paddle executables of an artifact: the inference model and the training recipe.
+
+- `emit_paddle_inference(graph, folder)`: the portable Layer (ernie_ir.runtime.paddle_layer),
+  traced with `paddle.jit.to_static` on one int64 [None, None] input (`input_ids`) and saved with
+  `paddle.jit.save` as `folder/model.json` + `folder/model.pdiparams` (Paddle Inference format).
+  The portable form is what a CPU can trace (REFERENCE.md 4.1: `weight_only_linear` has no CPU
+  kernel and cannot be traced there); a device rebuilds the Layer from `rank0/` with its own
+  kernels (`ernie_ir.runtime.paddle_layer.build_layer(graph, device="gpu:0")`).
+- `training_recipe(graph, target)`: `train.json`, what `ernie-ir train` reads: the trainable
+  params, the QAT state params, optimizer defaults and the launch command for the target.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.runtime.paddle_layer import PaddleEmitError, build_layer, require_paddle
+
+from .capabilities import Target
+
+INFERENCE_DIR = "paddle"
+MODEL_STEM = "model"
+TRAIN_RECIPE = "train.json"
+OPTIMIZER_DEFAULTS = {"name": "AdamW", "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999,
+                      "epsilon": 1e-8, "weight_decay": 0.0, "grad_clip_norm": 1.0}
+
+
+class TrainingModeError(ErnieIRError):
+    """A training artifact was asked for but the pipeline leaves nothing to train."""
+
+
+def paddle_available() -> bool:
+    try:
+        require_paddle()
+    except ErnieIRError:
+        return False
+    return True
+
+
+def emit_paddle_inference(graph: Graph, folder: Path) -> dict[str, Any]:
+    """jit.save the portable Layer of `graph` into `folder` (created); returns a manifest entry."""
+    paddle = require_paddle()
+    if [v.name for v in graph.inputs] != ["input_ids"]:
+        raise PaddleEmitError(f"the Paddle inference model takes one input `input_ids`; this graph has "
+                              f"{[v.name for v in graph.inputs]}")
+    prev = paddle.get_device()
+    try:
+        layer = build_layer(graph, device="cpu", portable=True)
+        layer.eval()
+        wrapper = _ids_wrapper(paddle, layer)
+        spec = [paddle.static.InputSpec([None, None], "int64", "input_ids")]
+        folder.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():  # Paddle warns about `place` on every traced tensor
+            warnings.filterwarnings("ignore", message=".*'place' interface.*")
+            paddle.jit.save(paddle.jit.to_static(wrapper, input_spec=spec, full_graph=True),
+                            str(folder / MODEL_STEM))
+    finally:
+        paddle.set_device(prev)
+    for extra in folder.glob("*.pdiparams.info"):
+        extra.unlink()  # a dygraph bookkeeping file Paddle Inference does not read
+    return {"format": "paddle-inference", "model": f"{INFERENCE_DIR}/{MODEL_STEM}.json",
+            "params": f"{INFERENCE_DIR}/{MODEL_STEM}.pdiparams", "input": "input_ids int64 [B, S]",
+            "output": layer.output_names[0], "kernels": "portable",
+            "paddle_version": paddle.__version__,
+            "note": "traced on CPU with portable weight-only (int values * scale, matmul); on a GPU "
+                    "rebuild the Layer from rank0/ to use paddle.nn.quant.weight_only_linear"}
+
+
+def _ids_wrapper(paddle: Any, layer: Any) -> Any:
+    class IdsModel(paddle.nn.Layer):  # type: ignore[misc, name-defined]
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: Any) -> Any:
+            return self.inner(input_ids)
+
+    return IdsModel(layer)
+
+
+def check_trainable(graph: Graph) -> list[str]:
+    """The trainable params of `graph`; TrainingModeError if there are none."""
+    names = [p.name for p in graph.params.values() if p.trainable]
+    if not names:
+        raise TrainingModeError("--mode training needs trainable params, and this pipeline leaves none: "
+                                "add LoRA (--lora-rank R) or QAT (--quant qat-int8)")
+    return names
+
+
+def training_recipe(graph: Graph, target: Target) -> dict[str, Any]:
+    trainable = check_trainable(graph)
+    state = sorted(p.name for p in graph.params.values() if "qat_state" in p.annotations)
+    lr_mult = {p.name: float(p.annotations["learning_rate"]) for p in graph.params.values()
+               if p.trainable and "learning_rate" in p.annotations}
+    frozen = sorted(p.name for p in graph.params.values() if not p.trainable and p.name not in state)
+    vocab = graph.outputs[0].type.shape[-1] if graph.outputs else None
+    flags = f"{target.launch_flag} 0"
+    return {
+        "format": "ernie-ir-training", "version": 1,
+        "graph": "rank0/graph.ir", "weights": "rank0/weights.safetensors",
+        "trainable": trainable, "learning_rate_multipliers": lr_mult, "qat_state": state,
+        "frozen_count": len(frozen),
+        "loss": "next-token cross-entropy on logits[:, :-1] vs input_ids[:, 1:] (padding ignored)",
+        "optimizer": dict(OPTIMIZER_DEFAULTS),
+        "batch": {"batch_size": 4, "seq_len": 16, "synthetic_seed": 0},
+        "vocab_size": vocab,
+        "data": 'jsonl, one {"input_ids": [...]} per line',
+        "checkpoints": "training/checkpoints/step-N.safetensors (trainable params + QAT state); "
+                       "rank0/ is never modified",
+        "device": {"paddle_set_device": target.paddle_device, "cpu": "cpu"},
+        "launch": {
+            "cpu": "ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--lr X]",
+            target.name: (f"{target.visible_devices_env}=0 python -m paddle.distributed.launch {flags} "
+                          '"$(command -v ernie-ir)" train <artifact> --steps N [--data FILE.jsonl]'),
+        },
+        "env": {target.visible_devices_env: "0", **target.extra_env},
+        "collective_backend": target.collective_backend,
+    }
+
+
+def emit_paddle_training(graph: Graph, folder: Path, target: Target) -> dict[str, Any]:
+    recipe = training_recipe(graph, target)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / TRAIN_RECIPE).write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
+    return {"format": "paddle-training", "recipe": f"training/{TRAIN_RECIPE}",
+            "trainable": len(recipe["trainable"]), "qat_state": len(recipe["qat_state"])}
