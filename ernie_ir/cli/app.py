@@ -317,13 +317,28 @@ def compile(
     """Compile a model for a target into an artifact folder (written atomically)."""
     import json
 
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from ernie_ir.targets import compile_model
 
     targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
-    report = compile_model(model, target, quant=quant, mode=mode, pipeline=pipeline,
-                           lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
-                           lora_adapter=lora_adapter, quant_config=quant_config, cuda_arch=cuda_arch,
-                           tp=tp, ep=ep, out=out_dir, force=force, trust_pickle=trust_pickle)
+    # Progress goes to stderr, so --json output stays one clean object on stdout.
+    with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=json_out,
+                  disable=not err.is_terminal) as bar:
+        tasks: dict[str, object] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            key = stage.split(" ")[0]
+            if key not in tasks:
+                tasks[key] = bar.add_task(stage, total=total)
+            bar.update(tasks[key], completed=done, total=total, description=stage)  # type: ignore[arg-type]
+
+        report = compile_model(model, target, quant=quant, mode=mode, pipeline=pipeline,
+                               lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
+                               lora_adapter=lora_adapter, quant_config=quant_config,
+                               cuda_arch=cuda_arch, tp=tp, ep=ep, out=out_dir, force=force,
+                               trust_pickle=trust_pickle, progress=progress)
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))

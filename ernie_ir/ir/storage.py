@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import ErnieIRError, WeightError
@@ -23,12 +24,14 @@ GRAPH_FILE = "graph.ir"
 WEIGHTS_FILE = "weights.safetensors"
 
 
-def write_graph_files(graph: Graph, folder: Path) -> None:
+def write_graph_files(graph: Graph, folder: Path,
+                      on_tensor: Callable[[str, int, int], None] | None = None) -> None:
     """Write graph.ir and weights.safetensors into an existing folder."""
     (folder / GRAPH_FILE).write_text(print_graph(graph), encoding="utf-8")
     write_safetensors(
         folder / WEIGHTS_FILE,
         ((p.name, p.source) for p in graph.params.values() if p.source is not None),
+        on_tensor=on_tensor,
     )
 
 

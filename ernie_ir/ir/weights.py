@@ -21,7 +21,7 @@ import math
 import os
 import struct
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -391,11 +391,13 @@ def write_safetensors(
     path: str | os.PathLike[str],
     tensors: Iterable[tuple[str, WeightSource | np.ndarray]],
     metadata: dict[str, str] | None = None,
+    on_tensor: Callable[[str, int, int], None] | None = None,
 ) -> None:
     """Write tensors to a safetensors file, reading one source at a time.
 
     Only one tensor's values are in memory at once, so writing a graph never
-    needs its whole checkpoint in RAM.
+    needs its whole checkpoint in RAM. `on_tensor(name, done, total)` reports
+    progress after each tensor.
     """
     pending: list[_PendingTensor] = []
     offset = 0
@@ -421,7 +423,7 @@ def write_safetensors(
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
-        for p in pending:
+        for done, p in enumerate(pending, 1):
             arr = p.source.read()
             if tuple(arr.shape) != p.source.shape or arr.dtype != p.source.dtype.numpy:
                 raise WeightError(
@@ -430,6 +432,8 @@ def write_safetensors(
                 )
             data = pack_int4(arr) if p.source.dtype == DType.I4 else np.ascontiguousarray(arr)
             f.write(memoryview(data.reshape(-1).view(np.uint8)))
+            if on_tensor is not None:
+                on_tensor(p.name, done, len(pending))
 
 
 def content_hash(array: np.ndarray) -> str:

@@ -90,12 +90,14 @@ def launch_script(recipe: dict[str, Any]) -> str:
 def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target, mode: str,
                    pipeline: str, source: dict[str, Any], force: bool = False,
                    extra: dict[str, Any] | None = None,
-                   emitters: dict[str, Callable[[Graph, Path], Any]] | None = None) -> Path:
+                   emitters: dict[str, Callable[[Graph, Path], Any]] | None = None,
+                   progress: Callable[[str, int, int], None] | None = None) -> Path:
     """Write the artifact folder atomically and return its path.
 
     `emitters`: backend name -> fn(graph, executable folder) that writes that backend's files
     (e.g. "onnxruntime" -> `inference/onnx/`); the manifest's "backends" lists "interpreter"
     and these names, and every file they write is hashed like the others.
+    `progress(stage, done, total)` reports weights written and executables emitted.
     """
     from ernie_ir import __version__
 
@@ -108,15 +110,18 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
     try:
         (tmp / "graph.ir").write_text(print_graph(graph), encoding="utf-8")
         (tmp / "rank0").mkdir()
-        write_graph_files(graph, tmp / "rank0")
+        write_graph_files(graph, tmp / "rank0", on_tensor=(
+            None if progress is None else lambda _name, done, total: progress("weights", done, total)))
         exe = tmp / mode
         exe.mkdir()
         recipe = launch_recipe(target, mode)
         (exe / "launch.json").write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
         (exe / "launch.sh").write_text(launch_script(recipe), encoding="utf-8")
         (exe / "launch.sh").chmod(0o755)
-        for emit in (emitters or {}).values():
+        for i, (backend, emit) in enumerate((emitters or {}).items(), 1):
             emit(graph, exe)
+            if progress is not None:
+                progress(f"executable {backend}", i, len(emitters or {}))
         plan = graph.metadata.get("kernel_plan", {})
         kernels: dict[str, int] = {}
         for entry in plan.get("kernels", []):

@@ -6,14 +6,14 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.load import load_input
-from ernie_ir.passes import run_pipeline
+from ernie_ir.passes import Pass, PassContext, PassInstrument, run_pipeline
 from ernie_ir.passes.base import graph_properties
 from ernie_ir.passes.pipeline import load_pipeline
 from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
@@ -104,16 +104,30 @@ def paddle_emitters(target: Any, mode: str, graph: Graph, warnings: list[str]) -
     return {"paddle": lambda graph, exe: emit_paddle_inference(graph, exe / "paddle")}
 
 
+class _ProgressInstrument(PassInstrument):
+    """Reports each finished pass as compile progress."""
+
+    def __init__(self, progress: Callable[[str, int, int], None], total: int) -> None:
+        self.progress = progress
+        self.total = total
+
+    def after_pass(self, index: int, p: Pass, graph: Graph, changed: bool, ctx: PassContext) -> None:
+        self.progress(f"pass {p.name}", index, self.total)
+
+
 def compile_model(model: str, target: str, quant: str | None = None, mode: str = "inference",
                   pipeline: str | None = None, lora_rank: int | None = None,
                   lora_alpha: float | None = None, lora_targets: Sequence[str] | None = None,
                   lora_adapter: Path | None = None, quant_config: Path | None = None,
                   cuda_arch: int = DEFAULT_CUDA_ARCH, tp: int = 1, ep: int = 1,
                   out: str | Path | None = None, force: bool = False,
-                  trust_pickle: bool = False) -> CompileReport:
+                  trust_pickle: bool = False,
+                  progress: Callable[[str, int, int], None] | None = None) -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
+    `progress(stage, done, total)` is called as passes run, weights are written and
+    executables are emitted (the CLI draws it).
     """
     tgt = get_target(target)
     if mode not in MODES:
@@ -142,7 +156,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         parts.append(quant_text)
     parts.append(f"legalize-cuda{{cuda_arch={arch}}}" if arch is not None else f"legalize-{tgt.name}")
     resolved = load_pipeline(",".join(parts), initial=graph_properties(graph))
-    result = run_pipeline(graph, resolved)
+    instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
+    result = run_pipeline(graph, resolved, instruments=instruments)
     if mode == "training":
         from .emit_paddle import check_trainable
 
@@ -154,7 +169,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                           source=source_info(model, graph), force=force,
                           extra={"params_before": before, "params_after": after},
                           emitters={**onnx_emitters(tgt.name, mode, graph),
-                                    **paddle_emitters(tgt, mode, graph, warnings)})
+                                    **paddle_emitters(tgt, mode, graph, warnings)},
+                          progress=progress)
     return CompileReport(
         model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(path),
         passes_run=[p.spec() for p in resolved.passes], params_before=before, params_after=after,
