@@ -161,6 +161,13 @@ def _weight_only_linear_packed(L: Any, n: Node, a: list[Any]) -> list[Any]:
     return [_dequant_matmul(L, a[0], q, a[2], _arg(a, 3), n.attrs.group_size)]
 
 
+@_op("weight_only_linear_xpu")
+def _weight_only_linear_xpu(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    # portable form of the XPU layout: int8 [N, K] transposed back to [K, N], dequantized, matmul
+    q = L.P.transpose(a[1], [1, 0])
+    return [_dequant_matmul(L, a[0], q, a[2], _arg(a, 3), -1)]
+
+
 @_op("dequantize")
 def _dequantize(L: Any, n: Node, a: list[Any]) -> list[Any]:
     q, s = a
@@ -502,6 +509,9 @@ def _layer_class() -> type:
     return GraphLayer
 
 
+_FOLDED = ("unpack_weight", "unpack_weight_xpu")  # packed layouts back to int values, at build time
+
+
 def build_layer(graph: Graph, *, device: str | None = None, portable: bool | None = None) -> Any:
     """A `paddle.nn.Layer` evaluating `graph` with Paddle ops, for `device` (default: Paddle's current).
 
@@ -509,7 +519,7 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
     portable=True: always the portable form (what a CPU can trace and `paddle.jit.save`).
     """
     paddle = require_paddle()
-    unknown = sorted({n.op for n in graph if n.op not in OPS and n.op != "unpack_weight"})
+    unknown = sorted({n.op for n in graph if n.op not in OPS and n.op not in _FOLDED})
     if unknown:
         raise PaddleEmitError(f"the Paddle emitter has no lowering for op(s) {', '.join(unknown)}")
     dev = device or paddle.get_device()
@@ -576,10 +586,10 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
 
     program: list[tuple[OpImpl, Node, list[int | None], list[int]]] = []
     for node in graph:
-        if node.op == "unpack_weight":  # a function of params: fold it now (int values, stored int8)
+        if node.op in _FOLDED:  # a function of params: fold it now (int values, stored int8)
             parts = [value_array(v) for v in node.inputs if v is not None]
             if any(x is None for x in parts):
-                raise PaddleEmitError(f"unpack_weight at {node.scope}: its inputs must be params")
+                raise PaddleEmitError(f"{node.op} at {node.scope}: its inputs must be params")
             res = node.opdef.kernel(parts, node.attrs)[0]
             add_const(node.outputs[0], np.asarray(res).astype(np.int8))
             continue

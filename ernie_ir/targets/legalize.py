@@ -8,9 +8,15 @@ Per node, with the target's capability table (`Target`):
   int4 where only int8 exists, or a cuda shape the arch layout cannot hold,
   is decomposed into `dequantize` + `linear` (the weight stays int4/int8 in
   storage); group-wise where only per-channel kernels exist is refused.
+  kunlun: int8 weights become the XPU kernel's layout (`<layer>.quant_weight`
+  int8 [N, K], `<layer>.weight_scale` float32 [N]) and the node becomes
+  `weight_only_linear_xpu`; ascend: the NPU binding reads int8 [K, N] with
+  scales in the activation dtype, which is the logical layout (params are
+  annotated `device_layout`, values unchanged).
 - integer `dequantize` feeding `moe_experts` (stacked expert weights): the
   target's fused MoE kernel when confirmed for those bits (cuda: one packed
-  param per expert, `<...>.experts.<e>.<proj>.quant_weight`), else the
+  param per expert, `<...>.experts.<e>.<proj>.quant_weight`; kunlun int8: one
+  [N, K] int8 + float32 scale pair per expert), else the
   portable dequantize + moe_experts, recorded as a fallback.
 - FP8 (`fp8_linear`, `fake_quant_fp8`, fp8 `dequantize`): cuda with
   --cuda-arch 89/90 only; anything else is refused.
@@ -29,6 +35,7 @@ import numpy as np
 
 from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, TensorType
 from ernie_ir.ir.weights import ArraySource, WeightSource
+from ernie_ir.ops.xpu_layout import pack_xpu
 from ernie_ir.passes.param_edit import ParamPlacer
 
 from .capabilities import Target
@@ -38,6 +45,7 @@ from .registry import TargetError
 
 PLAN_KEY = "kernel_plan"
 LAYOUT_KEY = "cuda_layout"
+DEVICE_LAYOUT_KEY = "device_layout"
 _FP8 = (DType.F8E4M3, DType.F8E5M2)
 
 
@@ -72,6 +80,42 @@ class PackedSource(WeightSource):
     def describe(self) -> str:
         which = f"[{self.expert}]" if self.expert is not None else ""
         return f"cuda_pack<sm{self.arch}, int{self.bits}>({self.base.describe()}{which})"
+
+
+class XpuSource(WeightSource):
+    """The XPU layout of `base`: int8 [K, N] -> [N, K], or float scales [N] -> float32.
+
+    `expert` picks one expert of a stacked [E, ...] base (read once for all experts via `memo`).
+    """
+
+    def __init__(self, base: WeightSource, scale: bool, expert: int | None = None,
+                 memo: dict[str, Any] | None = None) -> None:
+        self.base, self.scale, self.expert = base, scale, expert
+        self.memo = memo if memo is not None else {}
+        shape = tuple(base.shape[1:] if expert is not None else base.shape)
+        self.dtype = DType.F32 if scale else DType.I8
+        self.shape = shape if scale else (shape[1], shape[0])
+
+    def _logical(self) -> np.ndarray:
+        if self.expert is None:
+            return np.asarray(self.base.read())
+        arr = self.memo.get("array")
+        if arr is None:
+            arr = self.memo["array"] = np.asarray(self.base.read())
+        self.memo["left"] = self.memo.get("left", arr.shape[0]) - 1
+        out = np.ascontiguousarray(arr[self.expert])
+        if self.memo["left"] <= 0:
+            self.memo.clear()
+        return out
+
+    def read(self) -> np.ndarray:
+        arr = self._logical()
+        return arr.astype(np.float32) if self.scale else pack_xpu(arr.astype(np.int8))
+
+    def describe(self) -> str:
+        which = f"[{self.expert}]" if self.expert is not None else ""
+        what = "f32" if self.scale else "xpu_pack<int8 [N, K]>"
+        return f"{what}({self.base.describe()}{which})"
 
 
 def _bits(t: TensorType) -> int:
@@ -168,7 +212,11 @@ class Legalizer:
             self.decompose(node, f"{self.target.name} has no int{bits} dense weight-only kernel ({has})")
             return
         assert self.target.weight_only is not None
-        if self.arch is None:  # ascend / kunlun: logical layout
+        if self.arch is None:  # ascend / kunlun
+            if self.target.name == "kunlun" and bits == 8 and self.xpu_dense(node):
+                return
+            if self.target.name == "ascend":
+                self.annotate_npu(node)
             self.use(node, f"{self.target.weight_only.kernel}(int{bits})")
             return
         why = packable(k, n, bits, self.arch)
@@ -199,6 +247,48 @@ class Legalizer:
             p = self.packed[q.name] = Param(q.name, TensorType(DType.I8, packed_shape(k, n, bits)), src,
                                             annotations=ann)
         return p
+
+    def annotate_npu(self, node: Node) -> None:
+        """ascend: the NPU binding reads int8 [K, N] (+ scales in x's dtype): the logical layout."""
+        q, s = node.inputs[1], node.inputs[2]
+        if isinstance(q, Param) and DEVICE_LAYOUT_KEY not in q.annotations:
+            assert s is not None
+            k, n = q.shape
+            q.annotations = {**q.annotations, DEVICE_LAYOUT_KEY: {
+                "layout": "npu", "shape": "[K, N]", "logical": [k, n], "scale_dtype": str(s.dtype)}}
+
+    def xpu_param(self, p: Param, scale: bool) -> Param:
+        new = self.packed.get(p.name)
+        if new is None:
+            src = XpuSource(p.source, scale) if p.source is not None else None
+            if scale:
+                new = Param(p.name, TensorType(DType.F32, p.shape), src, annotations=dict(p.annotations))
+            else:
+                k, n = p.shape
+                ann = {**p.annotations, DEVICE_LAYOUT_KEY: {"layout": "xpu", "shape": "[N, K]",
+                                                            "logical": [k, n], "scale_dtype": "f32"}}
+                new = Param(p.name, TensorType(DType.I8, (n, k)), src, annotations=ann)
+            self.packed[p.name] = new
+        return new
+
+    def xpu_dense(self, node: Node) -> bool:
+        """kunlun int8: the XPU kernel's [N, K] int8 + float32 scales; False if not params."""
+        x, q, s = node.inputs[0], node.inputs[1], node.inputs[2]
+        if not isinstance(q, Param) or not isinstance(s, Param) or x is None:
+            return False
+        pq, ps = self.xpu_param(q, scale=False), self.xpu_param(s, scale=True)
+        bias = node.inputs[3] if len(node.inputs) > 3 else None
+        g = GraphBuilder(self.graph)
+        g.insert_point = node
+        with g.at_scope(node.scope):
+            y = g.weight_only_linear_xpu(x, pq, ps, bias)
+        y.name = node.output.name
+        self.graph.replace_all_uses_with(node.output, y)
+        self.graph.erase(node)
+        self.swap_param(q, pq)
+        self.swap_param(s, ps)
+        self.use(y.producer, f"{self.target.weight_only.kernel}(int8, [N, K], f32 scale)")
+        return True
 
     def swap_param(self, old: Param, new: Param) -> None:
         if not old.num_uses() and self.graph.params.get(old.name) is old:
@@ -239,7 +329,11 @@ class Legalizer:
             self.fallback(node, f"dequantize(int{bits}) + moe_experts (portable)", why)
             return
         if self.arch is None:
-            self.use(node, f"{moe.kernel}(int{bits})")
+            if self.target.name == "kunlun" and bits == 8 and isinstance(q, Param) and isinstance(s, Param):
+                self.xpu_experts(node, q, s)
+                return
+            # int4 experts (kunlun) and everything on ascend keep the logical layout
+            self.use(node, f"{moe.kernel}(int{bits}, logical [K, N]: device packing not confirmed)")
             return
         e, k, n = q.shape
         assert isinstance(e, int) and isinstance(k, int) and isinstance(n, int)
@@ -271,6 +365,36 @@ class Legalizer:
         node.set_input(1, us)
         self.removed.update({q.name, s.name})
         self.use(node, f"{moe.kernel}(sm{self.arch}, int{bits})")
+
+
+    def xpu_experts(self, node: Node, q: Param, s: Param) -> None:
+        """kunlun int8 experts: one [N, K] int8 + float32 [N] scale pair per expert (moe_expert_ffn)."""
+        moe = self.target.fused_moe
+        assert moe is not None
+        e, k, n = q.shape
+        assert isinstance(e, int) and isinstance(k, int) and isinstance(n, int)
+        qmemo: dict[str, Any] = {}
+        smemo: dict[str, Any] = {}
+        packed: list[Param] = []
+        scales: list[Param] = []
+        ann = {**q.annotations, DEVICE_LAYOUT_KEY: {"layout": "xpu", "shape": "[N, K]",
+                                                    "logical": [k, n], "scale_dtype": "f32"}}
+        for i in range(e):
+            qsrc = XpuSource(q.source, False, expert=i, memo=qmemo) if q.source is not None else None
+            ssrc = XpuSource(s.source, True, expert=i, memo=smemo) if s.source is not None else None
+            packed.append(self.placer.add(q.name, Param(expert_name(q.name, i), TensorType(DType.I8, (n, k)),
+                                                        qsrc, annotations=dict(ann))))
+            scales.append(self.placer.add(s.name, Param(expert_name(s.name, i),
+                                                        TensorType(DType.F32, s.shape[1:]), ssrc)))
+        g = GraphBuilder(self.graph)
+        g.insert_point = node
+        with g.at_scope(node.scope):
+            uq = g.unpack_weight_xpu(*packed, stacked=True)
+            us = g.stack(*scales)
+        node.set_input(0, uq)
+        node.set_input(1, us)
+        self.removed.update({q.name, s.name})
+        self.use(node, f"{moe.kernel}(int8, [N, K] per expert, f32 scales)")
 
 
 def legalize(graph: Graph, target: Target, cuda_arch: int | None = None) -> bool:

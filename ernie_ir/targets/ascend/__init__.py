@@ -1,4 +1,4 @@
-"""Huawei Ascend NPUs through PaddleCustomDevice ("npu"); weights in the logical layout."""
+"""Huawei Ascend NPUs through PaddleCustomDevice ("npu"); int8 [K, N], the NPU binding's layout."""
 
 from ..capabilities import REFERENCE, FusedMoE, Target, WeightOnlyKernel
 
@@ -22,7 +22,9 @@ ASCEND = Target(
     paddle_device="npu:0",
     inference_config='config.enable_custom_device("npu", 0)',
     onnx_runtime="CANN EP (small op set, no contrib ops)",
-    packing="logical int8 [in, out] + per-channel scales (device layout not confirmed)",
+    packing="int8 [K, N] (= the logical layout) + per-channel scales [N] in the activation dtype, "
+            "as weight_only_linear_npu passes them to aclnnWeightQuantBatchMatmulV2 (ND format; "
+            "the FRACTAL_NZ variant is not produced)",
     sources=("PaddleCustomDevice backends/npu/custom_op/llama_infer/fused_weight_only_linear.cc",
              "ERNIE docs/devices/README_NPU.md", REFERENCE),
 )

@@ -1,4 +1,4 @@
-"""Kunlunxin XPUs (P800) through Paddle's XPU kernels; weights in the logical layout."""
+"""Kunlunxin XPUs (P800) through Paddle's XPU kernels; int8 weights in the XPU kernel's [N, K] layout."""
 
 from ..capabilities import REFERENCE, FusedMoE, Target, WeightOnlyKernel
 
@@ -20,8 +20,9 @@ KUNLUN = Target(
     paddle_device="xpu:0",
     inference_config="config.enable_xpu()",
     onnx_runtime="none",
-    packing="logical int8 [in, out] + per-channel scales (the XPU kernel's [N, K] + fp32-scale "
-            "layout is not produced yet)",
+    packing="int8: <layer>.quant_weight int8 [N, K] (transposed, signed) + <layer>.weight_scale "
+            "float32 [N], experts one pair each (weight_only_linear_kernel.cc, moe_expert_ffn.cc); "
+            "int4 experts: logical [K, N] (the XPU int4 packing is not confirmed)",
     sources=("paddle/phi/kernels/xpu/weight_only_linear_kernel.cc",
              "FastDeploy custom_ops/xpu_ops/src/ops/moe_expert_ffn.cc",
              "ERNIE docs/devices/README_XPU.md", REFERENCE),
