@@ -24,6 +24,8 @@ def load_input(spec: str, *, trust_pickle: bool = False) -> Graph:
         except UnicodeDecodeError:
             raise ErnieIRError(f"{spec}: not a text file (IR files are UTF-8 text)") from None
         return parse_graph(text, source=spec)
+    if path.suffix == ".ir" and not path.exists():
+        raise ErnieIRError(f"{spec}: no such IR file: check the path")
     if path.is_dir() and (path / "manifest.json").is_file():
         from ernie_ir.targets import load_artifact
 

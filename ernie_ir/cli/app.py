@@ -55,7 +55,9 @@ QuantConfigOpt = Annotated[
 LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", help="Insert LoRA adapters of rank R.")]
 LoraAlphaOpt = Annotated[float | None, typer.Option("--lora-alpha", help="LoRA alpha (default 2*rank).")]
 LoraTargetsOpt = Annotated[
-    str | None, typer.Option("--lora-targets", help="Comma-separated regexes of target modules.")
+    str | None,
+    typer.Option("--lora-targets",
+                 help="Comma-separated regexes, each matching a whole module name (e.g. '.*qkv_proj')."),
 ]
 LoraAdapterOpt = Annotated[
     Path | None, typer.Option("--lora-adapter", help="Import a paddleformers LoRA adapter folder.")
@@ -129,6 +131,11 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
         instruments.append(PrintIRInstrument(lambda s: err.print(s, markup=False),
                                              before=print_before, after=print_after))
     if dump_dir is not None:
+        try:
+            dump_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ErnieIRError(f"--dump-dir {dump_dir}: cannot create the folder ({e.strerror or e}): "
+                               "choose a writable folder") from None
         instruments.append(DumpInstrument(dump_dir))
     result = run_pipeline(graph, pl, instruments=instruments)
     for w in result.warnings:
@@ -201,15 +208,18 @@ def _parse_tokens(tokens: str) -> np.ndarray:
         if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
             raise ErnieIRError(f"--tokens {tokens}: expected integer ids [batch, seq], got "
                                f"{ids.dtype}{list(ids.shape)}")
+        if ids.size == 0:
+            raise ErnieIRError(f"--tokens {tokens}: the array is empty {list(ids.shape)}: give at "
+                               "least one token id per sequence")
         return ids.astype(np.int64)
     try:
         values = [int(t) for t in tokens.split(",") if t.strip()]
-    except ValueError:
+        if not values:
+            raise ErnieIRError("--tokens: give at least one token id")
+        return np.asarray([values], dtype=np.int64)
+    except (ValueError, OverflowError):
         raise ErnieIRError(f"--tokens {tokens!r}: expected comma-separated integers such as 1,2,3 "
-                           "or a .npy file") from None
-    if not values:
-        raise ErnieIRError("--tokens: give at least one token id")
-    return np.asarray([values], dtype=np.int64)
+                           "(each a valid token id) or a .npy file") from None
 
 
 def _logits(graph: Graph, ids: np.ndarray, emulate: str | None) -> np.ndarray:
@@ -222,6 +232,13 @@ def _logits(graph: Graph, ids: np.ndarray, emulate: str | None) -> np.ndarray:
     mode = DType.parse(emulate) if emulate else None
     outputs = Interpreter(graph, emulate=mode).run({graph.inputs[0].name or "": ids})
     return outputs[graph.output_names[0]]
+
+
+def _check_finite(model: str, logits: np.ndarray) -> None:
+    bad = int(np.size(logits) - np.count_nonzero(np.isfinite(logits)))
+    if bad:
+        raise ErnieIRError(f"{model}: {bad} of {np.size(logits)} logits are NaN or Inf: a weight of the "
+                           "model is probably NaN/Inf or overflows; check or re-export the checkpoint")
 
 
 @app.command()
@@ -258,6 +275,11 @@ def run(
     pipeline = _full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
                               lora_adapter)
     ids = _parse_tokens(tokens)
+    if emulate is not None and emulate not in ("bf16", "f16"):
+        raise ErnieIRError(f"--emulate {emulate!r}: choose bf16 or f16 (activation rounding)")
+    if save_logits is not None and not save_logits.parent.is_dir():
+        raise ErnieIRError(f"--save-logits {save_logits}: folder {save_logits.parent} does not exist: "
+                           "create it or choose another path")
     if backend != "interpreter":
         if pipeline or emulate:
             raise ErnieIRError(f"--backend {backend} runs an artifact as compiled: drop --pipeline, "
@@ -270,6 +292,7 @@ def run(
         verify(graph)
         _run_pipeline(graph, pipeline, print_before=[], print_after=[], dump_dir=None, timing=False)
         logits = _logits(graph, ids, emulate)
+    _check_finite(model, logits)
     report: dict[str, object] = {
         "model": model,
         "backend": backend,
@@ -279,10 +302,20 @@ def run(
     if compare_to is not None:
         ref_graph = load_input(compare_to, trust_pickle=trust_pickle)
         verify(ref_graph)
-        report.update(compare_logits(logits, _logits(ref_graph, ids, None)).as_dict())
+        ref_logits = _logits(ref_graph, ids, None)
+        _check_finite(compare_to, ref_logits)
+        if ref_logits.shape != logits.shape:
+            raise ErnieIRError(f"--compare-to {compare_to}: its logits are {list(ref_logits.shape)}, "
+                               f"{model}'s are {list(logits.shape)} (a different vocabulary): compare "
+                               "against the float model this one was made from")
+        report.update(compare_logits(logits, ref_logits).as_dict())
         report["compare_to"] = compare_to
     if save_logits is not None:
-        np.save(save_logits, logits.astype(np.float32))
+        try:
+            np.save(save_logits, logits.astype(np.float32))
+        except OSError as e:
+            raise ErnieIRError(f"--save-logits {save_logits}: cannot write it ({e.strerror or e}): "
+                               "choose a writable path") from None
         report["saved"] = str(save_logits)
     if json_out:
         print(json.dumps(report))
@@ -305,10 +338,13 @@ def compile(
     lora_targets: LoraTargetsOpt = None,
     lora_adapter: LoraAdapterOpt = None,
     quant_config: QuantConfigOpt = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
-    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree.")] = 1,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (only 1 so far).")] = 1,
+    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree (only 1 so far).")] = 1,
     pipeline: PipelineOpt = None,
-    cuda_arch: Annotated[int, typer.Option("--cuda-arch", help="70, 75, 80, 86, 89 or 90.")] = 80,
+    cuda_arch: Annotated[
+        int | None, typer.Option("--cuda-arch", help="--target cuda only: 70, 75, 80, 86, 89 or 90 "
+                                 "(default 80).")
+    ] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Artifact folder to write.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing artifact folder.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -320,7 +356,11 @@ def compile(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ernie_ir.targets import compile_model
+    from ernie_ir.targets.cuda.packing import DEFAULT_CUDA_ARCH
 
+    if cuda_arch is not None and target.strip().lower() != "cuda":
+        raise ErnieIRError(f"--cuda-arch applies to --target cuda only, not {target}: drop it")
+    arch = DEFAULT_CUDA_ARCH if cuda_arch is None else cuda_arch
     targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
     # Progress goes to stderr, so --json output stays one clean object on stdout.
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
@@ -337,7 +377,7 @@ def compile(
         report = compile_model(model, target, quant=quant, mode=mode, pipeline=pipeline,
                                lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
                                lora_adapter=lora_adapter, quant_config=quant_config,
-                               cuda_arch=cuda_arch, tp=tp, ep=ep, out=out_dir, force=force,
+                               cuda_arch=arch, tp=tp, ep=ep, out=out_dir, force=force,
                                trust_pickle=trust_pickle, progress=progress)
     data = report.as_dict()
     if json_out:
@@ -366,9 +406,12 @@ def compile(
     for kernel, n in sorted(counts.items()):
         plan.add_row(kernel, str(n))
     out.print(plan)
-    for f in report.fallbacks:
-        out.print(f"fallback: {f.get('scope')} {f.get('op')} -> {f.get('kernel')}: {f.get('reason')}",
-                  markup=False)
+    seen: dict[str, int] = {}
+    for f in report.fallbacks:  # one line per distinct fallback (experts: up_gate and down alike)
+        line = f"fallback: {f.get('scope')} {f.get('op')} -> {f.get('kernel')}: {f.get('reason')}"
+        seen[line] = seen.get(line, 0) + 1
+    for line, n in seen.items():
+        out.print(line + (f" (x{n})" if n > 1 else ""), markup=False)
 
 
 @app.command()
@@ -474,6 +517,9 @@ def _golden(paths: list[str] | None, update: bool) -> None:
                                "or folders, or run from the project root")
         paths = [str(default)]
     results = check_goldens(paths, update=update)
+    if not results:
+        raise ErnieIRError(f"no golden files (*.ir starting with '// golden case') under "
+                           f"{', '.join(paths)}: check the paths")
     failed = 0
     for r in results:
         if r.ok:

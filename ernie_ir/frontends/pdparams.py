@@ -164,6 +164,9 @@ class PdparamsFile:
         except (pickle.UnpicklingError, ValueError) as e:
             hint = "the file is truncated" if "exhausted" in str(e) or "truncated" in str(e) else str(e)
             raise WeightError(f"{self.path}: not a readable Paddle state dict ({hint})") from None
+        except (KeyError, IndexError, TypeError, AttributeError):  # malformed opcodes or stack
+            raise WeightError(f"{self.path}: not a readable Paddle state dict (corrupt or not a pickle)"
+                              ) from None
         if not isinstance(obj, dict):
             raise WeightError(f"{self.path}: holds a {type(obj).__name__}, not a state dict")
         for key, value in obj.items():

@@ -111,7 +111,9 @@ class Param(Value):
         """The values (lazily loaded; may be a read-only view of a memory map)."""
         if self.source is None:
             raise WeightError(
-                f"param {self.name} has no data (a meta graph): load the model with weights"
+                f"param {self.name} has no data (a meta graph): load the model with weights, from a "
+                "checkpoint folder or NAME@tiny (@meta, .ir files and graph folders without "
+                "weights.safetensors hold none)"
             )
         return self.source.read()
 

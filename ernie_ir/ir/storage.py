@@ -59,7 +59,11 @@ def load_graph(folder: str | os.PathLike[str], *, check_hashes: bool = True) -> 
     text_path = root / GRAPH_FILE
     if not text_path.is_file():
         raise ErnieIRError(f"{root} is not a graph folder (no {GRAPH_FILE})")
-    graph = parse_graph(text_path.read_text(encoding="utf-8"), source=str(text_path))
+    try:
+        text = text_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ErnieIRError(f"{text_path}: not a text file (IR files are UTF-8 text)") from None
+    graph = parse_graph(text, source=str(text_path))
     weights = root / WEIGHTS_FILE
     if weights.exists():
         st = SafetensorsFile(weights)

@@ -180,7 +180,8 @@ def select_targets(graph: Graph, patterns: Sequence[str], ctx: PassContext) -> l
     if not chosen:
         linears = [t.path for t in find_targets(graph)][:4]
         raise LoraError(f"LoRA targets {list(patterns)} match no linear of the model (linears are named "
-                        f"like {', '.join(linears) or 'nothing: the graph has none'})")
+                        f"like {', '.join(linears) or 'nothing: the graph has none'}); "
+                        "each target must match a whole name (re.fullmatch), e.g. '.*qkv_proj'")
     for p, n in hits.items():
         if not n:
             ctx.warn(f"LoRA target {p!r} matched no linear")

@@ -63,6 +63,8 @@ def read_adapter(folder: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], d
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise LoraError(f"{cfg_path}: invalid JSON ({e.msg} at line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise LoraError(f"{cfg_path}: not UTF-8 text: re-export the adapter") from None
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise LoraError(f"{folder}: no adapter weights (*.safetensors)")
@@ -77,7 +79,7 @@ def read_adapter(folder: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], d
     if (folder / "config.json").is_file():
         try:
             base = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             base = {}
     return cfg, tensors, base
 

@@ -282,7 +282,12 @@ def load_pipeline(spec: str, *, initial: Iterable[str] = ()) -> Pipeline:
     if spec.endswith((".yaml", ".yml")):
         if not path.is_file():
             raise PipelineError(f"pipeline file {spec} does not exist")
-        specs = parse_pipeline_yaml(path.read_text(encoding="utf-8"), spec)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise PipelineError(f"pipeline file {spec} is not UTF-8 text: give a YAML list of passes"
+                                ) from None
+        specs = parse_pipeline_yaml(text, spec)
     else:
         specs = parse_pipeline_text(spec)
     return build_pipeline(specs, initial=initial)

@@ -18,6 +18,7 @@ over a quantized base (WINT8MIX LoRA) is `--quant wint8mix --lora-rank 8`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,8 +68,8 @@ def lora_pipeline(lora_rank: int | None, lora_alpha: float | None, lora_targets:
         raise QuantFlagError(f"--lora-rank must be a positive integer, not {lora_rank}")
     opts = [f"rank={lora_rank}"]
     if lora_alpha is not None:
-        if lora_alpha <= 0:
-            raise QuantFlagError(f"--lora-alpha must be positive, not {lora_alpha}")
+        if not math.isfinite(lora_alpha) or lora_alpha <= 0:
+            raise QuantFlagError(f"--lora-alpha must be positive (a finite number), not {lora_alpha}")
         opts.append(f"alpha={format_value(float(lora_alpha))}")
     if lora_targets:
         from .quant_config import compile_pattern

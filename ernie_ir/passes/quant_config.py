@@ -233,6 +233,8 @@ class QuantConfig(BaseModel):
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
             raise QuantConfigError(f"{p}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+        except UnicodeDecodeError:
+            raise QuantConfigError(f"{p}: not UTF-8 text: a quant config is a YAML file") from None
         cfg = cls.from_dict(data, str(p))
         return cfg if cfg.name != "custom" else cfg.model_copy(update={"name": p.stem})
 

@@ -44,6 +44,7 @@ def run_artifact(path: Path, input_ids: np.ndarray, backend: str) -> np.ndarray:
         graph = load_artifact(root, verify=False)
         name = graph.output_names[0]
         return run_graph(graph, {graph.inputs[0].name: ids})[name]
+    _check_ids(root, ids)  # the executables would crash (out of range) or silently wrap (negative)
     if backend == "onnxruntime":
         from .onnx_backend import run_onnx
 
@@ -53,3 +54,26 @@ def run_artifact(path: Path, input_ids: np.ndarray, backend: str) -> np.ndarray:
 
         return run_paddle(root, ids)
     raise ErnieIRError(f"backend {backend!r} has no runner yet (known: {', '.join(BACKENDS)})")
+
+
+def _check_ids(root: Path, ids: np.ndarray) -> None:
+    """Token ids the rank-0 graph accepts: the interpreter's checks, for the compiled backends."""
+    from ernie_ir.ir.parser import parse_graph
+
+    text_path = root / "rank0" / "graph.ir"
+    graph = parse_graph(text_path.read_text(encoding="utf-8"), source=str(text_path))
+    if not graph.inputs or ids.size == 0:
+        return
+    for node in graph.nodes:
+        if node.op == "embedding" and node.inputs[0] is graph.inputs[0]:
+            rows = node.inputs[1].type.shape[0]
+            if isinstance(rows, int) and (ids.min() < 0 or ids.max() >= rows):
+                bad = int(ids.max()) if ids.max() >= rows else int(ids.min())
+                raise ErnieIRError(f"embedding: token id {bad} is outside the vocabulary [0, {rows})")
+        limit = getattr(node.attrs, "limit", None) if node.op == "position_ids" else None
+        if limit is not None:
+            s = ids.shape[-1]
+            last = node.attrs.offset + node.attrs.stride * (s - 1)
+            if last >= limit:
+                raise ErnieIRError(f"position_ids: sequence length {s} reaches position {last}, "
+                                   f"beyond the model's {limit} positions")

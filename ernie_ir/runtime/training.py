@@ -34,12 +34,15 @@ RECIPE = Path("training") / "train.json"
 IGNORE = -100
 
 
-def _read_data(path: Path, vocab: int) -> list[list[int]]:
+def _read_data(path: Path, vocab: int, max_len: int | None = None) -> list[list[int]]:
     seqs: list[list[int]] = []
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise ErnieIRError(f"cannot read training data {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ErnieIRError(f"{path}: not UTF-8 text: training data is JSON lines "
+                           '{"input_ids": [...]}') from None
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -50,6 +53,9 @@ def _read_data(path: Path, vocab: int) -> list[list[int]]:
         if (not isinstance(ids, list) or len(ids) < 2
                 or not all(isinstance(t, int) and 0 <= t < vocab for t in ids)):
             raise ErnieIRError(f"{path}:{i}: input_ids must be a list of >= 2 token ids in [0, {vocab})")
+        if max_len is not None and len(ids) > max_len:
+            raise ErnieIRError(f"{path}:{i}: {len(ids)} tokens, but the model has {max_len} positions: "
+                               "split the sequence")
         seqs.append(ids)
     if not seqs:
         raise ErnieIRError(f"{path} holds no sequences")
@@ -86,11 +92,18 @@ def train_artifact(path: Path, steps: int, data: Path | None = None, lr: float |
     mf = root / "manifest.json"
     if not mf.is_file():
         raise ErnieIRError(f"{root} is not an ernie-ir artifact (no manifest.json)")
-    manifest = json.loads(mf.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(mf.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ErnieIRError(f"{mf} is not valid JSON: the artifact is corrupt") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+        raise ErnieIRError(f"{mf} is not an ernie-ir artifact manifest")
     if manifest.get("mode") != "training" or not (root / RECIPE).is_file():
         raise ErnieIRError(f"{root} is not a training artifact: compile it with --mode training "
                            "(and --lora-rank R or --quant qat-int8)")
     for name in ("rank0/graph.ir", "rank0/weights.safetensors", RECIPE.as_posix()):
+        if not (root / name).is_file():
+            raise ErnieIRError(f"artifact {root}: {name} is missing (listed in manifest.json)")
         digest = hashlib.sha256((root / name).read_bytes()).hexdigest()
         if manifest.get("files", {}).get(name) != digest:
             raise ErnieIRError(f"artifact {root}: {name} was modified (sha256 does not match the manifest)")
@@ -118,7 +131,10 @@ def train_artifact(path: Path, steps: int, data: Path | None = None, lr: float |
         grad_clip=paddle.nn.ClipGradByGlobalNorm(clip) if clip else None)
     batch = recipe.get("batch", {})
     if data is not None:
-        batches = _batches(_read_data(Path(data), vocab), int(batch.get("batch_size", 4)))
+        limits = [n.attrs.limit for n in graph.nodes
+                  if n.op == "position_ids" and getattr(n.attrs, "limit", None) is not None]
+        max_len = min(limits) if limits else None
+        batches = _batches(_read_data(Path(data), vocab, max_len), int(batch.get("batch_size", 4)))
     else:
         rng = np.random.default_rng(seed)
         ids = rng.integers(0, vocab, size=(int(batch.get("batch_size", 4)), int(batch.get("seq_len", 16))))

@@ -87,6 +87,29 @@ def launch_script(recipe: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_out(out: str | os.PathLike[str], force: bool) -> Path:
+    """The artifact destination, or ArtifactError if it may not be written (before any work)."""
+    dest = Path(out)
+    if dest.exists() and not force:
+        raise ArtifactError(f"{dest} already exists: pass --force (force=True) to replace it")
+    if dest.exists() and not dest.is_dir():
+        raise ArtifactError(f"{dest} is a file, not an artifact folder: choose another --out "
+                            "(--force replaces only folders)")
+    real, cwd = dest.resolve(), Path.cwd().resolve()
+    if real == cwd or real in cwd.parents or not dest.name or dest.name == "..":
+        raise ArtifactError(f"--out {out} is the current folder or one above it: name a new folder "
+                            "for the artifact, e.g. --out artifacts/model")
+    for parent in real.parents:
+        if (parent / MANIFEST).is_file():
+            try:
+                read_manifest(parent)
+            except ArtifactError:
+                continue  # someone else's manifest.json
+            raise ArtifactError(f"--out {out} is inside the artifact {parent} (it would add files to "
+                                "it and break its hashes): choose a folder outside it")
+    return dest
+
+
 def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target, mode: str,
                    pipeline: str, source: dict[str, Any], force: bool = False,
                    extra: dict[str, Any] | None = None,
@@ -101,11 +124,13 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
     """
     from ernie_ir import __version__
 
-    dest = Path(out)
-    if dest.exists() and not force:
-        raise ArtifactError(f"{dest} already exists: pass --force (force=True) to replace it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    dest = check_out(out, force)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    except OSError as e:
+        raise ArtifactError(f"cannot write the artifact {out}: {e.strerror or e} "
+                            f"({e.filename or dest.parent}): choose a writable --out") from None
     old: Path | None = None
     try:
         (tmp / "graph.ir").write_text(print_graph(graph), encoding="utf-8")
@@ -146,10 +171,13 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
             old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
             os.replace(dest, old)
         os.replace(tmp, dest)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not dest.exists():
             os.replace(old, dest)  # put the previous artifact back
+        if isinstance(e, OSError):  # disk full, permissions: a user error, not a crash
+            raise ArtifactError(f"cannot write the artifact {out}: {e.strerror or e}: free space or "
+                                "choose a writable --out (nothing was written)") from None
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -172,6 +200,14 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
                             f"(this ernie-ir reads version {FORMAT_VERSION}); recompile the model")
     if not isinstance(manifest.get("files"), dict):
         raise ArtifactError(f"{mf} lists no files: the artifact is corrupt")
+    for name, digest in manifest["files"].items():
+        parts = Path(name).parts
+        if not name or Path(name).is_absolute() or ".." in parts or "\\" in name:
+            raise ArtifactError(f"{mf} lists {name!r}, which is outside the artifact folder: "
+                                "the manifest is corrupt or tampered with; recompile the model")
+        if not isinstance(digest, str) or len(digest) != 64:
+            raise ArtifactError(f"{mf}: the sha256 of {name} is not a 64-digit hex string: "
+                                "the manifest is corrupt or tampered with; recompile the model")
     return manifest
 
 

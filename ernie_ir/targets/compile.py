@@ -19,7 +19,7 @@ from ernie_ir.passes.pipeline import load_pipeline
 from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
 from ernie_ir.passes.quant_config import resolve_quant_name
 
-from .artifact import ArtifactError, sha256_file, write_artifact
+from .artifact import check_out, sha256_file, write_artifact
 from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
 from .registry import TargetError, get_target
 
@@ -142,16 +142,30 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                               "--target cuda --cuda-arch 89/90, or --quant wint8 / wint8mix")
         if canonical.startswith("fp8") and arch is not None and arch < 89:
             raise TargetError(f"--quant {quant} needs FP8 kernels (Hopper/Ada): use --cuda-arch 89 or 90")
-    dest = Path(out) if out is not None else default_out(model, tgt.name, quant)
-    if dest.exists() and not force:
-        raise ArtifactError(f"{dest} already exists: pass --force (force=True) to replace it")
+    dest = check_out(out if out is not None else default_out(model, tgt.name, quant), force)
     quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter)
+
+    if (Path(model) / "manifest.json").is_file():
+        from .artifact import read_manifest
+
+        done = read_manifest(model)
+        raise TargetError(f"{model} is a compiled artifact (already legalized for --target "
+                          f"{done.get('target')}): compile its source model "
+                          f"{(done.get('source') or {}).get('model', '')!s} instead")
+    if pipeline and pipeline.strip().endswith((".yaml", ".yml")) and quant_text:
+        raise ErnieIRError("--pipeline FILE.yaml cannot be combined with --quant/--quant-config/--lora-* "
+                           "flags: put those passes in the YAML file")
 
     graph = load_input(model, trust_pickle=trust_pickle)
     before = params_by_dtype(graph)
     parts: list[str] = []
     if pipeline:
-        parts.append(str(load_pipeline(pipeline, initial=graph_properties(graph))))
+        user = load_pipeline(pipeline, initial=graph_properties(graph))
+        legalize = [p.name for p in user if p.name.startswith("legalize-")]
+        if legalize:
+            raise TargetError(f"--pipeline holds {legalize[0]}: compile appends legalize-{tgt.name} for "
+                              f"--target {tgt.name} itself; drop it from --pipeline (or change --target)")
+        parts.append(str(user))
     if quant_text:
         parts.append(quant_text)
     parts.append(f"legalize-cuda{{cuda_arch={arch}}}" if arch is not None else f"legalize-{tgt.name}")
