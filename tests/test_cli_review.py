@@ -365,3 +365,31 @@ def test_binary_training_data(training_artifact: Path, tmp_path: Path, capsys):
     data.write_bytes(b'{"input_ids": [1, 2]}\n\xff\xfe\n')
     line = user_error(capsys, "train", str(training_artifact), "--steps", "1", "--data", str(data))
     assert line == f'error: {data}: not UTF-8 text: training data is JSON lines {{"input_ids": [...]}}'
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["frobnicate"], "No such command 'frobnicate'"),
+    (["show"], "Missing argument"),
+    (["compile", "ernie-4.5-0.3b@tiny"], "Missing option '--target'"),
+    (["passes", "--bogus"], "No such option: --bogus"),
+    (["train", "somewhere", "--steps", "0"], "Invalid value for '--steps'"),
+])
+def test_usage_errors_are_one_line_too(argv: list[str], fragment: str, capsys) -> None:
+    line = user_error(capsys, *argv)
+    assert fragment in line and "--help" in line
+
+
+def test_qat_refuses_nan_weights_like_the_other_quantizers() -> None:
+    import numpy as np
+
+    from ernie_ir.frontends import load_model
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.passes import run_pipeline
+
+    g = load_model("gpt-345m@tiny")
+    name = next(n for n in g.params if n.endswith("linear1.weight"))
+    bad = np.array(g.params[name].read(), copy=True)
+    bad[1, 2] = np.nan
+    g.params[name].set_data(bad)
+    with pytest.raises(ErnieIRError, match=rf"param {name} holds nan at index \[1, 2\]"):
+        run_pipeline(g, "qat-int8")

@@ -551,15 +551,45 @@ def golden_update(paths: Annotated[list[str] | None, typer.Argument(help="Golden
     _golden(paths, update=True)
 
 
+def _usage_error(e: Exception) -> tuple[str, int] | None:
+    """(message, exit code) of a command-line usage error raised by typer's click layer.
+
+    Recognised by shape (`format_message()` and an int `exit_code`), because typer
+    vendors click privately; anything else is not a usage error.
+    """
+    fmt = getattr(e, "format_message", None)
+    code = getattr(e, "exit_code", None)
+    if not callable(fmt) or not isinstance(code, int):
+        return None
+    ctx = getattr(e, "ctx", None)
+    where = getattr(ctx, "command_path", None) or "ernie-ir"
+    return f"{fmt()} (see `{where} --help`)", code
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: runs the app and maps user errors to exit code 2."""
+    """Console-script entry point: user and usage errors become one line and exit code 2."""
     try:
-        app(args=argv)  # typer handles --help, usage errors (exit 2) and Exit itself
+        code = app(args=argv, standalone_mode=False)
     except ErnieIRError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True)
         sys.exit(2)
     except BrokenPipeError:
         sys.exit(0)
+    except KeyboardInterrupt:
+        err.print("aborted", markup=False)
+        sys.exit(130)
+    except Exception as e:
+        usage = _usage_error(e)
+        if usage is None:
+            if type(e).__name__ == "Abort":
+                err.print("aborted", markup=False)
+                sys.exit(130)
+            raise
+        message, status = usage
+        if not message.startswith(" (see"):  # bare `ernie-ir`: the help was the answer
+            err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+        sys.exit(status)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

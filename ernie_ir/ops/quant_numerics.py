@@ -92,7 +92,8 @@ def _check_args(w: np.ndarray, bits: int, group_size: int) -> None:
         raise ValueError(f"a weight to quantize needs rank >= 2 ([..., in, out]), got shape {w.shape}")
 
 
-def _nonfinite(w: np.ndarray, name: str) -> NonFiniteWeightError:
+def nonfinite_weight_error(w: np.ndarray, name: str) -> NonFiniteWeightError:
+    """The error for a weight holding NaN or Inf: names the param, the index and the value."""
     bad = np.argwhere(~np.isfinite(w.astype(np.float32)))[0]
     value = w[tuple(bad)]
     return NonFiniteWeightError(
@@ -119,12 +120,12 @@ def weight_scales(w: np.ndarray, bits: int, group_size: int = -1, *, name: str =
     if group_size == -1 and w.dtype == np.dtype(ml_dtypes.bfloat16):
         bits16 = _absmax_bits_bf16(w, threads)
         if bits16.size and int(bits16.max()) >= 0x7F80:
-            raise _nonfinite(w, name)
+            raise nonfinite_weight_error(w, name)
         absmax = (bits16.astype(np.uint32) << 16).view(np.float32)
     else:
         a = np.abs(w.astype(np.float32))
         if not np.isfinite(a).all():
-            raise _nonfinite(w, name)
+            raise nonfinite_weight_error(w, name)
         if group_size == -1:
             absmax = a.max(axis=-2) if a.shape[-2] else np.zeros(a.shape[:-2] + a.shape[-1:], np.float32)
         else:

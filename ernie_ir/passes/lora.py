@@ -40,6 +40,18 @@ from .registry import register_pass
 
 ERNIEKIT_TARGETS = (".*qkv_proj.*", ".*o_proj.*", ".*up_gate_proj.*", ".*down_proj.*")
 
+# ERNIEKit's list names ERNIE 4.5 modules; the other families get the equivalent projections
+# (attention in and out, FFN in and out), fused or split, so the defaults never match nothing.
+DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
+    "GPTForCausalLM": (".*(qkv|q|k|v)_proj.*", ".*out_proj.*", ".*linear[12].*"),
+    "Ernie35ForCausalLM": (".*(qkv_gate_up|q|k|v|o|gate|up|down)_proj.*",),
+}
+
+
+def default_targets(graph: Graph) -> tuple[str, ...]:
+    """The target patterns for a model when the user gives none."""
+    return DEFAULT_TARGETS.get(str(graph.metadata.get("architecture", "")), ERNIEKIT_TARGETS)
+
 
 class LoraError(ErnieIRError):
     """LoRA targets, adapters or merges that cannot be applied."""
@@ -50,7 +62,9 @@ class LoraOptions(PassOptions):
     """The adapter rank r (required, so every pipeline records it)."""
     alpha: float | None = None
     """Defaults to 2 * rank (ERNIEKit)."""
-    targets: tuple[str, ...] = ERNIEKIT_TARGETS
+    targets: tuple[str, ...] | None = None
+    """Regexes (full match) or `glob:` patterns; None: the architecture's defaults
+    (ERNIEKit's `.*qkv_proj.*`, `.*o_proj.*`, `.*up_gate_proj.*`, `.*down_proj.*` for ERNIE 4.5)."""
     rslora: bool = False
     """scale = alpha / sqrt(rank) instead of alpha / rank."""
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -60,11 +74,11 @@ class LoraOptions(PassOptions):
 
     @model_validator(mode="after")
     def _check(self) -> LoraOptions:
-        for p in self.targets:
+        for p in self.targets or ():
             compile_pattern(p)
         if not self.dtype.is_float:
             raise ValueError(f"adapter dtype must be a float type, not {self.dtype}")
-        if not self.targets:
+        if self.targets is not None and not self.targets:
             raise ValueError("give at least one target pattern")
         return self
 
@@ -204,7 +218,7 @@ class LoraInsert(Pass):
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         opts: LoraOptions = self.options  # type: ignore[assignment]
-        chosen = select_targets(graph, opts.targets, ctx)
+        chosen = select_targets(graph, opts.targets or default_targets(graph), ctx)
         placer = ParamPlacer(graph)
         created = attach_adapters(graph, placer, chosen, rank=opts.rank, scale=opts.scale,
                                   dropout=opts.dropout, dtype=opts.dtype, seed=opts.seed)

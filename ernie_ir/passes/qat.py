@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ernie_ir.ir import Graph, GraphBuilder, Node, Param, f32, tensor
+from ernie_ir.ir import Graph, GraphBuilder, Node, Param, Value, f32, tensor
 from ernie_ir.ir.weights import ArraySource
+from ernie_ir.ops.quant_numerics import nonfinite_weight_error
 
 from .base import Pass, PassContext, PassOptions
 from .param_edit import ParamPlacer
@@ -69,6 +70,14 @@ def _state_param(placer: ParamPlacer, anchor: str, name: str, value: float, *, t
     return placer.add(anchor, p)
 
 
+def _check_finite(w: Value | None) -> None:
+    """NaN or Inf weights would make every fake-quant scale NaN: refuse them, naming the param."""
+    if isinstance(w, Param) and w.has_data:
+        values = np.asarray(w.read())
+        if not np.isfinite(values).all():
+            raise nonfinite_weight_error(values, w.name)
+
+
 @register_pass
 class QatInsert(Pass):
     """Insert PaddleSlim-style fake quantization around linears annotated for QAT."""
@@ -87,6 +96,7 @@ class QatInsert(Pass):
             if node.op == "linear":
                 spec = _spec(node.inputs[1])
                 if spec is not None:
+                    _check_finite(node.inputs[1])
                     self._linear(graph, placer, node, spec, opts)
                     count += 1
             elif node.op in ("moe_experts", "moe_experts_lora"):
@@ -94,6 +104,7 @@ class QatInsert(Pass):
                     spec = _spec(node.inputs[idx])
                     if spec is None:
                         continue
+                    _check_finite(node.inputs[idx])
                     axes = (0,) if spec.weight_quantize_type == "abs_max" else (0, 2)
                     b = GraphBuilder(graph)
                     b.insert_point = node

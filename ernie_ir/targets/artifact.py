@@ -99,6 +99,10 @@ def check_out(out: str | os.PathLike[str], force: bool) -> Path:
     if real == cwd or real in cwd.parents or not dest.name or dest.name == "..":
         raise ArtifactError(f"--out {out} is the current folder or one above it: name a new folder "
                             "for the artifact, e.g. --out artifacts/model")
+    if dest.is_dir() and any(dest.iterdir()) and not (dest / MANIFEST).is_file():
+        # --force replaces an artifact, never an arbitrary folder that happens to be named.
+        raise ArtifactError(f"{dest} is a folder with files but no {MANIFEST}, so not an ernie-ir "
+                            "artifact: --force only replaces artifacts; choose another --out")
     for parent in real.parents:
         if (parent / MANIFEST).is_file():
             try:

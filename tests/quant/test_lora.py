@@ -92,9 +92,20 @@ def test_targets_that_match_nothing() -> None:
                                         r"\(linears are named like gpt\.decoder\.layers\.0\.self_attn"):
         run_pipeline(load_model(GPT), 'lora{rank=4,targets=[".*nothing.*"]}')
     g = load_model(GPT)
-    result = run_pipeline(g, "lora{rank=4}")  # ERNIEKit targets: only qkv_proj exists in GPT
+    erniekit = '[".*qkv_proj.*", ".*o_proj.*", ".*up_gate_proj.*", ".*down_proj.*"]'
+    result = run_pipeline(g, f"lora{{rank=4,targets={erniekit}}}")  # only qkv_proj exists in GPT
     assert sum(n.op == "lora" for n in g) == 2
     assert "lora: LoRA target '.*o_proj.*' matched no linear" in result.warnings
+
+
+def test_default_targets_follow_the_architecture() -> None:
+    g = load_model(GPT)
+    result = run_pipeline(g, "lora{rank=4}")  # GPT's qkv, out_proj, linear1, linear2 per layer
+    assert sum(n.op == "lora" for n in g) == 8 and not result.warnings
+    dense = load_model(DENSE)
+    run_pipeline(dense, "lora{rank=4}")  # ERNIEKit's four per layer
+    layers = dense.metadata["config"]["num_hidden_layers"]
+    assert sum(n.op == "lora" for n in dense) == 4 * layers
 
 
 def test_a_second_adapter_on_the_same_layer_is_refused() -> None:

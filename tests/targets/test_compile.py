@@ -148,15 +148,27 @@ def test_added_file_is_detected(tmp_path: Path) -> None:
 
 def test_existing_folder_refused_without_force(tmp_path: Path) -> None:
     out = tmp_path / "a"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    compile_model(DENSE, "cuda", out=out)
+    first = verify_artifact(out)
     with pytest.raises(ArtifactError, match=r"already exists.*--force"):
-        compile_model(DENSE, "cuda", out=out)
-    assert (out / "keep.txt").read_text() == "mine"
-    compile_model(DENSE, "cuda", out=out, force=True)
-    verify_artifact(out)
-    assert not (out / "keep.txt").exists()
+        compile_model(DENSE, "cuda", out=out, quant="wint8")
+    assert verify_artifact(out) == first
+    compile_model(DENSE, "cuda", out=out, quant="wint8", force=True)
+    assert verify_artifact(out)["pipeline"] != first["pipeline"]
     assert [p.name for p in tmp_path.iterdir()] == ["a"]
+
+
+def test_force_never_replaces_a_folder_that_is_not_an_artifact(tmp_path: Path) -> None:
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "data.txt").write_text("mine")
+    with pytest.raises(ArtifactError, match=r"no manifest.json, so not an ernie-ir artifact"):
+        compile_model(DENSE, "cuda", out=out, force=True)
+    assert (out / "data.txt").read_text() == "mine"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    compile_model(DENSE, "cuda", out=empty, force=True)  # an empty folder holds nothing to lose
+    verify_artifact(empty)
 
 
 class _Boom(KeyboardInterrupt):
