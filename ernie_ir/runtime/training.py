@@ -11,7 +11,7 @@ with 0, padding ignored by the loss), taken in order and cycled; without data, o
 synthetic batch (seeded) is used on every step.
 
 Results: `rank0/` is never modified. With `save=True` the trained params and QAT state go to
-`training/checkpoints/step-N.safetensors` and the manifest lists that file with its sha256
+`training/checkpoints/run-K-step-N.safetensors` (one per run) and the manifest lists that file with its sha256
 (rewritten atomically), so `verify` keeps passing.
 """
 
@@ -166,9 +166,14 @@ def _save_checkpoint(root: Path, manifest: dict[str, Any], layer: Any, recipe: d
     names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
     folder = root / "training" / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
-    out = folder / f"step-{steps}.safetensors"
-    save_file({n: np.ascontiguousarray(a) for n, a in layer.state_numpy(names).items()}, str(out),
+    # One file per run (run-001-step-30, run-002-step-30, ...): a later run never overwrites
+    # an earlier one, and the file appears only once it is complete.
+    run = 1 + sum(1 for _ in folder.glob("run-*-step-*.safetensors"))
+    out = folder / f"run-{run:03d}-step-{steps}.safetensors"
+    partial = folder / f".{out.name}.partial"
+    save_file({n: np.ascontiguousarray(a) for n, a in layer.state_numpy(names).items()}, str(partial),
               metadata={"format": "ernie-ir-training-checkpoint", "steps": str(steps)})
+    os.replace(partial, out)
     rel = out.relative_to(root).as_posix()
     manifest.setdefault("files", {})[rel] = hashlib.sha256(out.read_bytes()).hexdigest()
     tmp = root / ".manifest.json.tmp"

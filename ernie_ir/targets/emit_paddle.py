@@ -109,7 +109,7 @@ def training_recipe(graph: Graph, target: Target) -> dict[str, Any]:
         "batch": {"batch_size": 4, "seq_len": 16, "synthetic_seed": 0},
         "vocab_size": vocab,
         "data": 'jsonl, one {"input_ids": [...]} per line',
-        "checkpoints": "training/checkpoints/step-N.safetensors (trainable params + QAT state); "
+        "checkpoints": "training/checkpoints/run-K-step-N.safetensors (trainable params + QAT state); "
                        "rank0/ is never modified",
         "device": {"paddle_set_device": target.paddle_device, "cpu": "cpu"},
         "launch": {

@@ -108,10 +108,10 @@ def test_training_lowers_loss_and_keeps_base(tmp_path: Path, monkeypatch: pytest
     assert {p.name: sha(p) for p in (out / "rank0").iterdir()} == rank0
     # trained params went to a listed checkpoint; the artifact still verifies
     manifest = verify_artifact(out)
-    assert "training/checkpoints/step-30.safetensors" in manifest["files"]
+    assert "training/checkpoints/run-001-step-30.safetensors" in manifest["files"]
     from safetensors.numpy import load_file
 
-    ckpt = load_file(str(out / "training/checkpoints/step-30.safetensors"))
+    ckpt = load_file(str(out / "training/checkpoints/run-001-step-30.safetensors"))
     assert set(ckpt) == set(recipe["trainable"]) | set(recipe["qat_state"])
     moved = [n for n in recipe["trainable"] if not np.array_equal(
         ckpt[n], np.asarray(graph.params[n].read()).astype(np.float32))]
@@ -127,7 +127,7 @@ def test_training_with_jsonl_data(tmp_path: Path) -> None:
     data.write_text("\n".join(lines) + "\n")
     losses = train_artifact(out, steps=20, data=data, lr=5e-3, save=False)
     assert losses[-1] < losses[0]
-    assert "training/checkpoints/step-20.safetensors" not in verify_artifact(out)["files"]
+    assert "training/checkpoints/run-001-step-20.safetensors" not in verify_artifact(out)["files"]
 
 
 def test_training_needs_trainable_params(tmp_path: Path) -> None:
@@ -167,3 +167,15 @@ def test_missing_paddle_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
     assert "paddle" not in verify_artifact(tmp_path / "a")["backends"]
     with pytest.raises(ErnieIRError, match="paddlepaddle-gpu"):
         run_paddle(tmp_path / "a", IDS)
+
+
+def test_a_second_training_run_keeps_the_first_checkpoint(tmp_path: Path) -> None:
+    out = tmp_path / "twice"
+    compile_model("ernie-4.5-0.3b@tiny", "cuda", lora_rank=2, mode="training", out=out)
+    train_artifact(out, steps=2)
+    first = (out / "training/checkpoints/run-001-step-2.safetensors").read_bytes()
+    train_artifact(out, steps=2, lr=1e-2)
+    files = verify_artifact(out)["files"]
+    assert {"training/checkpoints/run-001-step-2.safetensors",
+            "training/checkpoints/run-002-step-2.safetensors"} <= set(files)
+    assert (out / "training/checkpoints/run-001-step-2.safetensors").read_bytes() == first
