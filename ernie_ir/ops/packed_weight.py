@@ -15,7 +15,7 @@ run in the reference interpreter:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from pydantic import field_validator
@@ -117,6 +117,21 @@ class UnpackAttrs(PackedAttrs):
     """True: one packed tensor per expert, result [E, K, N]."""
 
 
+def unpacked_type(op: str, types: Sequence[TensorType | None], stacked: bool,
+                  logical: Callable[[TensorType], TensorType]) -> TensorType:
+    """The logical type of one packed weight, or of E same-typed expert weights stacked [E, ...]."""
+    ts = [need(t, op, "packed") for t in types]
+    if not ts:
+        raise OpError(f"{op}: needs at least one packed weight")
+    if not stacked and len(ts) != 1:
+        raise OpError(f"{op}: {len(ts)} inputs need stacked=true")
+    for t in ts[1:]:
+        if t != ts[0]:
+            raise OpError(f"{op}: packed weights differ ({t} vs {ts[0]})")
+    out = logical(ts[0])
+    return TensorType(out.dtype, (len(ts), *out.shape)) if stacked else out
+
+
 @register_op
 class UnpackWeight(OpDef):
     """q = unpack(packed...)     Paddle's arch-permuted bytes back to logical int values
@@ -130,16 +145,8 @@ class UnpackWeight(OpDef):
     Attrs = UnpackAttrs
 
     def infer(self, types: Sequence[TensorType | None], attrs: UnpackAttrs) -> list[TensorType]:
-        ts = [need(t, self.name, "packed") for t in types]
-        if not ts:
-            raise OpError(f"{self.name}: needs at least one packed weight")
-        if not attrs.stacked and len(ts) != 1:
-            raise OpError(f"{self.name}: {len(ts)} inputs need stacked=true")
-        for t in ts[1:]:
-            if t != ts[0]:
-                raise OpError(f"{self.name}: packed weights differ ({t} vs {ts[0]})")
-        out = _logical_type(self.name, ts[0], attrs)
-        return [TensorType(out.dtype, (len(ts), *out.shape))] if attrs.stacked else [out]
+        return [unpacked_type(self.name, types, attrs.stacked,
+                              lambda t: _logical_type(self.name, t, attrs))]
 
     def kernel(self, args: Sequence[np.ndarray | None], attrs: UnpackAttrs) -> list[np.ndarray]:
         parts = [_unpack(np.asarray(a), attrs) for a in args if a is not None]

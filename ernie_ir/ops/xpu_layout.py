@@ -26,6 +26,7 @@ import numpy as np
 from ernie_ir.ir import DType, Input, OpAttrs, OpDef, OpError, TensorType, register_op
 
 from ._checks import need, need_float, need_rank, same_dim
+from .packed_weight import unpacked_type
 from .quant_numerics import weight_dequantize
 from .weight_only_linear import check_quantized_weight
 
@@ -103,16 +104,7 @@ class UnpackWeightXpu(OpDef):
     Attrs = UnpackXpuAttrs
 
     def infer(self, types: Sequence[TensorType | None], attrs: UnpackXpuAttrs) -> list[TensorType]:
-        ts = [need(t, self.name, "packed") for t in types]
-        if not ts:
-            raise OpError(f"{self.name}: needs at least one packed weight")
-        if not attrs.stacked and len(ts) != 1:
-            raise OpError(f"{self.name}: {len(ts)} inputs need stacked=true")
-        for t in ts[1:]:
-            if t != ts[0]:
-                raise OpError(f"{self.name}: packed weights differ ({t} vs {ts[0]})")
-        out = _logical_type(self.name, ts[0])
-        return [TensorType(out.dtype, (len(ts), *out.shape))] if attrs.stacked else [out]
+        return [unpacked_type(self.name, types, attrs.stacked, lambda t: _logical_type(self.name, t))]
 
     def kernel(self, args: Sequence[np.ndarray | None], attrs: UnpackXpuAttrs) -> list[np.ndarray]:
         parts = [unpack_xpu(a) for a in args if a is not None]

@@ -49,7 +49,31 @@ DEVICE_LAYOUT_KEY = "device_layout"
 _FP8 = (DType.F8E4M3, DType.F8E5M2)
 
 
-class PackedSource(WeightSource):
+class _ExpertSource(WeightSource):
+    """A derived source over `base`, or over expert `expert` of a stacked [E, ...] base.
+
+    The E sources of one stacked base share `memo`, so the base is read (and quantized)
+    once for all its experts and released after the last one.
+    """
+
+    base: WeightSource
+    expert: int | None
+    memo: dict[str, Any]
+
+    def _logical(self) -> np.ndarray:
+        if self.expert is None:
+            return np.asarray(self.base.read())
+        arr = self.memo.get("array")
+        if arr is None:
+            arr = self.memo["array"] = np.asarray(self.base.read())
+        self.memo["left"] = self.memo.get("left", arr.shape[0]) - 1
+        out = np.ascontiguousarray(arr[self.expert])
+        if self.memo["left"] <= 0:
+            self.memo.clear()
+        return out
+
+
+class PackedSource(_ExpertSource):
     """Paddle's CUDA bytes of the logical ints in `base` ([K, N], or expert `expert` of [E, K, N])."""
 
     def __init__(self, base: WeightSource, bits: int, arch: int, expert: int | None = None,
@@ -61,18 +85,6 @@ class PackedSource(WeightSource):
         self.dtype = DType.I8
         self.shape = packed_shape(k, n, bits)
 
-    def _logical(self) -> np.ndarray:
-        if self.expert is None:
-            return np.asarray(self.base.read())
-        # A stacked expert weight is read (and quantized) once for all its experts.
-        arr = self.memo.get("array")
-        if arr is None:
-            arr = self.memo["array"] = np.asarray(self.base.read())
-        self.memo["left"] = self.memo.get("left", arr.shape[0]) - 1
-        out = np.ascontiguousarray(arr[self.expert])
-        if self.memo["left"] <= 0:
-            self.memo.clear()
-        return out
 
     def read(self) -> np.ndarray:
         return pack(self._logical().astype(np.int8), self.bits, self.arch)
@@ -82,7 +94,7 @@ class PackedSource(WeightSource):
         return f"cuda_pack<sm{self.arch}, int{self.bits}>({self.base.describe()}{which})"
 
 
-class XpuSource(WeightSource):
+class XpuSource(_ExpertSource):
     """The XPU layout of `base`: int8 [K, N] -> [N, K], or float scales [N] -> float32.
 
     `expert` picks one expert of a stacked [E, ...] base (read once for all experts via `memo`).
@@ -96,17 +108,6 @@ class XpuSource(WeightSource):
         self.dtype = DType.F32 if scale else DType.I8
         self.shape = shape if scale else (shape[1], shape[0])
 
-    def _logical(self) -> np.ndarray:
-        if self.expert is None:
-            return np.asarray(self.base.read())
-        arr = self.memo.get("array")
-        if arr is None:
-            arr = self.memo["array"] = np.asarray(self.base.read())
-        self.memo["left"] = self.memo.get("left", arr.shape[0]) - 1
-        out = np.ascontiguousarray(arr[self.expert])
-        if self.memo["left"] <= 0:
-            self.memo.clear()
-        return out
 
     def read(self) -> np.ndarray:
         arr = self._logical()
