@@ -1,8 +1,10 @@
 """Resolving a MODEL argument (CLI, golden cases) into a Graph.
 
-MODEL may be an IR text file (`*.ir`), a graph folder (`graph.ir` +
-`weights.safetensors`), a checkpoint folder, or a built-in model name such as
-`ernie-4.5-0.3b@tiny`; the last two are the frontends' business.
+MODEL may be an IR text file (`*.ir`), an artifact folder (`manifest.json`:
+its hashes are checked and its rank-0 graph loaded), a graph folder
+(`graph.ir` + `weights.safetensors`), a checkpoint folder, or a built-in model
+name such as `ernie-4.5-0.3b@tiny`; the last two are the frontends' business.
+This module sits above the layers (like the CLI), so it may import any of them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ernie_ir.ir.storage import GRAPH_FILE, load_graph
 
 
 def load_input(spec: str, *, trust_pickle: bool = False) -> Graph:
+    """The graph MODEL names (see the module docstring); ErnieIRError with one line otherwise."""
     path = Path(spec)
     if path.is_file():
         if path.suffix != ".ir":
@@ -32,11 +35,6 @@ def load_input(spec: str, *, trust_pickle: bool = False) -> Graph:
         return load_artifact(path)  # verifies every hash first
     if path.is_dir() and (path / GRAPH_FILE).is_file():
         return load_graph(path)
-    try:
-        from ernie_ir import frontends
-    except ImportError as e:  # pragma: no cover - frontends ship with the package
-        raise ErnieIRError(f"cannot load {spec!r}: frontends unavailable ({e})") from None
-    load_model = getattr(frontends, "load_model", None)
-    if load_model is None:
-        raise ErnieIRError(f"{spec!r} is neither an IR file nor a graph folder")
+    from ernie_ir.frontends import load_model
+
     return load_model(spec, trust_pickle=trust_pickle)

@@ -1,8 +1,8 @@
 """The typer application behind the `ernie-ir` console script.
 
 Every command parses its options, calls the library and prints. User errors
-(`ErnieIRError`) become one line on stderr and exit code 2; usage errors are
-typer's own (also exit 2).
+(`ErnieIRError`) and usage errors (unknown command or option, missing argument)
+become one line on stderr and exit code 2; see `main`.
 """
 
 from __future__ import annotations
