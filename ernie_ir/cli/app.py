@@ -8,6 +8,7 @@ become one line on stderr and exit code 2; see `main`.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -102,6 +103,17 @@ def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
 
+def _load_rewritten(model: str, pipeline: str | None, *, trust_pickle: bool,
+                    print_before: Sequence[str] = (), print_after: Sequence[str] = (),
+                    dump_dir: Path | None = None, timing: bool = False) -> Graph:
+    """MODEL loaded, verified, and rewritten by `pipeline` under the requested instruments."""
+    graph = load_input(model, trust_pickle=trust_pickle)
+    verify(graph)
+    _run_pipeline(graph, pipeline, print_before=list(print_before), print_after=list(print_after),
+                  dump_dir=dump_dir, timing=timing)
+    return graph
+
+
 def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str],
                   print_after: list[str], dump_dir: Path | None, timing: bool) -> None:
     from ernie_ir.passes import (
@@ -182,10 +194,9 @@ def show(
     """Print a model's IR (exactly the text format, so it can be parsed back)."""
     pipeline = _full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
                               lora_adapter)
-    graph = load_input(model, trust_pickle=trust_pickle)
-    verify(graph)
-    _run_pipeline(graph, pipeline, print_before=_split(print_before), print_after=_split(print_after),
-                  dump_dir=dump_dir, timing=timing)
+    graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle,
+                            print_before=_split(print_before), print_after=_split(print_after),
+                            dump_dir=dump_dir, timing=timing)
     if summary:
         for table in summary_tables(graph):
             out.print(table)
@@ -288,9 +299,7 @@ def run(
 
         logits = run_artifact(Path(model), ids, backend)
     else:
-        graph = load_input(model, trust_pickle=trust_pickle)
-        verify(graph)
-        _run_pipeline(graph, pipeline, print_before=[], print_after=[], dump_dir=None, timing=False)
+        graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle)
         logits = _logits(graph, ids, emulate)
     _check_finite(model, logits)
     report: dict[str, object] = {
@@ -497,9 +506,7 @@ def explain(
     from ernie_ir.passes.rewrite import RuleSet, find_rule
 
     r = find_rule(rule, all_passes())
-    graph = load_input(model, trust_pickle=trust_pickle)
-    verify(graph)
-    _run_pipeline(graph, pipeline, print_before=[], print_after=[], dump_dir=None, timing=False)
+    graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle)
     (trace,) = RuleSet([r]).explain(graph)
     out.print(trace.summary(), markup=False)
     for m in RuleSet([r]).find(graph)[:20]:
