@@ -72,6 +72,46 @@ class MoeGate(OpDef):
         return [weights.astype(np.float32), idx.astype(np.int64)]
 
 
+
+class LocalExpertsAttrs(OpAttrs):
+    first: int = Field(ge=0)
+    """Global index of the first expert this rank holds."""
+    count: int = Field(ge=1)
+    """How many consecutive experts it holds."""
+
+
+@register_op
+class MoeLocalExperts(OpDef):
+    """Route to the experts one rank holds (expert parallelism, global indices kept).
+
+    weights: f32 [..., k]; indices: int [..., k] (global expert ids).
+      held        = first <= indices < first + count
+      weights_out = where(held, weights, 0)
+      indices_out = where(held, indices - first, 0)
+    so that moe_experts over the rank's `count` stacked experts adds exactly
+    its experts' share (a slot routed elsewhere is weighted 0); the sum of
+    every rank's share (all_reduce) is the whole MoE output.
+    """
+
+    name = "moe_local_experts"
+    inputs = (Input("weights"), Input("indices"))
+    Attrs = LocalExpertsAttrs
+
+    def infer(self, types: Sequence[TensorType | None], attrs: LocalExpertsAttrs) -> list[TensorType]:
+        w, idx = need(types[0], self.name, "weights"), need(types[1], self.name, "indices")
+        need_float(w, self.name, "weights")
+        need_int(idx, self.name, "indices")
+        same_dim(w.shape, idx.shape, self.name, "shapes of weights and indices")
+        return [w, idx]
+
+    def kernel(self, args: Sequence[np.ndarray | None], attrs: LocalExpertsAttrs) -> list[np.ndarray]:
+        w, idx = args
+        assert w is not None and idx is not None
+        local = idx - attrs.first
+        held = (local >= 0) & (local < attrs.count)
+        return [np.where(held, w, np.zeros_like(w)), np.where(held, local, np.zeros_like(local))]
+
+
 @register_op
 class MoeExperts(OpDef):
     """Grouped SwiGLU experts over stacked weights, combined by routing weights.

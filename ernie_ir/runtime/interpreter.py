@@ -10,7 +10,7 @@ dropped after its last use, so peak memory follows the live set, not the graph.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,8 @@ from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, TensorType, Val
 from ernie_ir.ir.types import Dim
 
 _EMULATABLE = (DType.BF16, DType.F16)
+COLLECTIVES = frozenset({"all_reduce", "all_gather"})
+"""Ops that need every rank's input (`OpDef.collective`)."""
 
 
 def _widen(array: np.ndarray, dtype: DType) -> np.ndarray:
@@ -80,6 +82,21 @@ class Interpreter:
             observer: Callable[[Node, list[np.ndarray]], Any] | None = None,
             ) -> dict[str, np.ndarray]:
         """Outputs by name. `observer(node, results)` is called after each node."""
+        steps = self.steps(inputs, observer)
+        try:
+            node, args = next(steps)
+            while True:  # a collective of this graph alone: its kernel runs it (world 1) or says why not
+                node, args = steps.send(node.opdef.kernel(args, node.attrs))
+        except StopIteration as done:
+            return done.value
+
+    def steps(self, inputs: Mapping[str, np.ndarray],
+              observer: Callable[[Node, list[np.ndarray]], Any] | None = None,
+              ) -> Generator[tuple[Node, list[np.ndarray | None]], list[np.ndarray],
+                             dict[str, np.ndarray]]:
+        """Run as a generator that stops at every collective node: it yields `(node, args)` and
+        is sent that node's results; it returns the outputs by name. The SPMD interpreter drives
+        one such generator per rank in lockstep."""
         g = self.graph
         env: dict[Value, np.ndarray] = {}
         symbols: dict[str, int] = {}
@@ -99,7 +116,10 @@ class Interpreter:
         for node in g:
             args = [None if v is None else (self.param(v) if isinstance(v, Param) else env[v])
                     for v in node.inputs]
-            results = node.opdef.kernel(args, node.attrs)
+            if node.op in COLLECTIVES:
+                results = yield node, args
+            else:
+                results = node.opdef.kernel(args, node.attrs)
             for v, arr in zip(node.outputs, results, strict=True):
                 arr = self._normalise(v.type, arr)
                 if self.check_shapes:
