@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
 from pydantic import Field
 
 from ernie_ir.ir import Input, OpAttrs, OpDef, OpError, TensorType, register_op

@@ -7,5 +7,14 @@ from .registry import REGISTRY
 
 if "O1" not in REGISTRY.presets:
     REGISTRY.add_preset("O1", "canonicalize,cse,dce", "Generic cleanup: canonicalize, CSE, DCE.")
-from . import fp8, lora, lora_import, lora_merge, qat, quant_annotate, quant_presets, weight_only  # noqa: F401
-from . import split  # noqa: F401
+from . import (  # noqa: F401
+    fp8,
+    lora,
+    lora_import,
+    lora_merge,
+    qat,
+    quant_annotate,
+    quant_presets,
+    split,
+    weight_only,
+)

@@ -588,9 +588,8 @@ class _RankBuilder:
             (y,) = self.emit(node.op, [a.value, b.value], node.attrs, node.scope)
             return [_Local(y, la)]
         for sh, other, o_index in ((a, b, 1), (b, a, 0)):
-            if isinstance(sh.layout, Sharded) and other.layout == "R" and isinstance(node.inputs[o_index], Param):
-                p = node.inputs[o_index]
-                assert isinstance(p, Param)
+            p = node.inputs[o_index]
+            if isinstance(sh.layout, Sharded) and other.layout == "R" and isinstance(p, Param):
                 axis = sh.layout.axis
                 if p.type.rank >= -axis and p.type.shape[axis] == sh.layout.size:
                     cut = self.param(p, [(axis, sh.layout.ranges(self.tp, self.info.tp_rank))])
