@@ -99,6 +99,10 @@ def _full_pipeline(pipeline: str | None, quant: str | None, quant_config: Path |
     return ",".join(parts) or None
 
 
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (attention heads, FFN, vocab).")]
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (whole routed experts per group).")]
+
+
 def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
@@ -189,11 +193,18 @@ def show(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     lora_adapter: LoraAdapterOpt = None,
+    tp: TpOpt = 1,
+    ep: EpOpt = 1,
+    rank: Annotated[int, typer.Option("--rank", help="With --tp/--ep: which rank's graph to print.")] = 0,
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Print a model's IR (exactly the text format, so it can be parsed back)."""
     pipeline = _full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
                               lora_adapter)
+    if tp != 1 or ep != 1:
+        pipeline = ",".join(x for x in (pipeline, f"split{{tp={tp},ep={ep},rank={rank}}}") if x)
+    elif rank:
+        raise ErnieIRError("--rank needs --tp and/or --ep (a one-rank graph has rank 0 only)")
     graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle,
                             print_before=_split(print_before), print_after=_split(print_after),
                             dump_dir=dump_dir, timing=timing)
@@ -245,6 +256,15 @@ def _logits(graph: Graph, ids: np.ndarray, emulate: str | None) -> np.ndarray:
     return outputs[graph.output_names[0]]
 
 
+def _is_multi_rank(model: str) -> bool:
+    """An artifact folder with more than one rank (the interpreter runs its ranks as SPMD)."""
+    if not (Path(model) / "manifest.json").is_file():
+        return False
+    from ernie_ir.targets import artifact_mapping, read_manifest
+
+    return artifact_mapping(read_manifest(model)).world_size > 1
+
+
 def _check_finite(model: str, logits: np.ndarray) -> None:
     bad = int(np.size(logits) - np.count_nonzero(np.isfinite(logits)))
     if bad:
@@ -291,7 +311,11 @@ def run(
     if save_logits is not None and not save_logits.parent.is_dir():
         raise ErnieIRError(f"--save-logits {save_logits}: folder {save_logits.parent} does not exist: "
                            "create it or choose another path")
-    if backend != "interpreter":
+    if backend == "interpreter" and not pipeline and not emulate and _is_multi_rank(model):
+        from ernie_ir.runtime.artifact_runner import run_artifact
+
+        logits = run_artifact(Path(model), ids, backend)
+    elif backend != "interpreter":
         if pipeline or emulate:
             raise ErnieIRError(f"--backend {backend} runs an artifact as compiled: drop --pipeline, "
                                "--quant, --lora-* and --emulate (or use --backend interpreter)")
@@ -347,8 +371,8 @@ def compile(
     lora_targets: LoraTargetsOpt = None,
     lora_adapter: LoraAdapterOpt = None,
     quant_config: QuantConfigOpt = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (only 1 so far).")] = 1,
-    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree (only 1 so far).")] = 1,
+    tp: TpOpt = 1,
+    ep: EpOpt = 1,
     pipeline: PipelineOpt = None,
     cuda_arch: Annotated[
         int | None, typer.Option("--cuda-arch", help="--target cuda only: 70, 75, 80, 86, 89 or 90 "
@@ -395,6 +419,8 @@ def compile(
     for w in report.warnings:
         err.print(f"warning: {w}", markup=False)
     out.print(f"compiled {model} for {target} ({mode}) -> {report.out}", markup=False)
+    if report.parallel:
+        out.print(f"layout: {report.parallel}", markup=False)
     out.print(f"pipeline: {report.pipeline}", markup=False)
     t = Table(title="params by dtype")
     t.add_column("dtype")

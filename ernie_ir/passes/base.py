@@ -89,9 +89,18 @@ class Pass(ABC):
                 f"pass {cls.name}: bad option ({'; '.join(problems)}); valid options: {valid}"
             ) from None
 
+    fans_out: ClassVar[bool] = False
+    """A pass that turns one graph into several (the split into rank graphs): the pass manager's
+    `run_ranks` calls `fan_out` and runs every later pass on each of the graphs it returns."""
+
     @abstractmethod
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         """Transform `graph` in place; return True if it changed."""
+
+    def fan_out(self, graph: Graph, ctx: PassContext) -> list[Graph]:
+        """The graphs this pass makes of `graph` (default: `graph` itself, run in place)."""
+        self.run(graph, ctx)
+        return [graph]
 
     def spec(self) -> str:
         """This pass and its non-default options, in pipeline syntax."""

@@ -19,7 +19,7 @@ from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.verifier import verify_problems
 
-from .base import PassContext, PipelineError, graph_properties, set_graph_properties
+from .base import Pass, PassContext, PipelineError, graph_properties, set_graph_properties
 from .instruments import PassInstrument
 from .pipeline import Pipeline
 
@@ -52,55 +52,115 @@ class PassManager:
         self.debug = debug
 
     def run(self, graph: Graph) -> PipelineResult:
+        """Run every pass on `graph` in place (a fan-out pass keeps one of its graphs, see
+        `run_ranks` for all of them)."""
         result = PipelineResult(changed=False)
         for inst in self.instruments:
             inst.enter_pipeline(self.pipeline, graph)
         ran: list[str] = []
         for index, p in enumerate(self.pipeline.passes, 1):
-            props = graph_properties(graph)
-            missing = sorted(p.requires - props)
-            if missing:
-                raise PipelineError(
-                    f"pass {p.name} requires {', '.join(missing)}, which this graph does not have"
-                )
-            for inst in self.instruments:
-                inst.before_pass(index, p, graph)
-            before = _fingerprint(graph) if self.debug else ""
-            ctx = PassContext(debug=self.debug)
-            changed = bool(p.run(graph, ctx))
-            if self.debug:
-                problems = verify_problems(graph)
-                if problems:
-                    earlier = ", ".join(ran) if ran else "none"
-                    raise PassVerificationError(
-                        f"IR is invalid after pass {p.spec()} (pass {index}; ran before it: "
-                        f"{earlier}): {problems[0]}"
-                        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-                    )
-                after = _fingerprint(graph)
-                really = after != before
-                if really and not changed:
-                    raise PassContractError(
-                        f"pass {p.name} changed the graph but returned False (report changes "
-                        "truthfully: caches and instruments rely on it)"
-                    )
-                changed = really
-            # Recorded after the "changed" check: the manager writes these, not the pass, so a
-            # pass that only establishes a property (and says "unchanged") keeps its word.
-            if p.produces or p.invalidates:
-                set_graph_properties(graph, (graph_properties(graph) - p.invalidates) | p.produces)
-            ran.append(p.spec())
-            for inst in self.instruments:
-                inst.after_pass(index, p, graph, changed, ctx)
-            if changed:
-                result.changed = True
-                result.changed_by.append(p.name)
-            result.warnings.extend(f"{p.name}: {w}" for w in ctx.warnings)
-            if ctx.stats:
-                result.stats[f"{index}:{p.name}"] = dict(ctx.stats)
+            self._run_pass(index, p, graph, ran, result)
         for inst in self.instruments:
             inst.exit_pipeline(graph)
         return result
+
+    def run_ranks(self, graph: Graph) -> RankedResult:
+        """Run the pipeline, fanning out at a fan-out pass (the split): the passes before it
+        rewrite `graph`, the ones after it rewrite each of the graphs it made."""
+        result = PipelineResult(changed=False)
+        for inst in self.instruments:
+            inst.enter_pipeline(self.pipeline, graph)
+        ran: list[str] = []
+        graphs = [graph]
+        for index, p in enumerate(self.pipeline.passes, 1):
+            if p.fans_out and len(graphs) == 1:
+                graphs = self._fan_out(index, p, graph, ran, result)
+                continue
+            for i, g in enumerate(graphs):  # ranks after the first report only new warnings
+                scratch = result if i == 0 else PipelineResult(changed=False)
+                self._run_pass(index, p, g, ran if i == len(graphs) - 1 else list(ran), scratch)
+                result.warnings.extend(w for w in scratch.warnings if w not in result.warnings)
+        for inst in self.instruments:
+            inst.exit_pipeline(graphs[0])
+        return RankedResult(graph, graphs, result)
+
+    def _check_requires(self, p: Pass, graph: Graph) -> None:
+        missing = sorted(p.requires - graph_properties(graph))
+        if missing:
+            raise PipelineError(
+                f"pass {p.name} requires {', '.join(missing)}, which this graph does not have"
+            )
+
+    def _verify(self, index: int, p: Pass, graph: Graph, ran: list[str]) -> None:
+        problems = verify_problems(graph)
+        if problems:
+            earlier = ", ".join(ran) if ran else "none"
+            raise PassVerificationError(
+                f"IR is invalid after pass {p.spec()} (pass {index}; ran before it: "
+                f"{earlier}): {problems[0]}"
+                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+            )
+
+    def _record(self, index: int, p: Pass, graph: Graph, changed: bool, ctx: PassContext,
+                ran: list[str], result: PipelineResult) -> None:
+        # Recorded after the "changed" check: the manager writes these, not the pass, so a
+        # pass that only establishes a property (and says "unchanged") keeps its word.
+        if p.produces or p.invalidates:
+            set_graph_properties(graph, (graph_properties(graph) - p.invalidates) | p.produces)
+        for inst in self.instruments:
+            inst.after_pass(index, p, graph, changed, ctx)
+        if changed:
+            result.changed = True
+            result.changed_by.append(p.name)
+        result.warnings.extend(f"{p.name}: {w}" for w in ctx.warnings)
+        if ctx.stats:
+            result.stats[f"{index}:{p.name}"] = dict(ctx.stats)
+
+    def _fan_out(self, index: int, p: Pass, graph: Graph, ran: list[str],
+                 result: PipelineResult) -> list[Graph]:
+        self._check_requires(p, graph)
+        for inst in self.instruments:
+            inst.before_pass(index, p, graph)
+        ctx = PassContext(debug=self.debug)
+        graphs = p.fan_out(graph, ctx)
+        for g in graphs:
+            if self.debug:
+                self._verify(index, p, g, ran)
+            set_graph_properties(g, (graph_properties(graph) - p.invalidates) | p.produces)
+        ran.append(p.spec())
+        self._record(index, p, graphs[0], graphs != [graph], ctx, [], result)
+        return graphs
+
+    def _run_pass(self, index: int, p: Pass, graph: Graph, ran: list[str],
+                  result: PipelineResult) -> None:
+        self._check_requires(p, graph)
+        for inst in self.instruments:
+            inst.before_pass(index, p, graph)
+        before = _fingerprint(graph) if self.debug else ""
+        ctx = PassContext(debug=self.debug)
+        changed = bool(p.run(graph, ctx))
+        if self.debug:
+            self._verify(index, p, graph, ran)
+            really = _fingerprint(graph) != before
+            if really and not changed:
+                raise PassContractError(
+                    f"pass {p.name} changed the graph but returned False (report changes "
+                    "truthfully: caches and instruments rely on it)"
+                )
+            changed = really
+        ran.append(p.spec())
+        self._record(index, p, graph, changed, ctx, ran, result)
+
+
+@dataclass
+class RankedResult:
+    """What `run_ranks` made: the global graph as the fan-out pass found it (the input graph,
+    rewritten in place up to there), the graphs after the pipeline (one per rank; `[graph]`
+    without a fan-out pass), and the pipeline result."""
+
+    global_graph: Graph
+    ranks: list[Graph]
+    result: PipelineResult
 
 
 def run_pipeline(graph: Graph, pipeline: Pipeline | str, *,
@@ -111,3 +171,13 @@ def run_pipeline(graph: Graph, pipeline: Pipeline | str, *,
 
         pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
     return PassManager(pipeline, instruments=instruments, debug=debug).run(graph)
+
+
+def run_pipeline_ranks(graph: Graph, pipeline: Pipeline | str, *,
+                       instruments: Sequence[PassInstrument] = (), debug: bool = True) -> RankedResult:
+    """Run a pipeline that may split the graph into rank graphs (see `PassManager.run_ranks`)."""
+    if isinstance(pipeline, str):
+        from .pipeline import load_pipeline
+
+        pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
+    return PassManager(pipeline, instruments=instruments, debug=debug).run_ranks(graph)

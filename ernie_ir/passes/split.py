@@ -171,6 +171,7 @@ class SplitPass(Pass):
                    "collectives; compile writes every rank")
     Options = SplitOptions
     produces = frozenset({"split"})
+    fans_out = True
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         o: SplitOptions = self.options  # type: ignore[assignment]
@@ -182,6 +183,14 @@ class SplitPass(Pass):
         ranked = split_rank(graph, mapping, o.rank, lm_head=o.lm_head)
         _replace_contents(graph, ranked)
         return True
+
+    def fan_out(self, graph: Graph, ctx: PassContext) -> list[Graph]:
+        """Every rank's graph (the global graph is left as it is)."""
+        o: SplitOptions = self.options  # type: ignore[assignment]
+        mapping = mapping_for(graph, o.tp, o.ep)
+        if mapping.is_single:
+            return [graph]
+        return split_graph(graph, mapping, lm_head=o.lm_head)
 
 
 def split_graph(graph: Graph, mapping: Mapping, *, lm_head: str = "split") -> list[Graph]:

@@ -2,8 +2,9 @@
 
     logits = run_artifact(Path("art"), np.array([[1, 2, 3]]), "onnxruntime")
 
-Backends: "interpreter" (the rank-0 lowered graph in the reference
-interpreter, every artifact), "onnxruntime" (`inference/onnx/model.onnx`,
+Backends: "interpreter" (the lowered rank graphs in the reference
+interpreter, every artifact; several ranks run in lockstep as SPMD and rank 0
+reports), "onnxruntime" (`inference/onnx/model.onnx`,
 cuda inference artifacts, exact session settings). Hashes are checked first.
 """
 
@@ -37,13 +38,13 @@ def run_artifact(path: Path, input_ids: np.ndarray, backend: str) -> np.ndarray:
                            f"{', '.join(offered)}")
     ids = np.asarray(input_ids)
     if backend == "interpreter":
-        from ernie_ir.targets import load_artifact
+        from ernie_ir.targets import load_rank_graphs
 
-        from .interpreter import run_graph
+        from .spmd import run_spmd
 
-        graph = load_artifact(root, verify=False)
-        name = graph.output_names[0]
-        return run_graph(graph, {graph.inputs[0].name: ids})[name]
+        _, graphs = load_rank_graphs(root, verify=False)
+        name = graphs[0].output_names[0]
+        return run_spmd(graphs, {graphs[0].inputs[0].name: ids})[0][name]  # rank 0 reports
     _check_ids(root, ids)  # the executables would crash (out of range) or silently wrap (negative)
     if backend == "onnxruntime":
         from .onnx_backend import run_onnx

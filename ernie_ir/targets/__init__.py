@@ -9,7 +9,15 @@ also found through the `ernie_ir.passes` entry point).
 """
 
 from . import passes  # noqa: F401  (registers legalize-cuda/-ascend/-kunlun)
-from .artifact import ArtifactError, load_artifact, read_manifest, verify_artifact, write_artifact
+from .artifact import (
+    ArtifactError,
+    artifact_mapping,
+    load_artifact,
+    load_rank_graphs,
+    read_manifest,
+    verify_artifact,
+    write_artifact,
+)
 from .capabilities import FusedMoE, Target, WeightOnlyKernel
 from .compile import CompileReport, compile_model
 from .registry import TARGETS, TargetError, get_target
@@ -22,9 +30,11 @@ __all__ = [
     "Target",
     "TargetError",
     "WeightOnlyKernel",
+    "artifact_mapping",
     "compile_model",
     "get_target",
     "load_artifact",
+    "load_rank_graphs",
     "read_manifest",
     "verify_artifact",
     "write_artifact",

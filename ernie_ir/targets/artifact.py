@@ -3,9 +3,11 @@
     manifest.json          format version, ernie-ir version, source model + sha256, resolved
                            pipeline, target, mode, parallel layout, kernel plan summary, and the
                            sha256 of every other file
-    graph.ir               final global IR
-    rank0/graph.ir         per-rank IR (one rank: tp = ep = 1)
-    rank0/weights.safetensors
+    graph.ir               the global IR: the final graph of a one-rank artifact; for several
+                           ranks, the unsplit graph the split cut them from
+    rank{r}/graph.ir       per-rank IR (one rank: rank0 only), legalized for the target
+    rank{r}/weights.safetensors   each rank's weights, streamed from the lazy (memory-mapped)
+                           sources one tensor at a time
     inference/launch.sh    launch recipe (paddle.distributed.launch with the target's flag and env)
     inference/launch.json  the same recipe as data
 
@@ -22,13 +24,14 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.ir.mapping import Mapping
 from ernie_ir.ir.printer import print_graph
-from ernie_ir.ir.storage import load_graph, write_graph_files
+from ernie_ir.ir.storage import GRAPH_FILE, WEIGHTS_FILE, load_graph, write_graph_files
 
 from .capabilities import Target
 
@@ -54,6 +57,7 @@ def _files(root: Path) -> list[str]:
 
 
 def launch_recipe(target: Target, mode: str, tp: int = 1) -> dict[str, Any]:
+    """How the artifact is started on its devices (`tp`: the number of processes, one per rank)."""
     devices = ",".join(str(i) for i in range(tp))
     env = {target.visible_devices_env: devices, **target.extra_env}
     return {
@@ -118,8 +122,12 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
                    pipeline: str, source: dict[str, Any], force: bool = False,
                    extra: dict[str, Any] | None = None,
                    emitters: dict[str, Callable[[Graph, Path], Any]] | None = None,
-                   progress: Callable[[str, int, int], None] | None = None) -> Path:
+                   progress: Callable[[str, int, int], None] | None = None,
+                   ranks: Sequence[Graph] | None = None, mapping: Mapping | None = None) -> Path:
     """Write the artifact folder atomically and return its path.
+
+    `ranks`: the rank graphs (default: `[graph]`, one rank) under `mapping` (default: one rank);
+    `graph` is written as the global `graph.ir`, each rank's graph and weights into `rank{r}/`.
 
     `emitters`: backend name -> fn(graph, executable folder) that writes that backend's files
     (e.g. "onnxruntime" -> `inference/onnx/`); the manifest's "backends" lists "interpreter"
@@ -137,13 +145,26 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
                             f"({e.filename or dest.parent}): choose a writable --out") from None
     old: Path | None = None
     try:
+        rank_graphs = list(ranks) if ranks else [graph]
+        layout = mapping if mapping is not None else Mapping.create()
+        if len(rank_graphs) != layout.world_size:
+            raise ArtifactError(f"{len(rank_graphs)} rank graphs for a world of {layout.world_size}")
         (tmp / "graph.ir").write_text(print_graph(graph), encoding="utf-8")
-        (tmp / "rank0").mkdir()
-        write_graph_files(graph, tmp / "rank0", on_tensor=(
-            None if progress is None else lambda _name, done, total: progress("weights", done, total)))
+        total = sum(1 for g in rank_graphs for p in g.params.values() if p.source is not None)
+        written = 0
+        for r, rank_graph in enumerate(rank_graphs):
+            (tmp / f"rank{r}").mkdir()
+            base = written
+
+            def on_tensor(_name: str, done: int, _total: int, base: int = base) -> None:
+                if progress is not None:
+                    progress("weights", base + done, total)
+
+            write_graph_files(rank_graph, tmp / f"rank{r}", on_tensor=on_tensor)
+            written += sum(1 for p in rank_graph.params.values() if p.source is not None)
         exe = tmp / mode
         exe.mkdir()
-        recipe = launch_recipe(target, mode)
+        recipe = launch_recipe(target, mode, layout.world_size)
         (exe / "launch.json").write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
         (exe / "launch.sh").write_text(launch_script(recipe), encoding="utf-8")
         (exe / "launch.sh").chmod(0o755)
@@ -155,6 +176,9 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
         kernels: dict[str, int] = {}
         for entry in plan.get("kernels", []):
             kernels[entry["kernel"]] = kernels.get(entry["kernel"], 0) + 1
+        rank_files = {f"rank{r}": {name: sha256_file(tmp / f"rank{r}" / name)
+                                   for name in (GRAPH_FILE, WEIGHTS_FILE)}
+                      for r in range(layout.world_size)}
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -164,10 +188,13 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
             "target": target.name,
             **({"cuda_arch": plan["cuda_arch"]} if "cuda_arch" in plan else {}),
             "mode": mode,
-            "parallel": {"tp": 1, "ep": 1, "ranks": ["rank0"]},
+            "parallel": {"tp": layout.tp, "ep": layout.ep, "world_size": layout.world_size,
+                         "ranks": [f"rank{r}" for r in range(layout.world_size)],
+                         "mapping": layout.model_dump(mode="json")},
             "kernel_plan": {"kernels": dict(sorted(kernels.items())), "fallbacks": plan.get("fallbacks", [])},
             **(extra or {}),
             "backends": ["interpreter", *(emitters or {})],
+            "rank_files": rank_files,
             "files": {name: sha256_file(tmp / name) for name in _files(tmp)},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -235,6 +262,27 @@ def verify_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
     if extra:
         raise ArtifactError(f"artifact {root}: {extra[0]} is not listed in {MANIFEST} (an added file)")
     return manifest
+
+
+def artifact_mapping(manifest: dict[str, Any]) -> Mapping:
+    """The parallel layout an artifact's manifest records (one rank for older artifacts)."""
+    data = (manifest.get("parallel") or {}).get("mapping") if isinstance(manifest.get("parallel"),
+                                                                       dict) else None
+    if data is None:
+        return Mapping.create()
+    try:
+        return Mapping.model_validate(data)
+    except ValueError:
+        raise ArtifactError("manifest.json: parallel.mapping is not a valid layout: the manifest is "
+                            "corrupt or tampered with; recompile the model") from None
+
+
+def load_rank_graphs(path: str | os.PathLike[str], *, verify: bool = True) -> tuple[Mapping, list[Graph]]:
+    """Every rank graph of an artifact (rank order), weights memory-mapped, with its Mapping."""
+    root = Path(path)
+    manifest = verify_artifact(root) if verify else read_manifest(root)
+    mapping = artifact_mapping(manifest)
+    return mapping, [load_graph(root / f"rank{r}") for r in range(mapping.world_size)]
 
 
 def load_artifact(path: str | os.PathLike[str], *, verify: bool = True) -> Graph:

@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.ir.mapping import Mapping, check_degrees
 from ernie_ir.load import load_input
-from ernie_ir.passes import Pass, PassContext, PassInstrument, run_pipeline
+from ernie_ir.passes import Pass, PassContext, PassInstrument
 from ernie_ir.passes.base import graph_properties
+from ernie_ir.passes.manager import run_pipeline_ranks
 from ernie_ir.passes.pipeline import load_pipeline
 from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
 from ernie_ir.passes.quant_config import resolve_quant_name
+from ernie_ir.passes.split import mapping_for
 
 from .artifact import check_out, sha256_file, write_artifact
 from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
@@ -42,6 +45,8 @@ class CompileReport:
     fallbacks: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     cuda_arch: int | None = None
+    parallel: str = ""
+    """The layout (e.g. "world 2, tp 2"); empty for one rank."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,8 +137,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     tgt = get_target(target)
     if mode not in MODES:
         raise TargetError(f"unknown --mode {mode!r}: choose inference or training")
-    if tp != 1 or ep != 1:
-        raise ErnieIRError(f"--tp {tp} --ep {ep}: only tp=1, ep=1 artifacts are built so far")
+    check_degrees(tp, ep, num_experts=None if ep == 1 else 0)
     arch = check_arch(cuda_arch) if tgt.name == "cuda" else None
     if quant is not None and quant.strip().lower() not in NO_QUANT:
         canonical = resolve_quant_name(quant)
@@ -159,35 +163,86 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     graph = load_input(model, trust_pickle=trust_pickle)
     before = params_by_dtype(graph)
     parts: list[str] = []
+    user_split = None
     if pipeline:
         user = load_pipeline(pipeline, initial=graph_properties(graph))
         legalize = [p.name for p in user if p.name.startswith("legalize-")]
         if legalize:
             raise TargetError(f"--pipeline holds {legalize[0]}: compile appends legalize-{tgt.name} for "
                               f"--target {tgt.name} itself; drop it from --pipeline (or change --target)")
+        user_split = next((p for p in user if p.fans_out), None)
+        if user_split is not None and (tp != 1 or ep != 1):
+            raise ErnieIRError(f"--tp/--ep and {user_split.spec()} in --pipeline both set the layout: "
+                               "give one of them")
         parts.append(str(user))
     if quant_text:
+        if user_split is not None:
+            raise ErnieIRError(f"--pipeline splits the model ({user_split.spec()}) but --quant/--lora-* "
+                               "passes run after it: quantize and add LoRA before splitting (put "
+                               "them in --pipeline before split, or use --tp/--ep)")
         parts.append(quant_text)
+    if tp != 1 or ep != 1:
+        mapping_for(graph, tp, ep)  # refuse an impossible layout before any pass runs
+        parts.append(f"split{{tp={tp},ep={ep}}}")
     parts.append(f"legalize-cuda{{cuda_arch={arch}}}" if arch is not None else f"legalize-{tgt.name}")
     resolved = load_pipeline(",".join(parts), initial=graph_properties(graph))
+    split = next((p for p in resolved if p.fans_out), None)
+    mapping = Mapping.create()
+    if split is not None:
+        opts = split.options
+        mapping = mapping_for(graph, getattr(opts, "tp", 1), getattr(opts, "ep", 1))
     instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
-    result = run_pipeline(graph, resolved, instruments=instruments)
+    ranked = run_pipeline_ranks(graph, resolved, instruments=instruments)
+    ranks, result = ranked.ranks, ranked.result
+    if len(ranks) != mapping.world_size:
+        mapping = Mapping.create()  # the split left one rank (tp = ep = 1)
+    first = ranks[0]
     if mode == "training":
         from .emit_paddle import check_trainable
 
-        check_trainable(graph)
+        check_trainable(first)
     warnings = list(result.warnings)
-    plan = graph.metadata.get("kernel_plan", {})
-    after = params_by_dtype(graph)
-    path = write_artifact(graph, dest, target=tgt, mode=mode, pipeline=str(resolved),
-                          source=source_info(model, graph), force=force,
+    plan = first.metadata.get("kernel_plan", {})
+    after = params_by_dtype(first) if len(ranks) == 1 else _rank_params(ranks)
+    if mapping.is_single:
+        emitters = {**onnx_emitters(tgt.name, mode, first), **paddle_emitters(tgt, mode, first, warnings)}
+    else:
+        emitters = parallel_emitters(tgt, mode, first, mapping, warnings)
+    path = write_artifact(ranked.global_graph if len(ranks) > 1 else first, dest, target=tgt, mode=mode,
+                          pipeline=str(resolved), source=source_info(model, graph), force=force,
                           extra={"params_before": before, "params_after": after},
-                          emitters={**onnx_emitters(tgt.name, mode, graph),
-                                    **paddle_emitters(tgt, mode, graph, warnings)},
-                          progress=progress)
+                          emitters=emitters, progress=progress, ranks=ranks, mapping=mapping)
     return CompileReport(
         model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(path),
         passes_run=[p.spec() for p in resolved.passes], params_before=before, params_after=after,
         kernel_plan=list(plan.get("kernels", [])), fallbacks=list(plan.get("fallbacks", [])),
-        warnings=warnings, cuda_arch=arch,
+        warnings=warnings, cuda_arch=arch, parallel=mapping.describe() if not mapping.is_single else "",
     )
+
+
+def _rank_params(ranks: Sequence[Graph]) -> dict[str, dict[str, int]]:
+    """params_by_dtype summed over the ranks (what every device holds together)."""
+    total: dict[str, dict[str, int]] = {}
+    for g in ranks:
+        for dtype, entry in params_by_dtype(g).items():
+            t = total.setdefault(dtype, {"count": 0, "bytes": 0})
+            t["count"] += entry["count"]
+            t["bytes"] += entry["bytes"]
+    return dict(sorted(total.items()))
+
+
+def parallel_emitters(target: Any, mode: str, graph: Graph, mapping: Mapping,
+                      warnings: list[str]) -> dict[str, Any]:
+    """Executables of a multi-rank artifact: Paddle builds each rank's Layer from `rank{r}/` at
+    launch (collectives are paddle.distributed calls); ONNX has no collectives, so none is written."""
+    from .emit_paddle import emit_paddle_training, paddle_available
+
+    if target.name == "cuda" and mode == "inference":
+        warnings.append(f"no ONNX model for {mapping.world_size} ranks: ONNX has no collectives; run "
+                        "the ranks with --backend paddle (paddle.distributed) or --backend interpreter")
+    if mode == "training":
+        return {"paddle": lambda g, exe: emit_paddle_training(g, exe, target, mapping)}
+    if not paddle_available():
+        warnings.append("no Paddle backend: PaddlePaddle is not installed (install ernie-ir[paddle])")
+        return {}
+    return {"paddle": lambda g, exe: None}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.ir.mapping import Mapping
 from ernie_ir.runtime.paddle_layer import PaddleEmitError, build_layer, require_paddle
 
 from .capabilities import Target
@@ -91,7 +92,7 @@ def check_trainable(graph: Graph) -> list[str]:
     return names
 
 
-def training_recipe(graph: Graph, target: Target) -> dict[str, Any]:
+def training_recipe(graph: Graph, target: Target, mapping: Mapping | None = None) -> dict[str, Any]:
     trainable = check_trainable(graph)
     state = sorted(p.name for p in graph.params.values() if "qat_state" in p.annotations)
     lr_mult = {p.name: float(p.annotations["learning_rate"]) for p in graph.params.values()
@@ -101,7 +102,8 @@ def training_recipe(graph: Graph, target: Target) -> dict[str, Any]:
     flags = f"{target.launch_flag} 0"
     return {
         "format": "ernie-ir-training", "version": 1,
-        "graph": "rank0/graph.ir", "weights": "rank0/weights.safetensors",
+        "graph": "rank{rank}/graph.ir", "weights": "rank{rank}/weights.safetensors",
+        "world_size": 1 if mapping is None else mapping.world_size,
         "trainable": trainable, "learning_rate_multipliers": lr_mult, "qat_state": state,
         "frozen_count": len(frozen),
         "loss": "next-token cross-entropy on logits[:, :-1] vs input_ids[:, 1:] (padding ignored)",
@@ -122,8 +124,9 @@ def training_recipe(graph: Graph, target: Target) -> dict[str, Any]:
     }
 
 
-def emit_paddle_training(graph: Graph, folder: Path, target: Target) -> dict[str, Any]:
-    recipe = training_recipe(graph, target)
+def emit_paddle_training(graph: Graph, folder: Path, target: Target,
+                         mapping: Mapping | None = None) -> dict[str, Any]:
+    recipe = training_recipe(graph, target, mapping)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / TRAIN_RECIPE).write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
     return {"format": "paddle-training", "recipe": f"training/{TRAIN_RECIPE}",

@@ -62,7 +62,9 @@ def test_compile_load_run_within_budget(tmp_path: Path, model: str, quant: str, 
     assert report.cuda_arch == (80 if target == "cuda" else None)
     manifest = verify_artifact(out)
     assert manifest["target"] == target and manifest["mode"] == "inference"
-    assert manifest["parallel"] == {"tp": 1, "ep": 1, "ranks": ["rank0"]}
+    layout = manifest["parallel"]
+    assert (layout["tp"], layout["ep"], layout["world_size"], layout["ranks"]) == (1, 1, 1, ["rank0"])
+    assert layout["mapping"]["ranks"][0]["rank"] == 0
     base = {"graph.ir", "rank0/graph.ir", "rank0/weights.safetensors",
             "inference/launch.json", "inference/launch.sh"}
     assert base <= set(manifest["files"])
