@@ -64,6 +64,11 @@ class WeightSource(ABC):
     def nbytes(self) -> int:
         return math.ceil(math.prod(self.shape) * self.dtype.bits / 8)
 
+    def sliced(self, axis: int, start: int, stop: int) -> WeightSource:
+        """`self[..., start:stop, ...]` along `axis`, lazily. Sources whose values are computed
+        (e.g. quantized on read) override this to compute only the slice where that is exact."""
+        return SlicedSource(self, axis, start, stop)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe()}>"
 

@@ -37,6 +37,7 @@ from .base import Pass, PassContext, PassOptions
 from .param_edit import ParamPlacer
 from .quant_config import EXPERT_OPS, LINEAR_OPS, Target, compile_pattern, expert_paths, find_targets
 from .registry import register_pass
+from .split import shard_of
 
 ERNIEKIT_TARGETS = (".*qkv_proj.*", ".*o_proj.*", ".*up_gate_proj.*", ".*down_proj.*")
 
@@ -219,6 +220,12 @@ class LoraInsert(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         opts: LoraOptions = self.options  # type: ignore[assignment]
         chosen = select_targets(graph, opts.targets or default_targets(graph), ctx)
+        cut = next((t for t in chosen if t.param is not None and shard_of(t.param) is not None), None)
+        if cut is not None:
+            raise LoraError(f"lora after split: {cut.path} is cut across ranks, so each rank would draw "
+                            "its own lora_A and the ranks would no longer form one model: add LoRA "
+                            "before splitting (--lora-rank with --tp/--ep, or lora before split in "
+                            "--pipeline)")
         placer = ParamPlacer(graph)
         created = attach_adapters(graph, placer, chosen, rank=opts.rank, scale=opts.scale,
                                   dropout=opts.dropout, dtype=opts.dtype, seed=opts.seed)

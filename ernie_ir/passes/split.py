@@ -47,13 +47,26 @@ from typing import Any, Literal
 
 from ernie_ir.ir import ErnieIRError, Graph, Node, Param, TensorType, Value
 from ernie_ir.ir.mapping import Mapping, MappingError, RankLayout
-from ernie_ir.ir.weights import ConcatSource, SlicedSource, WeightSource
+from ernie_ir.ir.weights import ConcatSource, WeightSource
 
 from .base import Pass, PassContext, PassOptions
 from .registry import register_pass
 
 SHARD = "shard"
 """Param annotation: {global_shape, cuts: [{axis, ranges}]} (absent: the whole tensor)."""
+
+
+def shard_of(p: Param) -> dict[str, Any] | None:
+    """The `shard` annotation of a rank param: {global_shape, cuts: [{axis, ranges}]}, or None."""
+    ann = p.annotations.get(SHARD)
+    return ann if isinstance(ann, dict) else None
+
+
+def row_cut(p: Param) -> bool:
+    """Whether a weight's input rows (axis -2 of [..., K, N]) are cut on this rank."""
+    shard = shard_of(p)
+    rank = len(p.type.shape)
+    return shard is not None and rank >= 2 and any(c.get("axis") == rank - 2 for c in shard["cuts"])
 
 
 class SplitError(ErnieIRError):
@@ -304,7 +317,7 @@ class _RankBuilder:
         for axis, ranges in cuts:
             shape[axis] = sum(b - a for a, b in ranges)
             if source is not None:
-                pieces = [SlicedSource(source, axis, a, b) for a, b in ranges]
+                pieces = [source.sliced(axis, a, b) for a, b in ranges]
                 source = pieces[0] if len(pieces) == 1 else ConcatSource(pieces, axis)
         ann = dict(p.annotations)
         if cuts:

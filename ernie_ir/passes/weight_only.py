@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, TensorType
+from ernie_ir.ir import DType, ErnieIRError, Graph, GraphBuilder, Node, Param, TensorType
 from ernie_ir.ir.weights import ArraySource, WeightSource
 from ernie_ir.ops.quant_numerics import num_groups, scale_dtype_for, weight_quantize, weight_scales
 
@@ -32,8 +32,13 @@ from .param_edit import ParamPlacer
 from .quant_annotate import ANNOTATION
 from .quant_config import Algo, QuantSpec, module_path
 from .registry import register_pass
+from .split import row_cut
 
 _WEIGHT_ONLY = (Algo.WEIGHT_ONLY_INT8.value, Algo.WEIGHT_ONLY_INT4.value)
+
+
+class WeightOnlyError(ErnieIRError):
+    """Weight-only quantization that would not be sound here."""
 _SLOTS = {"linear": (1,), "moe_experts": (3, 4), "moe_experts_lora": (3, 4)}
 
 
@@ -54,6 +59,15 @@ class QuantizedWeightSource(WeightSource):
 
     def describe(self) -> str:
         return f"weight_quantize<int{self.bits}, group {self.group_size}>({self.base.describe()})"
+
+    def sliced(self, axis: int, start: int, stop: int) -> WeightSource:
+        # Scales run over the input axis (-2) per output column (and per expert): quantizing a
+        # slice of the columns or experts gives exactly that slice of the quantized tensor, so
+        # a rank shard quantizes only its own part. A slice of the rows needs the whole columns.
+        if axis % len(self.shape) != len(self.shape) - 2:
+            return QuantizedWeightSource(self.base.sliced(axis, start, stop), self.bits,
+                                         self.group_size, self.name)
+        return super().sliced(axis, start, stop)
 
 
 def quantized_params(placer: ParamPlacer, w: Param, spec: QuantSpec,
@@ -126,6 +140,13 @@ class WeightOnlyQuant(Pass):
                 spec = _spec(w) if isinstance(w, Param) else None
                 if spec is not None and isinstance(w, Param) and (node.op != "linear" or w.type.rank == 2):
                     work.append((node, idx, w, spec))
+        for _, _, w, _ in work:
+            if row_cut(w):
+                raise WeightOnlyError(
+                    f"weight-only-quant after split: {w.name} is row-parallel on this rank (its "
+                    f"input rows are cut), so its per-channel scales would cover 1/tp of the input "
+                    "axis and differ from the unsplit model's: quantize before splitting (--quant "
+                    "with --tp/--ep, or put the quant passes before split in --pipeline)")
         scales: dict[str, np.ndarray] = {}
         for _, _, w, spec in work:
             if w.source is not None and w.name not in scales:
