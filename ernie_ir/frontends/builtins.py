@@ -146,10 +146,10 @@ TINY: dict[str, dict[str, Any]] = {
         "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 1024,
     },
     # 20 : 4 heads, layer 0 dense then MoE, 64 experts top-6 + 2 shared
-    #   ->  5 : 1, 16 experts top-6 + 2 shared
+    #   ->  10 : 2 (head_dim 8; tp 2 cuts whole heads and KV heads), 16 experts top-6 + 2 shared
     "ernie-4.5-21b-a3b": {
         "hidden_size": 80, "intermediate_size": 192, "num_hidden_layers": 3,
-        "num_attention_heads": 5, "num_key_value_heads": 1, "vocab_size": 1024,
+        "num_attention_heads": 10, "num_key_value_heads": 2, "vocab_size": 1024,
         "moe_num_experts": 16, "moe_intermediate_size": 32, "moe_layer_end_index": 2,
     },
     # 64 : 8 heads, layers 0-2 dense then MoE, 64 experts top-8, no shared  ->  8 : 1, 16 experts top-8
