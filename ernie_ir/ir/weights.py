@@ -43,7 +43,19 @@ _ST_DTYPES: dict[str, DType] = {
     "BOOL": DType.BOOL,
 }
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
-_INT4_META = "ernie_ir.int4"  # metadata key: JSON list of tensor names stored as packed int4
+_INT4_META = "ernie_ir.int4"
+"""Metadata key: JSON object {tensor name: logical int4 shape} of the tensors stored packed, two
+values per byte (low nibble first), as U8 entries of the packed shape (`packed_int4_shape`), so the
+file stays a valid safetensors file that any reader opens. (Files of earlier versions list the
+names only and declare the logical shape; both are read.)"""
+
+
+def packed_int4_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """The U8 shape of `shape` int4 values packed two per byte: the last dim halved when even,
+    else one flat dim of ceil(numel / 2) bytes."""
+    if shape and shape[-1] % 2 == 0:
+        return (*shape[:-1], shape[-1] // 2)
+    return (math.ceil(math.prod(shape) / 2),)
 
 
 class WeightSource(ABC):
@@ -177,9 +189,17 @@ class SafetensorsFile:
         meta = header.pop("__metadata__", None) or {}
         self.metadata = {str(k): str(v) for k, v in meta.items()}
         try:
-            int4 = set(json.loads(self.metadata.get(_INT4_META, "[]")))
+            listed = json.loads(self.metadata.get(_INT4_META, "[]"))
         except (json.JSONDecodeError, TypeError):
-            raise self._fail(f"metadata {_INT4_META} is not a list of tensor names") from None
+            listed = None
+        if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
+            int4: dict[str, list[int] | None] = dict.fromkeys(listed)  # logical shape in the header
+        elif isinstance(listed, dict) and all(
+                isinstance(v, list) and all(type(d) is int and d >= 0 for d in v) for v in listed.values()):
+            int4 = listed
+        else:
+            raise self._fail(f"metadata {_INT4_META} is not a map of tensor names to int4 shapes: the "
+                             "file is corrupt") from None
         for name, info in header.items():
             try:
                 st_dtype, shape, (start, end) = info["dtype"], info["shape"], info["data_offsets"]
@@ -195,6 +215,12 @@ class SafetensorsFile:
             packed = name in int4
             if packed:
                 dtype = DType.I4
+                logical = int4[name]
+                if logical is not None:
+                    if st_dtype != "U8" or tuple(shape) != packed_int4_shape(logical):
+                        raise self._fail(f"tensor {name!r}: int4 {logical} must be stored as U8"
+                                         f"{list(packed_int4_shape(logical))}, not {st_dtype}{shape}")
+                    shape = list(logical)
             numel = math.prod(shape)
             expect = math.ceil(numel / 2) if packed else numel * dtype.numpy.itemsize
             if end - start != expect or start < 0:
@@ -406,23 +432,26 @@ def write_safetensors(
     """
     pending: list[_PendingTensor] = []
     offset = 0
-    int4_names: list[str] = []
+    int4_shapes: dict[str, list[int]] = {}
     for name, t in tensors:
         src = ArraySource(np.asarray(t)) if isinstance(t, np.ndarray) else t
         nbytes = src.nbytes if src.dtype == DType.I4 else math.prod(src.shape) * src.dtype.numpy.itemsize
         pending.append(_PendingTensor(name, src, offset, offset + nbytes))
         if src.dtype == DType.I4:
-            int4_names.append(name)
+            int4_shapes[name] = list(src.shape)
         offset += nbytes
     header: dict[str, object] = {}
     meta = dict(metadata or {})
-    if int4_names:
-        meta[_INT4_META] = json.dumps(int4_names)
+    if int4_shapes:
+        meta[_INT4_META] = json.dumps(int4_shapes)
     if meta:
         header["__metadata__"] = meta
     for p in pending:
-        st = "U8" if p.source.dtype == DType.I4 else _ST_NAMES[p.source.dtype]
-        header[p.name] = {"dtype": st, "shape": list(p.source.shape), "data_offsets": [p.start, p.end]}
+        if p.source.dtype == DType.I4:
+            st, shape = "U8", list(packed_int4_shape(p.source.shape))
+        else:
+            st, shape = _ST_NAMES[p.source.dtype], list(p.source.shape)
+        header[p.name] = {"dtype": st, "shape": shape, "data_offsets": [p.start, p.end]}
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as f:

@@ -175,7 +175,7 @@ def with_header(header: dict, body: bytes) -> bytes:
         (lambda d: with_header([1, 2], b""), "header is not a JSON object of tensors"),
         (lambda d: with_header({"__metadata__": ["x"]}, b""), "header is not a JSON object of tensors"),
         (lambda d: with_header({"__metadata__": {"ernie_ir.int4": "a"}}, b""),
-         "metadata ernie_ir.int4 is not a list of tensor names"),
+         "metadata ernie_ir.int4 is not a map of tensor names to int4 shapes"),
         (lambda d: with_header({"a": {"dtype": "F32", "shape": "ab", "data_offsets": [0, 8]}}, b"\0" * 8),
          "tensor 'a' has a malformed header entry"),
         (lambda d: with_header({"a": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8),
@@ -330,3 +330,23 @@ def test_content_hash_depends_on_bytes_only():
     assert content_hash(a.T) == content_hash(np.ascontiguousarray(a.T))
     assert content_hash(a) != content_hash(a.T)
     assert len(content_hash(a)) == 16 and int(content_hash(a), 16) >= 0
+
+
+def test_int4_tensors_open_with_the_safetensors_library(tmp_path):
+    """int4 is stored as U8 of the packed shape, so a bare safetensors reader opens the file."""
+    from safetensors import safe_open
+
+    from ernie_ir.ir.weights import pack_int4, write_safetensors
+
+    rng = np.random.default_rng(3)
+    even = rng.integers(-8, 8, (4, 6)).astype(DType.I4.numpy)
+    odd = rng.integers(-8, 8, (3, 5)).astype(DType.I4.numpy)
+    path = tmp_path / "q.safetensors"
+    write_safetensors(path, [("even", even), ("odd", odd)])
+    with safe_open(str(path), "np") as f:
+        assert f.get_tensor("even").shape == (4, 3) and f.get_tensor("odd").shape == (8,)
+        assert np.array_equal(f.get_tensor("even").reshape(-1), pack_int4(even))
+        assert np.array_equal(f.get_tensor("odd"), pack_int4(odd))
+    ours = SafetensorsFile(path)
+    assert np.array_equal(ours.read("even").astype(np.int8), even.astype(np.int8))
+    assert np.array_equal(ours.read("odd").astype(np.int8), odd.astype(np.int8))
