@@ -122,8 +122,11 @@ def check_degrees(tp: int, ep: int, *, num_experts: int | None = None) -> None:
         raise MappingError(f"--ep {ep}: this model has no routed experts; use --ep 1 (and --tp for "
                            "tensor parallelism)")
     if tp not in (1, world) or world % ep:
-        works = sorted({f"--tp {world} --ep {d}" for d in range(1, world + 1) if world % d == 0}
-                       | {f"--tp 1 --ep {world}"})
+        def experts_fit(e: int) -> bool:
+            return e == 1 or (num_experts is not None and num_experts % e == 0)
+
+        layouts = [(world, d) for d in range(1, world + 1) if world % d == 0] + [(1, world)]
+        works = [f"--tp {t} --ep {e}" for t, e in dict.fromkeys(layouts) if experts_fit(e)]
         raise MappingError(
             f"--tp {tp} --ep {ep}: unsupported layout (world {world}): tensor parallelism must span "
             f"every rank (tp = world, ep dividing it) or be off (tp 1); use one of {', '.join(works)}")

@@ -73,6 +73,11 @@ class SplitError(ErnieIRError):
     """A graph that cannot be cut for this layout: names the numbers and what would work."""
 
 
+class DegreeError(SplitError):
+    """A size that does not divide by the degree asked for; the message gets the layouts that
+    work for the whole graph appended (`with_working_layouts`)."""
+
+
 # -- layouts ------------------------------------------------------------------------------
 
 
@@ -171,8 +176,37 @@ def mapping_for(graph: Graph, tp: int = 1, ep: int = 1) -> Mapping:
     experts, vocab = model_dims(graph)
     if vocab is not None and tp > 1 and vocab % tp:
         raise MappingError(f"--tp {tp}: the vocabulary of {vocab} rows does not divide into {tp} "
-                           f"parts; use --tp in {_divisors(vocab)}")
+                           f"parts; {_working(graph, tp, ep)}")
     return Mapping.create(tp, ep, num_experts=experts, vocab_size=vocab)
+
+
+_CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
+
+
+def working_layouts(graph: Graph, tp: int, ep: int, *, lm_head: str = "split") -> list[str]:
+    """The layouts near tp x ep (same ep with another tp, or the same tp with another ep) that
+    this graph can really be cut into: each candidate is split (rank 0) and kept if that works."""
+    experts, vocab = model_dims(graph)
+    tried: list[tuple[int, int]] = [(t, ep) for t in _CANDIDATES if t != tp]
+    if experts is not None:
+        tried += [(tp, e) for e in _CANDIDATES if e != ep]
+    works = []
+    for t, e in tried:
+        if (vocab is not None and t > 1 and vocab % t) or (e > 1 and (experts is None or experts % e)):
+            continue
+        try:
+            mapping = Mapping.create(t, e, num_experts=experts, vocab_size=vocab)
+            if not mapping.is_single:
+                _RankBuilder(graph, mapping, 0, lm_head).build()
+        except ErnieIRError:
+            continue
+        works.append(f"--tp {t}" + (f" --ep {e}" if e > 1 else ""))
+    return works
+
+
+def _working(graph: Graph, tp: int, ep: int, lm_head: str = "split") -> str:
+    works = working_layouts(graph, tp, ep, lm_head=lm_head)
+    return f"layouts that work: {', '.join(works)}" if works else "no nearby layout works"
 
 
 @register_pass
@@ -215,7 +249,10 @@ def split_graph(graph: Graph, mapping: Mapping, *, lm_head: str = "split") -> li
 def split_rank(graph: Graph, mapping: Mapping, rank: int, *, lm_head: str = "split") -> Graph:
     """Rank `rank`'s graph of `graph` under `mapping`."""
     _check_splittable(graph)
-    return _RankBuilder(graph, mapping, rank, lm_head).build()
+    try:
+        return _RankBuilder(graph, mapping, rank, lm_head).build()
+    except DegreeError as e:
+        raise DegreeError(f"{e}; {_working(graph, mapping.tp, mapping.ep, lm_head)}") from None
 
 
 def _check_splittable(graph: Graph) -> None:
@@ -288,9 +325,9 @@ class _RankBuilder:
         self.out.metadata["parallel"] = {"rank": self.rank, **self.mapping.model_dump(mode="json")}
 
     # ---- helpers
-    def fail(self, node: Node, why: str) -> SplitError:
-        return SplitError(f"split (tp {self.tp}, ep {self.mapping.ep}): {node.op} at "
-                          f"{node.scope or '<root>'}: {why}")
+    def fail(self, node: Node, why: str, error: type[SplitError] = SplitError) -> SplitError:
+        return error(f"split (tp {self.tp}, ep {self.mapping.ep}): {node.op} at "
+                     f"{node.scope or '<root>'}: {why}")
 
     def emit(self, op: str, inputs: Sequence[Value | None], attrs: Any, scope: str,
              nouts: int = 1) -> tuple[Value, ...]:
@@ -303,7 +340,7 @@ class _RankBuilder:
 
     def param(self, p: Param, cuts: Sequence[tuple[int, list[tuple[int, int]]]] = ()) -> Param:
         """`p` cut along (axis, ranges) pairs: a new Param of this rank graph, shared per cut."""
-        cuts = [(a % len(p.type.shape), rs) for a, rs in cuts]
+        cuts = [(a % len(p.type.shape), _merged(rs)) for a, rs in cuts]
         cuts = [(a, rs) for a, rs in cuts if rs != [(0, p.type.shape[a])]]
         key = (p.name, tuple((a, tuple(rs)) for a, rs in cuts))
         hit = self.params.get(key)
@@ -416,8 +453,8 @@ class _RankBuilder:
         axis = 0 if node.attrs.transpose_weight else 1
         vocab = w.type.shape[axis]
         if vocab % self.tp:
-            raise self.fail(node, f"{vocab} vocabulary columns do not divide into tp {self.tp}; "
-                                  f"use --tp in {_divisors(vocab)} or split{{lm_head=replicate}}")
+            raise self.fail(node, f"{vocab} vocabulary columns do not divide into tp {self.tp} (or keep "
+                                  "the head whole: split{lm_head=replicate})", DegreeError)
         n = vocab // self.tp
         r = self.info.tp_rank
         wp = self.param(w, [(axis, [(r * n, (r + 1) * n)])])
@@ -468,11 +505,12 @@ class _RankBuilder:
             if group == -1:
                 ins.append(self.param(scale))
             else:
-                if any(a % group or b % group for a, b in ranges):
+                rows = _group_rows(ranges, group, int(w.type.shape[-2]))
+                if rows is None:
                     raise self.fail(node, f"its rank slice of the input axis ({ranges}) is not made of "
-                                          f"whole quantization groups of {group}; use per-channel "
-                                          "scales (group_size -1) or a smaller --tp")
-                ins.append(self.param(scale, [(-2, [(a // group, b // group) for a, b in ranges])]))
+                                          f"whole quantization groups of {group} (or use per-channel "
+                                          "scales, group_size -1)", DegreeError)
+                ins.append(self.param(scale, [(-2, rows)]))
         (y,) = self.emit(node.op, ins, node.attrs, node.scope)
         b = None if bias is None else (self.param(bias) if isinstance(bias, Param) else
                                        self.whole(bias, node.scope))
@@ -502,9 +540,9 @@ class _RankBuilder:
                 segs.append(Seg(size, units, replicate=True))
             else:
                 what = "heads" if unit > 1 else "columns"
-                ok = [d for d in _divisors(units)] + ([f"multiples of {units}"] if kv else [])
-                raise self.fail(node, f"{units} {what} do not divide into tp {self.tp}; use --tp in "
-                                      f"{ok}")
+                replicas = f" (KV heads also work when tp is a multiple of {units})" if kv else ""
+                raise self.fail(node, f"{units} {what} do not divide into tp {self.tp}{replicas}",
+                                DegreeError)
         return Sharded(-1, tuple(segs))
 
     # ---- LoRA
@@ -668,8 +706,8 @@ class _RankBuilder:
         assert isinstance(inter, int)
         if inter % moe_tp:
             raise self.fail(node, f"the expert intermediate size {inter} does not divide into "
-                                  f"{moe_tp} parts; use --ep {self.mapping.ep * moe_tp} (whole experts) "
-                                  f"or --tp in {_divisors(inter)}")
+                                  f"{moe_tp} parts (whole experts per rank, --ep = --tp, need none)",
+                            DegreeError)
         e_cut = (0, [(first, stop)])
         gate_up = Sharded(-1, (Seg(inter, inter), Seg(inter, inter))).ranges(moe_tp, index)
         rows = Sharded(-1, (Seg(inter, inter),)).ranges(moe_tp, index)
@@ -707,13 +745,38 @@ class _RankBuilder:
         elif group == -1:
             scale_cut = [e_cut]  # per output channel over the whole input axis: kept whole
         else:
-            if any(a % group or b % group for a, b in cut[1]):
-                raise SplitError(f"split: expert down_proj rows {cut[1]} are not whole quantization "
-                                 f"groups of {group}; use per-channel scales or whole experts (--ep)")
-            scale_cut = [e_cut, (-2, [(a // group, b // group) for a, b in cut[1]])]
+            rows = _group_rows(cut[1], group, int(q.type.shape[-2]))
+            if rows is None:
+                raise DegreeError(f"split: expert down_proj rows {cut[1]} are not whole quantization "
+                                  f"groups of {group}; use per-channel scales, or whole experts per "
+                                  "rank (--ep equal to the world size)")
+            scale_cut = [e_cut, (-2, rows)]
         (w,) = self.emit("dequantize", [self.param(q, [e_cut, cut]), self.param(scale, scale_cut)],
                          node.attrs, node.scope)
         return w
+
+
+def _merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Adjacent [start, stop) ranges joined (a rank holding [0, 8) and [8, 16) holds [0, 16))."""
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _group_rows(ranges: Sequence[tuple[int, int]], group: int, rows: int) -> list[tuple[int, int]] | None:
+    """The scale rows (one per group of `group` input rows) of a rank's input rows, or None
+    when a range does not start on a group boundary or ends inside a group (the last, partial
+    group of an axis that is not a multiple of `group` counts as whole)."""
+    out = []
+    for a, b in _merged(ranges):
+        if a % group or (b % group and b != rows):
+            return None
+        out.append((a // group, -(-b // group)))
+    return out
 
 
 def _through_lora(v: Value) -> Value:

@@ -217,7 +217,11 @@ def test_ernie_03b_qkv_heads_halved_kv_replicated():
         q = 8 // tp * 16
         for r, rank in enumerate(split_graph(graph, mapping_for(graph, tp))):
             assert rank.params[name].type.shape == (64, q + 16 + 16)
-            assert ranges(rank, name) == [(1, [[r * q, (r + 1) * q], [128, 144], [144, 160]])]
+            # K and V (one head each, replicated) are adjacent, and so is the last Q chunk: merged
+            expect = [[r * q, (r + 1) * q], [128, 160]]
+            if expect[0][1] == 128:
+                expect = [[r * q, 160]]
+            assert ranges(rank, name) == [(1, expect)]
             (split,) = [n for n in rank.nodes_by_op("split") if n.scope == "ernie.layers.0.self_attn"]
             assert list(split.attrs.sizes) == [q, 16, 16]
             (att,) = [n for n in rank.nodes_by_op("attention") if n.scope == "ernie.layers.0.self_attn"]
@@ -322,10 +326,7 @@ def test_shard_annotations_match_the_reads(name: str):
         assert idx == set(range(graph.params[pname].type.shape[axis])), f"{pname} axis {axis} not covered"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "split bug: at moe_tp=1 (ep == world) the expert up_gate_proj (and its scale / LoRA B) get a cut "
-    "along the intermediate axis that covers it whole ([[0, I], [I, 2I]]), so the shard annotation "
-    "claims a cut that is not one and the source becomes a concat of two slices"))
+# regressed once: at moe_tp=1 the [gate | up] cut covered the whole axis in two ranges
 def test_no_annotation_claims_a_whole_axis_cut():
     graph = tiny("ernie-4.5-300b-a47b", "wint8mix,lora{rank=4}")
     for rank in split_graph(graph, mapping_for(graph, 2, 2)):
