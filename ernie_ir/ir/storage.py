@@ -8,6 +8,7 @@ bit-exact: the same dtypes, shapes and bytes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -25,14 +26,16 @@ WEIGHTS_FILE = "weights.safetensors"
 
 
 def write_graph_files(graph: Graph, folder: Path,
-                      on_tensor: Callable[[str, int, int], None] | None = None) -> None:
-    """Write graph.ir and weights.safetensors into an existing folder."""
-    (folder / GRAPH_FILE).write_text(print_graph(graph), encoding="utf-8")
-    write_safetensors(
+                      on_tensor: Callable[[str, int, int], None] | None = None) -> dict[str, str]:
+    """Write graph.ir and weights.safetensors into an existing folder; returns {file: sha256}."""
+    text = print_graph(graph).encode("utf-8")
+    (folder / GRAPH_FILE).write_bytes(text)
+    weights = write_safetensors(
         folder / WEIGHTS_FILE,
         ((p.name, p.source) for p in graph.params.values() if p.source is not None),
         on_tensor=on_tensor,
     )
+    return {GRAPH_FILE: hashlib.sha256(text).hexdigest(), WEIGHTS_FILE: weights}
 
 
 def save_graph(graph: Graph, folder: str | os.PathLike[str], *, overwrite: bool = False) -> Path:

@@ -423,12 +423,13 @@ def write_safetensors(
     tensors: Iterable[tuple[str, WeightSource | np.ndarray]],
     metadata: dict[str, str] | None = None,
     on_tensor: Callable[[str, int, int], None] | None = None,
-) -> None:
-    """Write tensors to a safetensors file, reading one source at a time.
+) -> str:
+    """Write tensors to a safetensors file, reading one source at a time; returns the file's sha256.
 
     Only one tensor's values are in memory at once, so writing a graph never
     needs its whole checkpoint in RAM. `on_tensor(name, done, total)` reports
-    progress after each tensor.
+    progress after each tensor. The digest is taken from the bytes as they are
+    written, so nobody has to read the file again to hash it.
     """
     pending: list[_PendingTensor] = []
     offset = 0
@@ -454,9 +455,11 @@ def write_safetensors(
         header[p.name] = {"dtype": st, "shape": shape, "data_offsets": [p.start, p.end]}
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
+    digest = hashlib.sha256()
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
+        for chunk in (struct.pack("<Q", len(raw)), raw):
+            f.write(chunk)
+            digest.update(chunk)
         for done, p in enumerate(pending, 1):
             arr = p.source.read()
             if tuple(arr.shape) != p.source.shape or arr.dtype != p.source.dtype.numpy:
@@ -465,9 +468,12 @@ def write_safetensors(
                     f"declared {p.source.dtype}{list(p.source.shape)}"
                 )
             data = pack_int4(arr) if p.source.dtype == DType.I4 else np.ascontiguousarray(arr)
-            f.write(memoryview(data.reshape(-1).view(np.uint8)))
+            view = memoryview(data.reshape(-1).view(np.uint8))
+            f.write(view)
+            digest.update(view)
             if on_tensor is not None:
                 on_tensor(p.name, done, len(pending))
+    return digest.hexdigest()
 
 
 def content_hash(array: np.ndarray) -> str:

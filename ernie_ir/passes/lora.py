@@ -136,10 +136,18 @@ def attach_adapters(graph: Graph, placer: ParamPlacer, chosen: list[Target], *, 
         anchor = t.param.name if t.param is not None else next(iter(graph.params), "")
         vals = values.get(t.path, AdapterValues())
         a_name, b_name = f"{t.path}.lora_A", f"{t.path}.lora_B"
-        a_src = vals.a or kaiming_uniform(a_name, (*lead, k, rank), k, dtype, seed)
-        b_src = vals.b or GeneratedSource(dtype, (*lead, rank, n), 0, "zeros")
-        a = placer.add(anchor, Param(a_name, TensorType(a_src.dtype, a_src.shape), a_src, trainable=True))
-        b = placer.add(anchor, Param(b_name, TensorType(b_src.dtype, b_src.shape), b_src, trainable=True))
+        a_type = TensorType(vals.a.dtype if vals.a else dtype, (*lead, k, rank))
+        b_type = TensorType(vals.b.dtype if vals.b else dtype, (*lead, rank, n))
+        a_src: WeightSource | None = vals.a
+        b_src: WeightSource | None = vals.b
+        # A meta graph (no weights) gets typed adapters without data, like its base weights.
+        meta = t.param is not None and t.param.source is None and vals.a is None
+        if a_src is None and not meta:
+            a_src = kaiming_uniform(a_name, a_type.shape, k, dtype, seed)
+        if b_src is None and not meta:
+            b_src = GeneratedSource(dtype, b_type.shape, 0, "zeros")
+        a = placer.add(anchor, Param(a_name, a_type, a_src, trainable=True))
+        b = placer.add(anchor, Param(b_name, b_type, b_src, trainable=True))
         created.extend([a_name, b_name])
         return a, b
 

@@ -315,6 +315,7 @@ class _RankBuilder:
     out: Graph = field(init=False)
     env: dict[Value, _Local] = field(default_factory=dict)
     params: dict[tuple[str, Any], Param] = field(default_factory=dict)
+    cut_of: dict[str, tuple[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.info: RankLayout = self.mapping.rank(self.rank)
@@ -346,7 +347,7 @@ class _RankBuilder:
         hit = self.params.get(key)
         if hit is not None:
             return hit
-        if any(k[0] == p.name for k in self.params):
+        if p.name in self.cut_of:
             raise SplitError(f"split: param {p.name} is read with two different cuts on rank "
                              f"{self.rank}; give each reader its own param")
         shape = list(p.type.shape)
@@ -364,6 +365,7 @@ class _RankBuilder:
                     annotations=ann)
         self.out.add_param(new)
         self.params[key] = new
+        self.cut_of[p.name] = key
         return new
 
     def local(self, v: Value | None) -> _Local | None:

@@ -140,6 +140,9 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the artifact gets the user's umask
     except OSError as e:
         raise ArtifactError(f"cannot write the artifact {out}: {e.strerror or e} "
                             f"({e.filename or dest.parent}): choose a writable --out") from None
@@ -152,6 +155,7 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
         (tmp / "graph.ir").write_text(print_graph(graph), encoding="utf-8")
         total = sum(1 for g in rank_graphs for p in g.params.values() if p.source is not None)
         written = 0
+        known: dict[str, str] = {}  # sha256 of the files hashed as they were written
         for r, rank_graph in enumerate(rank_graphs):
             (tmp / f"rank{r}").mkdir()
             base = written
@@ -160,7 +164,8 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
                 if progress is not None:
                     progress("weights", base + done, total)
 
-            write_graph_files(rank_graph, tmp / f"rank{r}", on_tensor=on_tensor)
+            for name, digest in write_graph_files(rank_graph, tmp / f"rank{r}", on_tensor=on_tensor).items():
+                known[f"rank{r}/{name}"] = digest
             written += sum(1 for p in rank_graph.params.values() if p.source is not None)
         exe = tmp / mode
         exe.mkdir()
@@ -176,8 +181,8 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
         kernels: dict[str, int] = {}
         for entry in plan.get("kernels", []):
             kernels[entry["kernel"]] = kernels.get(entry["kernel"], 0) + 1
-        rank_files = {f"rank{r}": {name: sha256_file(tmp / f"rank{r}" / name)
-                                   for name in (GRAPH_FILE, WEIGHTS_FILE)}
+        files = {name: known.get(name) or sha256_file(tmp / name) for name in _files(tmp)}
+        rank_files = {f"rank{r}": {name: files[f"rank{r}/{name}"] for name in (GRAPH_FILE, WEIGHTS_FILE)}
                       for r in range(layout.world_size)}
         manifest = {
             "format": FORMAT,
@@ -195,7 +200,7 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
             **(extra or {}),
             "backends": ["interpreter", *(emitters or {})],
             "rank_files": rank_files,
-            "files": {name: sha256_file(tmp / name) for name in _files(tmp)},
+            "files": files,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         if dest.exists():
