@@ -16,9 +16,14 @@ from ernie_ir.ir.parser import parse_graph
 from ernie_ir.ir.storage import GRAPH_FILE, load_graph
 
 
-def load_input(spec: str, *, trust_pickle: bool = False) -> Graph:
-    """The graph MODEL names (see the module docstring); ErnieIRError with one line otherwise."""
+def load_input(spec: str, *, trust_pickle: bool = False, meta: bool = False) -> Graph:
+    """The graph MODEL names (see the module docstring); ErnieIRError with one line otherwise.
+
+    `meta`: a checkpoint folder or built-in read as its full-size graph without weights."""
     path = Path(spec)
+    if meta and (path.is_file() or (path / "manifest.json").is_file() or (path / GRAPH_FILE).is_file()):
+        raise ErnieIRError(f"--meta reads a checkpoint folder's config.json or a built-in name; {spec} is "
+                           "an IR file, an artifact or a graph folder: drop --meta")
     if path.is_file():
         if path.suffix != ".ir":
             raise ErnieIRError(f"{spec}: expected an IR text file (*.ir) or a model folder")
@@ -37,4 +42,4 @@ def load_input(spec: str, *, trust_pickle: bool = False) -> Graph:
         return load_graph(path)
     from ernie_ir.frontends import load_model
 
-    return load_model(spec, trust_pickle=trust_pickle)
+    return load_model(spec, trust_pickle=trust_pickle, meta=meta)

@@ -149,10 +149,16 @@ def build_graph(cfg: ArchConfig, weights: WeightProvider, *, name: str, dtype: D
                         **options)
 
 
-def load_folder(folder: str | os.PathLike[str], *, trust_pickle: bool = False) -> Graph:
-    """The graph of a checkpoint folder (config.json + safetensors or trusted .pdparams)."""
+def load_folder(folder: str | os.PathLike[str], *, trust_pickle: bool = False, meta: bool = False) -> Graph:
+    """The graph of a checkpoint folder (config.json + safetensors or trusted .pdparams).
+
+    `meta`: from config.json alone, full size with no weights (no weight file is opened), for
+    planning and review before the weights are downloaded."""
     root = Path(folder)
     cfg = read_config(root)
+    if meta:
+        graph = build_graph(cfg, MetaWeights(), name=root.resolve().name)
+        return _finish(graph, cfg, {"source": str(folder), "weights": "meta"})
     store = open_checkpoint(root, trust_pickle=trust_pickle)
     plan = FAMILIES[type(cfg)].plan(store, cfg)
     weights = CheckpointWeights(store, plan.layout, plan.ignore, plan.hint)
@@ -179,20 +185,22 @@ def load_builtin(name: str, variant: str = "meta") -> Graph:
     return _finish(graph, cfg, {"source": f"{name}@{variant}", "weights": weights.kind})
 
 
-def load_model(spec: str, *, trust_pickle: bool = False) -> Graph:
+def load_model(spec: str, *, trust_pickle: bool = False, meta: bool = False) -> Graph:
     """The graph of a model folder or a built-in model name (`NAME`, `NAME@tiny`, `NAME@meta`).
 
     Graphs have one input `input_ids: i64[B,S]` and one output
     `logits: f32[B,S,V]`; params are named after the checkpoint's keys in the
     Paddle layout; metadata holds the architecture, the resolved config and
     where the weights came from. Errors are `ErnieIRError`s with a one-line
-    message.
+    message. `meta`: a folder's full-size graph from config.json alone, no weights.
     """
     path = Path(spec)
     if path.is_dir():
-        return load_folder(path, trust_pickle=trust_pickle)
+        return load_folder(path, trust_pickle=trust_pickle, meta=meta)
     name, _, variant = str(spec).partition("@")
     if name in PUBLISHED:
+        if meta and variant not in ("", "meta"):
+            raise UnknownModelError(f"--meta with {spec}: use {name}@meta (or drop --meta)")
         return load_builtin(name, variant or "meta")
     if path.exists():
         raise UnknownModelError(

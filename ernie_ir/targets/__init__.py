@@ -15,6 +15,7 @@ from .artifact import (
     load_artifact,
     load_rank_graphs,
     read_manifest,
+    require_weights,
     verify_artifact,
     write_artifact,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "load_artifact",
     "load_rank_graphs",
     "read_manifest",
+    "require_weights",
     "verify_artifact",
     "write_artifact",
 ]

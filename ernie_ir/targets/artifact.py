@@ -156,6 +156,7 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
         total = sum(1 for g in rank_graphs for p in g.params.values() if p.source is not None)
         written = 0
         known: dict[str, str] = {}  # sha256 of the files hashed as they were written
+        has_weights = all(p.source is not None for g in rank_graphs for p in g.params.values())
         for r, rank_graph in enumerate(rank_graphs):
             (tmp / f"rank{r}").mkdir()
             base = written
@@ -164,7 +165,13 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
                 if progress is not None:
                     progress("weights", base + done, total)
 
-            for name, digest in write_graph_files(rank_graph, tmp / f"rank{r}", on_tensor=on_tensor).items():
+            if has_weights:
+                digests = write_graph_files(rank_graph, tmp / f"rank{r}", on_tensor=on_tensor)
+            else:  # a meta graph: the IR is the artifact (for planning and review), no weights file
+                text = print_graph(rank_graph).encode("utf-8")
+                (tmp / f"rank{r}" / GRAPH_FILE).write_bytes(text)
+                digests = {GRAPH_FILE: hashlib.sha256(text).hexdigest()}
+            for name, digest in digests.items():
                 known[f"rank{r}/{name}"] = digest
             written += sum(1 for p in rank_graph.params.values() if p.source is not None)
         exe = tmp / mode
@@ -182,7 +189,8 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
         for entry in plan.get("kernels", []):
             kernels[entry["kernel"]] = kernels.get(entry["kernel"], 0) + 1
         files = {name: known.get(name) or sha256_file(tmp / name) for name in _files(tmp)}
-        rank_files = {f"rank{r}": {name: files[f"rank{r}/{name}"] for name in (GRAPH_FILE, WEIGHTS_FILE)}
+        rank_names = (GRAPH_FILE, WEIGHTS_FILE) if has_weights else (GRAPH_FILE,)
+        rank_files = {f"rank{r}": {name: files[f"rank{r}/{name}"] for name in rank_names}
                       for r in range(layout.world_size)}
         manifest = {
             "format": FORMAT,
@@ -193,6 +201,7 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
             "target": target.name,
             **({"cuda_arch": plan["cuda_arch"]} if "cuda_arch" in plan else {}),
             "mode": mode,
+            "weights": has_weights,
             "parallel": {"tp": layout.tp, "ep": layout.ep, "world_size": layout.world_size,
                          "ranks": [f"rank{r}" for r in range(layout.world_size)],
                          "mapping": layout.model_dump(mode="json")},
@@ -269,6 +278,14 @@ def verify_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
+def require_weights(root: Path, manifest: dict[str, Any]) -> None:
+    """Refuse to run a graph-only artifact (compiled from a model without weights)."""
+    if manifest.get("weights") is False:
+        raise ArtifactError(f"{root} is a graph-only artifact (compiled from a model without weights, "
+                            "e.g. NAME@meta): it holds no weights to run; `ernie-ir show` and "
+                            "`ernie-ir plan` read it; compile a checkpoint folder or NAME@tiny to run")
+
+
 def artifact_mapping(manifest: dict[str, Any]) -> Mapping:
     """The parallel layout an artifact's manifest records (one rank for older artifacts)."""
     data = (manifest.get("parallel") or {}).get("mapping") if isinstance(manifest.get("parallel"),
@@ -286,6 +303,7 @@ def load_rank_graphs(path: str | os.PathLike[str], *, verify: bool = True) -> tu
     """Every rank graph of an artifact (rank order), weights memory-mapped, with its Mapping."""
     root = Path(path)
     manifest = verify_artifact(root) if verify else read_manifest(root)
+    require_weights(root, manifest)
     mapping = artifact_mapping(manifest)
     return mapping, [load_graph(root / f"rank{r}") for r in range(mapping.world_size)]
 

@@ -62,13 +62,14 @@ def params_by_dtype(graph: Graph) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items()))
 
 
-def source_info(model: str, graph: Graph) -> dict[str, Any]:
-    """The source model and sha256 of its files (a built-in: its name and a hash of its config)."""
+def source_info(model: str, graph: Graph, *, meta: bool = False) -> dict[str, Any]:
+    """The source model and sha256 of its files (a built-in: its name and a hash of its config;
+    a folder read with `meta`: its config.json, the only file read)."""
     path = Path(model)
     if path.is_file():
         return {"model": model, "kind": "file", "files": {path.name: sha256_file(path)}}
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
+        files = sorted(p for p in path.rglob("*") if p.is_file() and (not meta or p.name == "config.json"))
         return {"model": model, "kind": "folder",
                 "files": {p.relative_to(path).as_posix(): sha256_file(p) for p in files}}
     config = graph.metadata.get("config", {})
@@ -126,11 +127,12 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   lora_adapter: Path | None = None, quant_config: Path | None = None,
                   cuda_arch: int = DEFAULT_CUDA_ARCH, tp: int = 1, ep: int = 1,
                   out: str | Path | None = None, force: bool = False,
-                  trust_pickle: bool = False,
+                  trust_pickle: bool = False, meta: bool = False,
                   progress: Callable[[str, int, int], None] | None = None) -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
+    `meta`: read a checkpoint folder's config.json alone (no weights): a graph-only artifact.
     `progress(stage, done, total)` is called as passes run, weights are written and
     executables are emitted (the CLI draws it).
     """
@@ -160,7 +162,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         raise ErnieIRError("--pipeline FILE.yaml cannot be combined with --quant/--quant-config/--lora-* "
                            "flags: put those passes in the YAML file")
 
-    graph = load_input(model, trust_pickle=trust_pickle)
+    graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
     before = params_by_dtype(graph)
     parts: list[str] = []
     user_split = None
@@ -204,12 +206,16 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     warnings = list(result.warnings)
     plan = first.metadata.get("kernel_plan", {})
     after = params_by_dtype(first) if len(ranks) == 1 else _rank_params(ranks)
-    if mapping.is_single:
+    if any(p.source is None for g in ranks for p in g.params.values()):
+        emitters = {}  # executables need weights: a meta model compiles to its rank graphs only
+        warnings.append(f"graph-only artifact: {model} has no weights (a meta model), so no weights or "
+                        "executables were written; `ernie-ir show` and `ernie-ir plan` read it")
+    elif mapping.is_single:
         emitters = {**onnx_emitters(tgt.name, mode, first), **paddle_emitters(tgt, mode, first, warnings)}
     else:
         emitters = parallel_emitters(tgt, mode, first, mapping, warnings)
     path = write_artifact(ranked.global_graph if len(ranks) > 1 else first, dest, target=tgt, mode=mode,
-                          pipeline=str(resolved), source=source_info(model, graph), force=force,
+                          pipeline=str(resolved), source=source_info(model, graph, meta=meta), force=force,
                           extra={"params_before": before, "params_after": after},
                           emitters=emitters, progress=progress, ranks=ranks, mapping=mapping)
     return CompileReport(
