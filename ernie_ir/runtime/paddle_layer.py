@@ -16,6 +16,17 @@ With `layer.track_state = True`, each forward queues the next moving-average
 state of `fake_quant_moving_average` nodes; `layer.commit_state()` writes it
 into the state params (the training loop calls it after every step).
 
+Rank graphs of a multi-rank artifact (ernie_ir.passes.split) lower their
+collectives to `paddle.distributed` calls inside autograd functions:
+all_reduce is a sum forward and the identity backward (every rank computes
+the same replicated loss, so each already holds the gradient of the sum),
+all_gather is a concatenation forward and the rank's slice backward. With
+`grad_sync=True` (tensor-parallel training), every replicated value a
+rank-dependent node reads goes through Megatron's "f": identity forward,
+all-reduce backward, since each rank's sharded computation contributes only
+its part of that value's gradient. With world_size 1 the collectives are
+the identity and need no `paddle.distributed`.
+
 Paddle is imported lazily: importing this module needs no Paddle.
 """
 
@@ -33,6 +44,7 @@ from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, Value
 from ernie_ir.ops.cuda_layout import pack, packable, unpack
 from ernie_ir.ops.quant_numerics import FP8_MAX
 from ernie_ir.ops.rope import rope_angles
+from ernie_ir.passes.split import SHARD
 
 PADDLE_HINT = "install ernie-ir[paddle] or paddlepaddle-gpu"
 
@@ -130,6 +142,134 @@ def _arg(args: list[Any], i: int) -> Any:
 @_op("embedding")
 def _embedding(L: Any, n: Node, a: list[Any]) -> list[Any]:
     return [L.F.embedding(a[0], a[1])]
+
+
+@_op("vocab_parallel_embedding")
+def _vocab_parallel_embedding(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    P = L.P
+    ids, table = a
+    local = ids - n.attrs.vocab_start
+    held = P.logical_and(local >= 0, local < int(table.shape[0]))
+    out = L.F.embedding(P.where(held, local, P.zeros_like(local)), table)
+    # rows held elsewhere give exactly 0 (their sum over ranks is the whole lookup)
+    return [out * P.cast(held, out.dtype).unsqueeze(-1)]
+
+
+@_op("moe_local_experts")
+def _moe_local_experts(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    P = L.P
+    w, idx = a
+    local = idx - n.attrs.first
+    held = P.logical_and(local >= 0, local < n.attrs.count)
+    return [P.where(held, w, P.zeros_like(w)), P.where(held, local, P.zeros_like(local))]
+
+
+@_op("all_reduce")
+def _all_reduce(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    if n.attrs.world_size == 1:
+        return [a[0]]
+    return [collective_functions(n.op, n.attrs.world_size)["all_reduce"].apply(a[0])]
+
+
+@_op("all_gather")
+def _all_gather(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    world = n.attrs.world_size
+    if world == 1:
+        return [a[0]]
+    axis = n.attrs.axis % len(a[0].shape)
+    return [collective_functions(n.op, world)["all_gather"].apply(a[0], axis, world)]
+
+
+def _copy_to_parallel(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    """Megatron's "f" before a rank-dependent reader of a replicated value (see build_layer)."""
+    return [collective_functions(n.op, L.world_size)["copy_to_parallel"].apply(a[0])]
+
+
+_COLLECTIVES: dict[str, Any] = {}
+
+
+def collective_functions(op: str, world: int) -> dict[str, Any]:
+    """The autograd functions behind the collectives (PyLayers over paddle.distributed).
+
+    PaddleEmitError when paddle.distributed is not running with `world` ranks (a rank graph
+    built into a Layer outside `paddle.distributed.launch`).
+    """
+    paddle = require_paddle()
+    import paddle.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() != world:
+        have = dist.get_world_size() if dist.is_initialized() else 1
+        raise PaddleEmitError(
+            f"{op} over {world} ranks needs {world} paddle.distributed processes, but this process "
+            f"runs in a world of {have}: run the artifact with `ernie-ir run ARTIFACT --backend paddle` "
+            "(one process per rank) or `--backend interpreter` (SPMD)")
+    if _COLLECTIVES:
+        return _COLLECTIVES
+    from paddle.autograd import PyLayer
+
+    class AllReduceSum(PyLayer):  # type: ignore[misc]
+        """Sum over ranks; backward identity: the loss after it is replicated on every rank."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            y = x.clone()  # all_reduce works in place; the input may be read again
+            dist.all_reduce(y)
+            return y
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad
+
+    class AllGather(PyLayer):  # type: ignore[misc]
+        """Concatenation over ranks; backward: this rank's slice of the gradient."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Any, axis: int, world: int) -> Any:
+            ctx.axis, ctx.world = axis, world
+            parts: list[Any] = []
+            dist.all_gather(parts, x)
+            return paddle.concat(parts, axis=axis)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return paddle.split(grad, ctx.world, axis=ctx.axis)[dist.get_rank()]
+
+    class CopyToParallel(PyLayer):  # type: ignore[misc]
+        """Identity forward; backward: the sum over ranks of the gradient (each rank's sharded
+        reader contributes only its part)."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            g = grad.clone()
+            dist.all_reduce(g)
+            return g
+
+    _COLLECTIVES.update(all_reduce=AllReduceSum, all_gather=AllGather, copy_to_parallel=CopyToParallel)
+    return _COLLECTIVES
+
+
+COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather"})
+RANK_OPS = frozenset({"vocab_parallel_embedding", "moe_local_experts"})
+"""Ops whose attrs differ per rank: their outputs differ per rank even from replicated inputs."""
+
+
+def rank_varying(graph: Graph) -> set[int]:
+    """ids of the values of a rank graph that differ between ranks: read from a sharded param
+    (`shard` annotation), produced by a rank-dependent op, or computed from such a value;
+    collectives make their outputs replicated again."""
+    varying: set[int] = set()
+    for node in graph:
+        if node.op in COLLECTIVE_OPS:
+            continue
+        if node.op in RANK_OPS or any(
+                v is not None and (id(v) in varying or (isinstance(v, Param) and SHARD in v.annotations))
+                for v in node.inputs):
+            varying.update(id(o) for o in node.outputs)
+    return varying
 
 
 @_op("linear")
@@ -512,11 +652,15 @@ def _layer_class() -> type:
 _FOLDED = ("unpack_weight", "unpack_weight_xpu")  # packed layouts back to int values, at build time
 
 
-def build_layer(graph: Graph, *, device: str | None = None, portable: bool | None = None) -> Any:
+def build_layer(graph: Graph, *, device: str | None = None, portable: bool | None = None,
+                grad_sync: bool = False) -> Any:
     """A `paddle.nn.Layer` evaluating `graph` with Paddle ops, for `device` (default: Paddle's current).
 
     portable=None: Paddle's weight-only kernel on GPUs, the portable form elsewhere;
     portable=True: always the portable form (what a CPU can trace and `paddle.jit.save`).
+    grad_sync=True (training a rank graph of world_size > 1): each replicated float value or
+    trainable param that a rank-dependent node reads (`rank_varying`) goes through the "f"
+    function (identity forward, all-reduce backward), so every gradient is the whole model's.
     """
     paddle = require_paddle()
     unknown = sorted({n.op for n in graph if n.op not in OPS and n.op not in _FOLDED})
@@ -533,7 +677,13 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
     layer.track_state = False
     layer._pending = []
     layer.graph_name = graph.metadata.get("model", "")
-    slots: dict[int, int] = {}
+    parallel = graph.metadata.get("parallel") or {}
+    layer.world_size = int(parallel.get("world_size", 1)) if isinstance(parallel, dict) else 1
+    layer.rank = int(parallel.get("rank", 0)) if isinstance(parallel, dict) else 0
+    sync = grad_sync and layer.world_size > 1
+    varying = rank_varying(graph) if sync else set()
+    synced: dict[int, int] = {}  # value id -> slot of its "f" copy (one per value, shared by readers)
+    slots: dict[Any, int] = {}
 
     def slot(v: Value) -> int:
         return slots.setdefault(id(v), len(slots))
@@ -598,12 +748,22 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
                 add_param(v)
         if node.op in ("weight_only_linear", "weight_only_linear_packed"):
             _plan_weight_only(layer, paddle, node, arch, logical_packed, value_array)
-        program.append((OPS[node.op], node, [None if v is None else slot(v) for v in node.inputs],
-                        [slot(v) for v in node.outputs]))
+        ins: list[int | None] = [None if v is None else slot(v) for v in node.inputs]
+        if sync and node.op not in COLLECTIVE_OPS and any(id(o) in varying for o in node.outputs):
+            for i, v in enumerate(node.inputs):
+                if (v is None or id(v) in varying or not v.type.dtype.is_float
+                        or (isinstance(v, Param) and (not v.trainable or SHARD in v.annotations))):
+                    continue  # no gradient, or a slice whose gradient this rank holds whole
+                if id(v) not in synced:
+                    synced[id(v)] = slots.setdefault(("f", id(v)), len(slots))
+                    program.append((_copy_to_parallel, node, [slot(v)], [synced[id(v)]]))
+                ins[i] = synced[id(v)]
+        program.append((OPS[node.op], node, ins, [slot(v) for v in node.outputs]))
     for v in graph.outputs:
         if isinstance(v, Param):
             add_param(v)
     layer._program = program
+    layer.synced_values = len(synced)
     layer._output_slots = [slot(v) for v in graph.outputs]
     layer.output_names = list(graph.output_names)
     layer.device = dev
