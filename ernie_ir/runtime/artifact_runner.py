@@ -5,7 +5,9 @@
 Backends: "interpreter" (the lowered rank graphs in the reference
 interpreter, every artifact; several ranks run in lockstep as SPMD and rank 0
 reports), "onnxruntime" (`inference/onnx/model.onnx`,
-cuda inference artifacts, exact session settings). Hashes are checked first.
+cuda inference artifacts, exact session settings), "paddle" (one rank: the
+Paddle executable; several: one paddle.distributed gloo process per rank,
+ernie_ir.runtime.launcher, rank 0 reports). Hashes are checked first.
 """
 
 from __future__ import annotations
@@ -27,12 +29,17 @@ def artifact_backends(path: Path) -> list[str]:
     return list(read_manifest(path).get("backends", ["interpreter"]))
 
 
-def run_artifact(path: Path, input_ids: np.ndarray, backend: str) -> np.ndarray:
-    """Logits [B, S, V] of the artifact at `path` for `input_ids` [B, S] on `backend`."""
-    from ernie_ir.targets import verify_artifact
+def run_artifact(path: Path, input_ids: np.ndarray, backend: str, *,
+                 timeout_s: float | None = None) -> np.ndarray:
+    """Logits [B, S, V] of the artifact at `path` for `input_ids` [B, S] on `backend`.
+
+    `timeout_s` bounds a multi-rank paddle run (default ernie_ir.runtime.launcher.RUN_TIMEOUT_S).
+    """
+    from ernie_ir.targets import artifact_mapping, verify_artifact
 
     root = Path(path)
-    offered = list(verify_artifact(root).get("backends", ["interpreter"]))
+    manifest = verify_artifact(root)
+    offered = list(manifest.get("backends", ["interpreter"]))
     if backend not in offered:
         raise ErnieIRError(f"artifact {root} does not offer backend {backend!r}; it offers "
                            f"{', '.join(offered)}")
@@ -50,6 +57,13 @@ def run_artifact(path: Path, input_ids: np.ndarray, backend: str) -> np.ndarray:
         from .onnx_backend import run_onnx
 
         return run_onnx(root / ONNX_MODEL, ids)
+    if backend == "paddle" and artifact_mapping(manifest).world_size > 1:
+        from .launcher import RUN_TIMEOUT_S, run_distributed
+
+        if ids.ndim != 2:
+            raise ErnieIRError(f"input_ids must be [batch, seq], got shape {list(ids.shape)}")
+        return run_distributed(root, ids, artifact_mapping(manifest).world_size,
+                               timeout_s=RUN_TIMEOUT_S if timeout_s is None else timeout_s)
     if backend == "paddle":
         from .paddle_backend import run_paddle
 
@@ -61,16 +75,14 @@ def _check_ids(root: Path, ids: np.ndarray) -> None:
     """Token ids the rank-0 graph accepts: the interpreter's checks, for the compiled backends."""
     from ernie_ir.ir.parser import parse_graph
 
+    from .paddle_dist import check_token_ids
+
     text_path = root / "rank0" / "graph.ir"
     graph = parse_graph(text_path.read_text(encoding="utf-8"), source=str(text_path))
     if not graph.inputs or ids.size == 0:
         return
+    check_token_ids(graph, ids)
     for node in graph.nodes:
-        if node.op == "embedding" and node.inputs[0] is graph.inputs[0]:
-            rows = node.inputs[1].type.shape[0]
-            if isinstance(rows, int) and (ids.min() < 0 or ids.max() >= rows):
-                bad = int(ids.max()) if ids.max() >= rows else int(ids.min())
-                raise ErnieIRError(f"embedding: token id {bad} is outside the vocabulary [0, {rows})")
         limit = getattr(node.attrs, "limit", None) if node.op == "position_ids" else None
         if limit is not None:
             s = ids.shape[-1]

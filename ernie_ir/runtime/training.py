@@ -76,19 +76,9 @@ def _batches(seqs: list[list[int]], size: int) -> list[tuple[np.ndarray, np.ndar
     return out
 
 
-def train_artifact(path: Path, steps: int, data: Path | None = None, lr: float | None = None,
-                   seed: int = 0, *, save: bool = True,
-                   on_step: Callable[[int, float], Any] | None = None) -> list[float]:
-    """Train the artifact's trainable params for `steps` AdamW steps; returns the loss of each step.
-
-    lr None: the recipe's learning rate. `on_step(step, loss)` is called after each step.
-    """
-    paddle = require_paddle()
-    root = Path(path)
-    if steps < 1:
-        raise ErnieIRError(f"--steps must be >= 1, got {steps}")
-    if lr is not None and not lr > 0:
-        raise ErnieIRError(f"--lr must be > 0, got {lr}")
+def read_training_artifact(root: Path) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """(manifest, recipe, world size) of a training artifact, every rank's files and the recipe
+    checked against the manifest's sha256 (ErnieIRError naming the first problem)."""
     mf = root / "manifest.json"
     if not mf.is_file():
         raise ErnieIRError(f"{root} is not an ernie-ir artifact (no manifest.json)")
@@ -101,20 +91,85 @@ def train_artifact(path: Path, steps: int, data: Path | None = None, lr: float |
     if manifest.get("mode") != "training" or not (root / RECIPE).is_file():
         raise ErnieIRError(f"{root} is not a training artifact: compile it with --mode training "
                            "(and --lora-rank R or --quant qat-int8)")
-    for name in ("rank0/graph.ir", "rank0/weights.safetensors", RECIPE.as_posix()):
+    parallel = manifest.get("parallel")
+    world = int(parallel.get("world_size", 1)) if isinstance(parallel, dict) else 1
+    names = [f"rank{r}/{f}" for r in range(world) for f in ("graph.ir", "weights.safetensors")]
+    for name in (*names, RECIPE.as_posix()):
         if not (root / name).is_file():
             raise ErnieIRError(f"artifact {root}: {name} is missing (listed in manifest.json)")
         digest = hashlib.sha256((root / name).read_bytes()).hexdigest()
         if manifest.get("files", {}).get(name) != digest:
             raise ErnieIRError(f"artifact {root}: {name} was modified (sha256 does not match the manifest)")
     recipe = json.loads((root / RECIPE).read_text(encoding="utf-8"))
+    return manifest, recipe, world
+
+
+def training_batches(recipe: dict[str, Any], graph: Any, data: Path | None,
+                     seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (input_ids, labels) batches of a run: `data` cut by the recipe's batch size, or one
+    seeded synthetic batch. Every rank of a parallel run takes these same batches."""
+    vocab = int(graph.outputs[0].type.shape[-1])
+    batch = recipe.get("batch", {})
+    if data is not None:
+        limits = [n.attrs.limit for n in graph.nodes
+                  if n.op == "position_ids" and getattr(n.attrs, "limit", None) is not None]
+        max_len = min(limits) if limits else None
+        return _batches(_read_data(Path(data), vocab, max_len), int(batch.get("batch_size", 4)))
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, size=(int(batch.get("batch_size", 4)), int(batch.get("seq_len", 16))))
+    return [(ids.astype(np.int64), ids.astype(np.int64))]
+
+
+def make_optimizer(paddle: Any, params: list[Any], recipe: dict[str, Any], lr: float | None,
+                   grad_clip: Any) -> Any:
+    """AdamW over `params` with the recipe's settings (`lr` None: the recipe's rate)."""
+    opt_cfg = recipe.get("optimizer", {})
+    return paddle.optimizer.AdamW(
+        learning_rate=float(lr if lr is not None else opt_cfg.get("learning_rate", 1e-3)),
+        parameters=params, beta1=opt_cfg.get("beta1", 0.9), beta2=opt_cfg.get("beta2", 0.999),
+        epsilon=opt_cfg.get("epsilon", 1e-8), weight_decay=opt_cfg.get("weight_decay", 0.0),
+        grad_clip=grad_clip)
+
+
+def next_token_loss(paddle: Any, layer: Any, ids: np.ndarray, labels: np.ndarray) -> Any:
+    """Mean cross-entropy of logits[:, :-1] against labels[:, 1:] (IGNORE positions skipped)."""
+    logits = layer(paddle.to_tensor(ids))
+    v = logits.shape[-1]
+    return paddle.nn.functional.cross_entropy(
+        logits[:, :-1].reshape([-1, v]), paddle.to_tensor(labels[:, 1:].reshape(-1)),
+        ignore_index=IGNORE)
+
+
+def train_artifact(path: Path, steps: int, data: Path | None = None, lr: float | None = None,
+                   seed: int = 0, *, save: bool = True,
+                   on_step: Callable[[int, float], Any] | None = None,
+                   timeout_s: float | None = None) -> list[float]:
+    """Train the artifact's trainable params for `steps` AdamW steps; returns the loss of each step.
+
+    lr None: the recipe's learning rate. `on_step(step, loss)` is called after each step.
+    A multi-rank artifact runs on one paddle.distributed process per rank (gloo on this CPU,
+    ernie_ir.runtime.launcher), bounded by `timeout_s` (default 3600 s).
+    """
+    paddle = require_paddle()
+    root = Path(path)
+    if steps < 1:
+        raise ErnieIRError(f"--steps must be >= 1, got {steps}")
+    if lr is not None and not lr > 0:
+        raise ErnieIRError(f"--lr must be > 0, got {lr}")
+    manifest, recipe, world = read_training_artifact(root)
 
     from ernie_ir.ir.storage import load_graph
 
     from .paddle_layer import build_layer
 
     graph = load_graph(root / "rank0")
-    vocab = int(graph.outputs[0].type.shape[-1])
+    if world > 1:
+        from .launcher import TRAIN_TIMEOUT_S, train_distributed
+
+        batches = training_batches(recipe, graph, data, seed)  # bad data fails here, before any process
+        return train_distributed(root, world, steps, batches, lr=lr, seed=seed, save=save,
+                                 on_step=on_step,
+                                 timeout_s=TRAIN_TIMEOUT_S if timeout_s is None else timeout_s)
     paddle.seed(seed)
     layer = build_layer(graph, device="cpu")
     layer.train()
@@ -122,31 +177,14 @@ def train_artifact(path: Path, steps: int, data: Path | None = None, lr: float |
     params = layer.trainable_parameters()
     if not params:
         raise ErnieIRError(f"{root}: the graph has no trainable params")
-    opt_cfg = recipe.get("optimizer", {})
-    clip = opt_cfg.get("grad_clip_norm")
-    optimizer = paddle.optimizer.AdamW(
-        learning_rate=float(lr if lr is not None else opt_cfg.get("learning_rate", 1e-3)),
-        parameters=params, beta1=opt_cfg.get("beta1", 0.9), beta2=opt_cfg.get("beta2", 0.999),
-        epsilon=opt_cfg.get("epsilon", 1e-8), weight_decay=opt_cfg.get("weight_decay", 0.0),
-        grad_clip=paddle.nn.ClipGradByGlobalNorm(clip) if clip else None)
-    batch = recipe.get("batch", {})
-    if data is not None:
-        limits = [n.attrs.limit for n in graph.nodes
-                  if n.op == "position_ids" and getattr(n.attrs, "limit", None) is not None]
-        max_len = min(limits) if limits else None
-        batches = _batches(_read_data(Path(data), vocab, max_len), int(batch.get("batch_size", 4)))
-    else:
-        rng = np.random.default_rng(seed)
-        ids = rng.integers(0, vocab, size=(int(batch.get("batch_size", 4)), int(batch.get("seq_len", 16))))
-        batches = [(ids.astype(np.int64), ids.astype(np.int64))]
+    clip = recipe.get("optimizer", {}).get("grad_clip_norm")
+    optimizer = make_optimizer(paddle, params, recipe, lr,
+                               paddle.nn.ClipGradByGlobalNorm(clip) if clip else None)
+    batches = training_batches(recipe, graph, data, seed)
     losses: list[float] = []
     for step in range(steps):
         ids, labels = batches[step % len(batches)]
-        logits = layer(paddle.to_tensor(ids))
-        v = logits.shape[-1]
-        loss = paddle.nn.functional.cross_entropy(
-            logits[:, :-1].reshape([-1, v]), paddle.to_tensor(labels[:, 1:].reshape(-1)),
-            ignore_index=IGNORE)
+        loss = next_token_loss(paddle, layer, ids, labels)
         loss.backward()
         optimizer.step()
         optimizer.clear_grad()
@@ -174,9 +212,15 @@ def _save_checkpoint(root: Path, manifest: dict[str, Any], layer: Any, recipe: d
     save_file({n: np.ascontiguousarray(a) for n, a in layer.state_numpy(names).items()}, str(partial),
               metadata={"format": "ernie-ir-training-checkpoint", "steps": str(steps)})
     os.replace(partial, out)
-    rel = out.relative_to(root).as_posix()
-    manifest.setdefault("files", {})[rel] = hashlib.sha256(out.read_bytes()).hexdigest()
+    record_files(root, manifest, [out])
+    return out
+
+
+def record_files(root: Path, manifest: dict[str, Any], files: list[Path]) -> None:
+    """List `files` (inside `root`) with their sha256 in the manifest, rewritten atomically."""
+    for f in files:
+        manifest.setdefault("files", {})[f.relative_to(root).as_posix()] = \
+            hashlib.sha256(f.read_bytes()).hexdigest()
     tmp = root / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, root / "manifest.json")
-    return out

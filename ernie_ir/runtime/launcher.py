@@ -1,0 +1,287 @@
+"""Start the ranks of a multi-rank artifact as paddle.distributed processes on this machine's CPU.
+
+    logits = run_distributed(Path("art"), ids, world=2)                    # 2 gloo processes
+    losses = train_distributed(Path("art"), 2, steps=3, batches=batches)
+
+One `python -m paddle.distributed.launch` per call runs the rank worker
+(ernie_ir/runtime/paddle_dist.py) once per rank over gloo, with the rendezvous on a port
+picked free for this run (`--ips 127.0.0.1 --start_port P`), so concurrent runs do not
+collide. The call is bounded by a timeout. The launcher and each rank run in their own
+sessions, so on a failure, a timeout or an interrupt every process the call started is
+killed, found by a token only they carry in their environment, and `DistributedRunError`
+names the failing rank with its one-line error and carries the tail of its log
+(`log_tail`). Nothing is printed: the logs live in a temporary folder removed at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ernie_ir.ir import ErnieIRError
+
+from .paddle_dist import ERROR_FILE, staging_dir
+
+RUN_TIMEOUT_S = 600.0
+TRAIN_TIMEOUT_S = 3600.0
+WORKER = Path(__file__).resolve().with_name("paddle_dist.py")
+TOKEN_ENV = "ERNIE_IR_LAUNCH_TOKEN"
+HOST = "127.0.0.1"
+# A CPU run: the launcher must not pick devices from the caller's environment.
+_DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "XPU_VISIBLE_DEVICES", "XPULINK_VISIBLE_DEVICES",
+               "ASCEND_RT_VISIBLE_DEVICES", "NPU_VISIBLE_DEVICES", "PADDLE_XCCL_BACKEND")
+_NOISE = ("ccache", "warnings.warn(warning_message)")
+TAIL_LINES = 20
+
+
+class DistributedRunError(ErnieIRError):
+    """A rank failed, or the ranks did not finish in time. The message is one line; `log_tail`
+    holds the last lines of the failing rank's log."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+def free_port_block(n: int) -> int:
+    """A port P with P .. P+n-1 free on 127.0.0.1 (the launcher gives rank r port P+r; rank 0
+    serves the rendezvous on P). Random, so concurrent runs rarely even try the same one."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        base = rng.randint(20000, 60000 - n)
+        if all(_port_free(base + i) for i in range(n)):
+            return base
+    raise DistributedRunError(f"no {n} free TCP ports on {HOST} for the rendezvous: free some ports "
+                              "and retry")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _tagged(token: str) -> Iterator[int]:
+    """pids of the live processes whose environment carries this launch's token."""
+    needle = f"{TOKEN_ENV}={token}".encode()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for name in names:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    yield int(name)
+        except OSError:
+            continue
+
+
+def _kill_tagged(token: str) -> None:
+    deadline = time.monotonic() + 5.0
+    while True:
+        pids = list(_tagged(token))
+        if not pids or time.monotonic() > deadline:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    kept = [line for line in text.splitlines() if line.strip() and not any(n in line for n in _NOISE)]
+    return "\n".join(kept[-lines:])
+
+
+class RankProcesses:
+    """One launch of the rank worker: `start`, then `wait` (which always leaves no process)."""
+
+    def __init__(self, artifact: Path, command: str, args: list[str], world: int, workdir: Path) -> None:
+        self.artifact, self.command, self.args = artifact, command, args
+        self.world, self.workdir = world, workdir
+        self.token = uuid.uuid4().hex
+        self.port = free_port_block(world)
+        self.master = f"{HOST}:{self.port}"
+        self.logs = workdir / "logs"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(self.world),
+               "--ips", HOST, "--start_port", str(self.port), "--log_dir", str(self.logs),
+               "--job_id", f"ernie-ir-{self.token[:8]}",
+               str(WORKER), self.command, str(self.artifact.resolve()), *self.args]
+        env = {k: v for k, v in os.environ.items() if k not in _DEVICE_ENV}
+        env.update({TOKEN_ENV: self.token, "ERNIE_IR_PARENT_PID": str(os.getpid()),
+                    "ERNIE_IR_WORKDIR": str(self.workdir), "PADDLE_DISTRI_BACKEND": "gloo",
+                    "PYTHONUNBUFFERED": "1"})
+        env.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ INFO lines would bury the rank's error
+        with open(self.workdir / "launch.log", "wb") as log:
+            try:
+                self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=env, cwd=self.workdir,
+                                             start_new_session=True)
+            except OSError as e:
+                raise DistributedRunError(f"cannot start paddle.distributed.launch ({e.strerror or e}): "
+                                          "check the Python environment") from None
+
+    def wait(self, timeout_s: float, on_poll: Callable[[], Any] | None = None) -> None:
+        """Until every rank exits; DistributedRunError on a failure or after `timeout_s`."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    code = self.proc.wait(timeout=0.1)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if on_poll is not None:
+                    on_poll()
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise DistributedRunError(
+                        f"the {self.world} ranks did not finish within {timeout_s:g} s: stopped them "
+                        "(give a longer timeout, e.g. --timeout, for a large model)",
+                        _tail(self.logs / "workerlog.0"))
+            if on_poll is not None:
+                on_poll()
+        finally:
+            self.stop()
+        if code != 0:
+            raise self.failure(code)
+
+    def stop(self) -> None:
+        """Kill every process of this launch: the launcher and its ranks (each in its own
+        session, so no single process group holds them), found by their token."""
+        if self.proc is None:
+            return
+        _kill_tagged(self.token)
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        _kill_tagged(self.token)  # anything the launcher started while it was being killed
+
+    def failure(self, code: int) -> DistributedRunError:
+        """The error of a failed launch: the rank that failed first, its line, its log's tail."""
+        errors = sorted(self.workdir.glob(ERROR_FILE.format(rank="*")),
+                        key=lambda p: (p.stat().st_mtime, p.name))
+        if errors:
+            rank = int(re.findall(r"\d+", errors[0].name)[-1])
+            line = errors[0].read_text(encoding="utf-8").strip() or "failed"
+            return DistributedRunError(f"rank {rank} of {self.world} failed: {line}",
+                                       _tail(self.logs / f"workerlog.{rank}"))
+        for rank in range(self.world):
+            log = self.logs / f"workerlog.{rank}"
+            if "Traceback" in _tail(log, 10_000) or "Error" in _tail(log, 5):
+                return DistributedRunError(f"rank {rank} of {self.world} exited with an error (launcher "
+                                           f"exit code {code}); see the log tail", _tail(log))
+        return DistributedRunError(f"paddle.distributed.launch failed (exit code {code}) before any rank "
+                                   "reported an error; see the log tail", _tail(self.workdir / "launch.log"))
+
+
+def _require_paddle() -> None:
+    from .paddle_layer import require_paddle
+
+    require_paddle()
+
+
+def run_distributed(artifact: Path, input_ids: np.ndarray, world: int, *,
+                    timeout_s: float = RUN_TIMEOUT_S) -> np.ndarray:
+    """Logits [B, S, V] of a multi-rank artifact, run by `world` gloo processes (rank 0's)."""
+    _require_paddle()
+    workdir = Path(tempfile.mkdtemp(prefix="ernie-ir-dist-"))
+    try:
+        np.save(workdir / "ids.npy", np.ascontiguousarray(input_ids, dtype=np.int64))
+        out = workdir / "logits.npy"
+        ranks = RankProcesses(Path(artifact), "run", ["--tokens", str(workdir / "ids.npy"),
+                                                      "--save-logits", str(out)], world, workdir)
+        ranks.start()
+        ranks.wait(timeout_s)
+        if not out.is_file():
+            raise DistributedRunError("rank 0 finished without writing its logits",
+                                      _tail(ranks.logs / "workerlog.0"))
+        return np.load(out)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def train_distributed(artifact: Path, world: int, steps: int, batches: list[tuple[np.ndarray, np.ndarray]],
+                      *, lr: float | None = None, seed: int = 0, save: bool = True,
+                      on_step: Callable[[int, float], Any] | None = None,
+                      timeout_s: float = TRAIN_TIMEOUT_S) -> list[float]:
+    """Train a multi-rank training artifact on `world` gloo processes; the loss of each step.
+
+    Every rank takes `batches` (cycled). `on_step(step, loss)` is called as rank 0 reports
+    each step. With `save`, rank 0 writes `training/checkpoints/run-K-step-N/` (every rank's
+    trainable params and their merge to global names and shapes) and lists it in the manifest;
+    a failed run leaves no checkpoint.
+    """
+    _require_paddle()
+    root = Path(artifact)
+    workdir = Path(tempfile.mkdtemp(prefix="ernie-ir-dist-"))
+    ranks: RankProcesses | None = None
+    try:
+        arrays = {}
+        for i, (ids, labels) in enumerate(batches):
+            arrays[f"ids{i}"], arrays[f"labels{i}"] = ids, labels
+        np.savez(workdir / "batches.npz", **arrays)
+        losses_file = workdir / "losses.jsonl"
+        losses: list[float] = []
+        args = ["--steps", str(steps), "--batches", str(workdir / "batches.npz"), "--seed", str(seed),
+                "--losses", str(losses_file)]
+        if lr is not None:
+            args += ["--lr", repr(float(lr))]
+        if save:
+            args.append("--save")
+
+        def poll() -> None:
+            if not losses_file.is_file():
+                return
+            lines = losses_file.read_text(encoding="utf-8").splitlines(keepends=True)
+            for line in lines[len(losses):]:
+                if not line.endswith("\n"):
+                    break  # rank 0 is still writing it
+                losses.append(float(json.loads(line)["loss"]))
+                if on_step is not None:
+                    on_step(len(losses), losses[-1])
+
+        ranks = RankProcesses(root, "train", args, world, workdir)
+        ranks.start()
+        ranks.wait(timeout_s, poll)
+        if len(losses) != steps:
+            raise DistributedRunError(f"rank 0 reported {len(losses)} of {steps} steps",
+                                      _tail(ranks.logs / "workerlog.0"))
+        return losses
+    except BaseException:
+        if ranks is not None:
+            shutil.rmtree(staging_dir(root, ranks.master), ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,516 @@
+"""The rank worker: one paddle.distributed process of a multi-rank artifact.
+
+Started once per rank by `paddle.distributed.launch` (gloo on CPU; nccl, xccl or bkcl on devices):
+
+    python -m paddle.distributed.launch --nproc_per_node 2 --log_dir LOGS \\
+        .../ernie_ir/runtime/paddle_dist.py run ARTIFACT --tokens 1,2,3 [--save-logits F.npy]
+    python -m paddle.distributed.launch --gpus 0,1 \\
+        .../ernie_ir/runtime/paddle_dist.py train ARTIFACT --steps N [--data F.jsonl] --device gpu
+
+Each rank checks the sha256 of its own `rank{r}/` files against the manifest, builds its Paddle
+Layer from its graph (ernie_ir.runtime.paddle_layer: collectives become paddle.distributed
+calls), joins the process group and runs. `run`: rank 0 writes the logits. `train`: every rank
+takes the same batches and computes the same replicated loss; the Layer's "f" functions, the
+sum of gradient slices that several ranks hold and the global-norm clip over the whole model
+(`TensorParallelClip`) make every update the one-rank update; rank 0 appends each step's loss
+to `--losses`. With `--save` every rank writes its trainable params and rank 0 merges them back
+to global names and shapes: `training/checkpoints/run-K-step-N/{rank{r},merged}.safetensors`,
+listed in the manifest.
+
+`ernie-ir run/train ARTIFACT` start this file through `ernie_ir.runtime.launcher`; the
+artifact's launch recipe (`launch.sh`) starts it on devices. `main` is the script entry (it
+prints and exits); the functions above it are the library.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":  # run as a file: its folder (runtime/) must not shadow top-level modules
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import argparse
+import hashlib
+import json
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.passes.split import SHARD
+
+ERROR_FILE = "error.rank{rank}.txt"
+"""Where a failing rank writes its one-line error (in $ERNIE_IR_WORKDIR), for the launcher."""
+CHECKPOINTS = Path("training") / "checkpoints"
+MERGED = "merged.safetensors"
+
+
+class WorkerError(ErnieIRError):
+    """A rank cannot run: a wrong process count, a modified rank file, a missing peer."""
+
+
+# -- the process group ---------------------------------------------------------------------------
+
+
+def world_from_env() -> tuple[int, int]:
+    """(rank, world size) of this process as paddle.distributed.launch set them (0, 1 without it)."""
+    return int(os.environ.get("PADDLE_TRAINER_ID", "0")), int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+
+
+def _wait_for_master(timeout_s: float) -> None:
+    """Block until rank 0 listens at PADDLE_MASTER. Connecting before it does costs Paddle's
+    TCP store a fixed 3 s retry; probing first keeps the start short."""
+    master = os.environ.get("PADDLE_MASTER", "")
+    host, _, port = master.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise WorkerError(f"rank 0 did not open the rendezvous at {master} within "
+                                  f"{timeout_s:g} s: check that rank 0 started (its log)") from None
+            time.sleep(0.05)
+
+
+def init_process_group(rank: int, world: int, *, timeout_s: float = 600.0) -> None:
+    """Join the default paddle.distributed group (nothing to do for one rank)."""
+    if world == 1:
+        return
+    from ernie_ir.runtime.paddle_layer import require_paddle
+
+    require_paddle()
+    import paddle.distributed as dist
+
+    if rank > 0:
+        _wait_for_master(timeout_s)
+    dist.init_parallel_env()
+    if dist.get_rank() != rank or dist.get_world_size() != world:
+        raise WorkerError(f"paddle.distributed reports rank {dist.get_rank()} of {dist.get_world_size()}, "
+                          f"the launch environment rank {rank} of {world}")
+
+
+def _watch_parent() -> None:
+    """Exit when the process that started the launch is gone, so a killed `ernie-ir` leaves
+    no rank running (the launcher and each rank live in their own sessions)."""
+    pid = int(os.environ.get("ERNIE_IR_PARENT_PID", "0") or 0)
+    if pid <= 0:
+        return
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(3)
+            except PermissionError:
+                pass
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="ernie-ir-parent-watch", daemon=True).start()
+
+
+def device_for(kind: str) -> str:
+    """The Paddle device of this rank: "cpu", or `kind`:N with N what the launcher selected."""
+    if kind == "cpu":
+        return "cpu"
+    selected = os.environ.get(f"FLAGS_selected_{kind}s", "0").split(",")[0] or "0"
+    return f"{kind}:{selected}"
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_rank_graph(root: Path, rank: int, world: int) -> tuple[dict[str, Any], Graph]:
+    """(manifest, rank graph) with this rank's files checked against the manifest's sha256."""
+    from ernie_ir.ir.storage import load_graph
+    from ernie_ir.targets.artifact import artifact_mapping, read_manifest
+
+    manifest = read_manifest(root)
+    mapping = artifact_mapping(manifest)
+    if mapping.world_size != world:
+        raise WorkerError(f"{root} has {mapping.world_size} rank(s) but {world} process(es) were started: "
+                          f"launch {mapping.world_size} (--nproc_per_node {mapping.world_size} or as many "
+                          "devices)")
+    for name in ("graph.ir", "weights.safetensors"):
+        rel = f"rank{rank}/{name}"
+        if not (root / rel).is_file():
+            raise WorkerError(f"artifact {root}: {rel} is missing (listed in manifest.json)")
+        if manifest["files"].get(rel) != _sha256(root / rel):
+            raise WorkerError(f"artifact {root}: {rel} was modified (sha256 does not match the manifest); "
+                              "recompile or restore it")
+    graph = load_graph(root / f"rank{rank}")
+    meta = graph.metadata.get("parallel") or {}
+    if world > 1 and (not isinstance(meta, dict) or meta.get("rank") != rank):
+        raise WorkerError(f"artifact {root}: rank{rank}/graph.ir is not rank {rank}'s graph")
+    return manifest, graph
+
+
+def parse_tokens(tokens: str) -> np.ndarray:
+    """`1,2,3` or a .npy file of int ids [batch, seq]."""
+    if tokens.endswith(".npy"):
+        ids = np.load(tokens, allow_pickle=False)
+    else:
+        try:
+            ids = np.asarray([[int(t) for t in tokens.split(",") if t.strip()]], dtype=np.int64)
+        except ValueError:
+            raise WorkerError(f"--tokens {tokens!r}: expected comma-separated integers or a .npy "
+                              "file") from None
+    ids = ids[None, :] if ids.ndim == 1 else ids
+    if ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise WorkerError(f"--tokens: expected integer ids [batch, seq], got {ids.dtype}{list(ids.shape)}")
+    return np.ascontiguousarray(ids, dtype=np.int64)
+
+
+def check_token_ids(graph: Graph, ids: np.ndarray) -> None:
+    """Ids the graph's (vocabulary-parallel) embedding accepts: a Paddle lookup would wrap or
+    crash where the interpreter raises."""
+    if not graph.inputs or ids.size == 0:
+        return
+    for node in graph.nodes:
+        if node.inputs and node.inputs[0] is graph.inputs[0]:
+            rows = None
+            if node.op == "embedding":
+                rows = node.inputs[1].type.shape[0]
+            elif node.op == "vocab_parallel_embedding":
+                rows = node.attrs.vocab_size
+            if isinstance(rows, int) and (ids.min() < 0 or ids.max() >= rows):
+                bad = int(ids.max()) if ids.max() >= rows else int(ids.min())
+                raise ErnieIRError(f"embedding: token id {bad} is outside the vocabulary [0, {rows})")
+
+
+# -- inference ---------------------------------------------------------------------------------
+
+
+def run_rank(root: Path, ids: np.ndarray, *, device: str = "cpu") -> np.ndarray:
+    """This rank's logits [B, S, V] (every rank holds the same, all-gathered)."""
+    from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
+
+    paddle = require_paddle()
+    rank, world = world_from_env()
+    _, graph = load_rank_graph(root, rank, world)
+    check_token_ids(graph, ids)
+    layer = build_layer(graph, device=device_for(device))
+    layer.eval()
+    init_process_group(rank, world)
+    with paddle.no_grad():
+        out = layer(paddle.to_tensor(ids))
+    return np.asarray(out.numpy())
+
+
+# -- training ----------------------------------------------------------------------------------
+
+
+def _cut_index(shard: dict[str, Any]) -> tuple[list[int], tuple[np.ndarray, ...]]:
+    """(global shape, np.ix_ index of a rank's slice) from a `shard` annotation."""
+    shape = [int(d) for d in shard["global_shape"]]
+    axes = [np.arange(d) for d in shape]
+    for cut in shard["cuts"]:
+        axes[int(cut["axis"]) % len(shape)] = np.concatenate(
+            [np.arange(int(a), int(b)) for a, b in cut["ranges"]])
+    return shape, np.ix_(*axes)
+
+
+def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float | None) -> Any:
+    """A Paddle gradient clip (AdamW's `grad_clip`) that makes the rank's gradients the whole
+    model's and clips them by the global norm over the whole model.
+
+    Params several ranks hold a slice of (KV heads replicated in groups) get the sum of those
+    ranks' gradients (each reader contributes only its heads' part). The norm counts every
+    element once: sharded slices summed over ranks, replicated params once, shared slices
+    divided by how many ranks hold them. `clip_norm` None: no clipping, the sums only.
+    """
+    import paddle.distributed as dist
+    from paddle.nn.clip import ClipGradBase
+
+    plans: dict[str, tuple[str, Any]] = {}
+    for name in layer.trainable_names:
+        tensor = layer.tensor(name)
+        shard = graph.params[name].annotations.get(SHARD)
+        if shard is None:
+            plans[tensor.name] = ("replicated", None)
+            continue
+        shape, index = _cut_index(shard)
+        cover = np.zeros(shape, np.float32)
+        cover[index] = 1.0
+        held = paddle.to_tensor(cover)
+        dist.all_reduce(held)  # how many ranks hold each element
+        count = held.numpy()[index]
+        if count.max() > 1:
+            plans[tensor.name] = ("shared", (shape, index, paddle.to_tensor(count)))
+        else:
+            plans[tensor.name] = ("sharded", None)
+
+    class TensorParallelClip(ClipGradBase):  # type: ignore[misc, name-defined]
+        last_norm: float | None = None
+        """The global gradient norm of the last step, before clipping."""
+
+        def __str__(self) -> str:
+            return f"tensor-parallel global-norm clip {clip_norm}"
+
+        def _dygraph_clip(self, params_grads: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+            with paddle.no_grad():
+                out, squares = [], []
+                for p, g in params_grads:
+                    if g is None:
+                        out.append((p, g))
+                        continue
+                    kind, extra = plans.get(p.name, ("replicated", None))
+                    if kind == "shared":
+                        shape, index, count = extra
+                        whole = np.zeros(shape, np.float32)
+                        whole[index] = g.numpy()
+                        buf = paddle.to_tensor(whole)
+                        dist.all_reduce(buf)
+                        g = paddle.to_tensor(buf.numpy()[index])
+                        squares.append(paddle.sum(paddle.square(g) / count))
+                    elif kind == "sharded" or layer.rank == 0:
+                        squares.append(paddle.sum(paddle.square(g)))
+                    out.append((p, g))
+                total = paddle.stack(squares).sum() if squares else paddle.zeros([], "float32")
+                total = total.reshape([1])
+                dist.all_reduce(total)
+                norm = paddle.sqrt(total)
+                self.last_norm = float(norm.numpy()[0])
+                if clip_norm is None:
+                    return out
+                top = paddle.full([1], clip_norm, "float32")
+                scale = top / paddle.maximum(norm, top)  # what ClipGradByGlobalNorm applies
+                return [(p, g if g is None else g * scale) for p, g in out]
+
+    return TensorParallelClip()
+
+
+def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.ndarray]] | None = None,
+               data: Path | None = None, lr: float | None = None, seed: int = 0, save: bool = False,
+               losses_file: Path | None = None, device: str = "cpu",
+               on_step: Callable[[int, float], Any] | None = None) -> list[float]:
+    """This rank's part of training: the same loop as the one-rank `train_artifact`, with
+    exact tensor-parallel gradients; returns the (replicated) loss of every step."""
+    from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
+    from ernie_ir.runtime.training import RECIPE, make_optimizer, next_token_loss, training_batches
+
+    paddle = require_paddle()
+    rank, world = world_from_env()
+    manifest, graph = load_rank_graph(root, rank, world)
+    if manifest.get("mode") != "training" or not (root / RECIPE).is_file():
+        raise WorkerError(f"{root} is not a training artifact: compile it with --mode training --lora-rank R")
+    if manifest["files"].get(RECIPE.as_posix()) != _sha256(root / RECIPE):
+        raise WorkerError(f"artifact {root}: {RECIPE.as_posix()} was modified (sha256 does not match the "
+                          "manifest)")
+    recipe = json.loads((root / RECIPE).read_text(encoding="utf-8"))
+    if batches is None:
+        batches = training_batches(recipe, graph, data, seed)
+    paddle.seed(seed)
+    layer = build_layer(graph, device=device_for(device), grad_sync=True)
+    layer.train()
+    layer.track_state = True
+    params = layer.trainable_parameters()
+    if not params:
+        raise WorkerError(f"{root}: rank {rank}'s graph has no trainable params")
+    init_process_group(rank, world)
+    clip = recipe.get("optimizer", {}).get("grad_clip_norm")
+    if world > 1:
+        grad_clip = tensor_parallel_clip(paddle, layer, graph, float(clip) if clip else None)
+    else:
+        grad_clip = paddle.nn.ClipGradByGlobalNorm(clip) if clip else None
+    optimizer = make_optimizer(paddle, params, recipe, lr, grad_clip)
+    losses: list[float] = []
+    for step in range(steps):
+        ids, labels = batches[step % len(batches)]
+        loss = next_token_loss(paddle, layer, ids, labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        layer.commit_state()
+        losses.append(float(loss.numpy()))
+        if rank == 0 and losses_file is not None:
+            norm = getattr(grad_clip, "last_norm", None)
+            with open(losses_file, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step + 1, "loss": losses[-1], "grad_norm": norm}) + "\n")
+        if on_step is not None:
+            on_step(step + 1, losses[-1])
+    if save:
+        names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
+        save_rank_checkpoint(root, layer, names, steps, rank, world)
+    return losses
+
+
+def staging_dir(root: Path, master: str) -> Path:
+    """Where the ranks of the launch whose rendezvous is `master` (host:port) stage a checkpoint:
+    one launch, one port, so the name is the same on every rank and unique per run."""
+    return root / CHECKPOINTS / f".partial-{master.replace(':', '-')}"
+
+
+def save_rank_checkpoint(root: Path, layer: Any, names: list[str], steps: int, rank: int,
+                         world: int) -> Path | None:
+    """Every rank writes its trainable params; rank 0 then merges them (global names and
+    shapes), names the folder `run-K-step-N` and lists its files in the manifest. Returns the
+    folder on rank 0 (None elsewhere)."""
+    from safetensors.numpy import save_file
+
+    stage = staging_dir(root, os.environ.get("PADDLE_MASTER", "local"))
+    stage.mkdir(parents=True, exist_ok=True)
+    held = [n for n in names if n in layer.param_attrs]
+    save_file({n: np.ascontiguousarray(a) for n, a in layer.state_numpy(held).items()},
+              str(stage / f"rank{rank}.safetensors"),
+              metadata={"format": "ernie-ir-training-checkpoint", "steps": str(steps), "rank": str(rank),
+                        "world_size": str(world)})
+    if world > 1:
+        import paddle.distributed as dist
+
+        dist.barrier()  # every rank's file is complete before rank 0 reads them
+    if rank != 0:
+        return None
+    try:
+        return _merge_and_publish(root, stage, names, steps, world)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def merge_shards(name: str, pieces: list[tuple[np.ndarray, dict[str, Any] | None]]) -> np.ndarray:
+    """The global tensor of param `name` from every rank's (slice, `shard` annotation), rank
+    order. Uncut params are rank 0's; slices held by several ranks take rank 0's copy."""
+    shards = [s for _, s in pieces if s is not None]
+    if not shards:
+        return pieces[0][0]
+    shape = [int(d) for d in shards[0]["global_shape"]]
+    out = np.zeros(shape, pieces[0][0].dtype)
+    filled = np.zeros(shape, bool)
+    for arr, shard in reversed(pieces):  # rank 0 written last: its copy wins where slices overlap
+        if shard is None:
+            out[...] = arr
+            filled[...] = True
+            continue
+        _, index = _cut_index(shard)
+        out[index] = arr
+        filled[index] = True
+    if not filled.all():
+        raise WorkerError(f"checkpoint: the rank slices of {name} do not cover its global shape {shape}")
+    return out
+
+
+def _merge_and_publish(root: Path, stage: Path, names: list[str], steps: int, world: int) -> Path:
+    from safetensors.numpy import load_file, save_file
+
+    from ernie_ir.ir.parser import parse_graph
+    from ernie_ir.runtime.training import record_files
+
+    annotations: list[dict[str, Any]] = []
+    for r in range(world):
+        text = (root / f"rank{r}" / "graph.ir").read_text(encoding="utf-8")
+        g = parse_graph(text, source=f"rank{r}/graph.ir")
+        annotations.append({n: p.annotations.get(SHARD) for n, p in g.params.items()})
+    ranks = [load_file(str(stage / f"rank{r}.safetensors")) for r in range(world)]
+    merged = {}
+    for n in names:
+        if any(n not in t for t in ranks):
+            raise WorkerError(f"checkpoint: param {n} is missing from a rank's checkpoint")
+        merged[n] = np.ascontiguousarray(merge_shards(n, [(t[n], a.get(n)) for t, a in zip(ranks, annotations,
+                                                                                             strict=True)]))
+    save_file(merged, str(stage / MERGED), metadata={"format": "ernie-ir-training-checkpoint",
+                                                      "steps": str(steps), "world_size": str(world),
+                                                      "layout": "global"})
+    folder = root / CHECKPOINTS
+    # One folder per run (run-001-step-30, ...): never overwrites an earlier one, and appears
+    # only once complete.
+    run = 1 + sum(1 for p in folder.glob("run-*-step-*") if not p.name.startswith("."))
+    out = folder / f"run-{run:03d}-step-{steps}"
+    os.replace(stage, out)
+    manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    record_files(root, manifest, sorted(out.iterdir()))
+    return out
+
+
+# -- the script --------------------------------------------------------------------------------
+
+
+def _write_error(rank: int, message: str) -> None:
+    workdir = os.environ.get("ERNIE_IR_WORKDIR")
+    if workdir:
+        tmp = Path(workdir) / f".{ERROR_FILE.format(rank=rank)}.tmp"
+        tmp.write_text(message.splitlines()[0] if message else "failed", encoding="utf-8")
+        os.replace(tmp, Path(workdir) / ERROR_FILE.format(rank=rank))
+
+
+def _save_npy(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.npy")
+    np.save(tmp, arr)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Script entry: parse, run this rank, report; exit status 0, 2 (user error) or 1."""
+    parser = argparse.ArgumentParser(prog="paddle_dist.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="logits of --tokens (rank 0 reports)")
+    run.add_argument("artifact", type=Path)
+    run.add_argument("--tokens", required=True, help="1,2,3 or a .npy [batch, seq]")
+    run.add_argument("--save-logits", type=Path, default=None, help="rank 0 writes float32 logits here")
+    train = sub.add_parser("train", help="train the trainable params")
+    train.add_argument("artifact", type=Path)
+    train.add_argument("--steps", type=int, required=True)
+    train.add_argument("--data", type=Path, default=None)
+    train.add_argument("--batches", type=Path, default=None, help=".npz of ids{i}/labels{i} (the launcher's)")
+    train.add_argument("--lr", type=float, default=None)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--losses", type=Path, default=None, help="rank 0 appends one JSON line per step")
+    train.add_argument("--save", action="store_true", help="write the checkpoint (rank files + merged)")
+    for p in (run, train):
+        p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "npu", "xpu"])
+    args = parser.parse_args(argv)
+    rank, _ = world_from_env()
+    _watch_parent()
+    try:
+        if args.command == "run":
+            logits = run_rank(args.artifact, parse_tokens(args.tokens), device=args.device)
+            if rank == 0:
+                if args.save_logits is not None:
+                    _save_npy(args.save_logits, logits.astype(np.float32))
+                argmax = np.argmax(logits, axis=-1).tolist()
+                print(f"logits {list(logits.shape)}  argmax {argmax}", flush=True)
+        else:
+            batches = None
+            if args.batches is not None:
+                with np.load(args.batches) as z:
+                    batches = [(z[f"ids{i}"], z[f"labels{i}"]) for i in range(len(z.files) // 2)]
+
+            def report(step: int, loss: float) -> None:
+                if rank == 0:
+                    print(f"step {step:4d}  loss {loss:.6f}", flush=True)
+
+            train_rank(args.artifact, args.steps, batches=batches, data=args.data, lr=args.lr,
+                       seed=args.seed, save=args.save, losses_file=args.losses, device=args.device,
+                       on_step=report)
+    except ErnieIRError as e:
+        _write_error(rank, str(e))
+        print(f"error: rank {rank}: {e}", file=sys.stderr, flush=True)
+        return 2
+    except BaseException as e:
+        _write_error(rank, f"{type(e).__name__}: {e}")
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
