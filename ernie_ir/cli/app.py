@@ -8,7 +8,8 @@ become one line on stderr and exit code 2; see `main`.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -99,6 +100,8 @@ def _full_pipeline(pipeline: str | None, quant: str | None, quant_config: Path |
     return ",".join(parts) or None
 
 
+MetaOpt = Annotated[bool, typer.Option("--meta", help="Read a checkpoint folder's config.json only: "
+                                       "the full-size graph without weights.")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (attention heads, FFN, vocab).")]
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (whole routed experts per group).")]
 
@@ -107,11 +110,11 @@ def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
 
-def _load_rewritten(model: str, pipeline: str | None, *, trust_pickle: bool,
+def _load_rewritten(model: str, pipeline: str | None, *, trust_pickle: bool, meta: bool = False,
                     print_before: Sequence[str] = (), print_after: Sequence[str] = (),
                     dump_dir: Path | None = None, timing: bool = False) -> Graph:
     """MODEL loaded, verified, and rewritten by `pipeline` under the requested instruments."""
-    graph = load_input(model, trust_pickle=trust_pickle)
+    graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
     verify(graph)
     _run_pipeline(graph, pipeline, print_before=list(print_before), print_after=list(print_after),
                   dump_dir=dump_dir, timing=timing)
@@ -196,6 +199,7 @@ def show(
     tp: TpOpt = 1,
     ep: EpOpt = 1,
     rank: Annotated[int, typer.Option("--rank", help="With --tp/--ep: which rank's graph to print.")] = 0,
+    meta: MetaOpt = False,
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Print a model's IR (exactly the text format, so it can be parsed back)."""
@@ -205,7 +209,7 @@ def show(
         pipeline = ",".join(x for x in (pipeline, f"split{{tp={tp},ep={ep},rank={rank}}}") if x)
     elif rank:
         raise ErnieIRError("--rank needs --tp and/or --ep (a one-rank graph has rank 0 only)")
-    graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle,
+    graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle, meta=meta,
                             print_before=_split(print_before), print_after=_split(print_after),
                             dump_dir=dump_dir, timing=timing)
     if summary:
@@ -265,6 +269,27 @@ def _is_multi_rank(model: str) -> bool:
     return artifact_mapping(read_manifest(model)).world_size > 1
 
 
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", help="Seconds a multi-rank paddle run may take (default: run 600, train 3600).")
+]
+
+
+@contextmanager
+def _rank_log_on_error() -> Iterator[None]:
+    """A failed paddle.distributed run: its one-line error, then the tail of the rank's log."""
+    from ernie_ir.runtime.launcher import DistributedRunError
+
+    try:
+        yield
+    except DistributedRunError as e:
+        err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True)
+        if e.log_tail:
+            err.print("--- end of the rank's log ---", markup=False)
+            err.print(e.log_tail, markup=False, highlight=False)
+        raise typer.Exit(2) from None
+
+
 def _check_finite(model: str, logits: np.ndarray) -> None:
     bad = int(np.size(logits) - np.count_nonzero(np.isfinite(logits)))
     if bad:
@@ -288,8 +313,10 @@ def run(
         str | None, typer.Option("--emulate", help="Round activations typed bf16/f16 after each op.")
     ] = None,
     backend: Annotated[
-        str, typer.Option("--backend", help="interpreter, or for an artifact: onnxruntime or paddle.")
+        str, typer.Option("--backend", help="interpreter, or for an artifact: onnxruntime or paddle "
+                          "(several ranks: one paddle.distributed process per rank).")
     ] = "interpreter",
+    timeout: TimeoutOpt = None,
     quant: QuantOpt = None,
     quant_config: QuantConfigOpt = None,
     lora_rank: LoraRankOpt = None,
@@ -305,6 +332,10 @@ def run(
 
     pipeline = _full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
                               lora_adapter)
+    if (Path(model) / "manifest.json").is_file():
+        from ernie_ir.targets import read_manifest, require_weights
+
+        require_weights(Path(model), read_manifest(model))
     ids = _parse_tokens(tokens)
     if emulate is not None and emulate not in ("bf16", "f16"):
         raise ErnieIRError(f"--emulate {emulate!r}: choose bf16 or f16 (activation rounding)")
@@ -321,7 +352,8 @@ def run(
                                "--quant, --lora-* and --emulate (or use --backend interpreter)")
         from ernie_ir.runtime.artifact_runner import run_artifact
 
-        logits = run_artifact(Path(model), ids, backend)
+        with _rank_log_on_error():
+            logits = run_artifact(Path(model), ids, backend, timeout_s=timeout)
     else:
         graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle)
         logits = _logits(graph, ids, emulate)
@@ -381,6 +413,7 @@ def compile(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Artifact folder to write.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing artifact folder.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    meta: MetaOpt = False,
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Compile a model for a target into an artifact folder (written atomically)."""
@@ -411,7 +444,7 @@ def compile(
                                lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
                                lora_adapter=lora_adapter, quant_config=quant_config,
                                cuda_arch=arch, tp=tp, ep=ep, out=out_dir, force=force,
-                               trust_pickle=trust_pickle, progress=progress)
+                               trust_pickle=trust_pickle, meta=meta, progress=progress)
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))
@@ -459,13 +492,16 @@ def train(
     lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 1e-3,
     seed: Annotated[int, typer.Option("--seed", help="Seed for data order and dropout.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the losses as JSON.")] = False,
+    timeout: TimeoutOpt = None,
 ) -> None:
-    """Train the trainable params (LoRA, QAT) of a training artifact with AdamW on CPU."""
+    """Train the trainable params (LoRA, QAT) of a training artifact with AdamW on CPU
+    (a multi-rank artifact: one paddle.distributed gloo process per rank)."""
     import json
 
     from ernie_ir.runtime.training import train_artifact
 
-    losses = train_artifact(artifact, steps, data, lr, seed=seed)
+    with _rank_log_on_error():
+        losses = train_artifact(artifact, steps, data, lr, seed=seed, timeout_s=timeout)
     if json_out:
         print(json.dumps({"artifact": str(artifact), "steps": steps, "losses": losses}))
         return
