@@ -8,8 +8,9 @@
     rank{r}/graph.ir       per-rank IR (one rank: rank0 only), legalized for the target
     rank{r}/weights.safetensors   each rank's weights, streamed from the lazy (memory-mapped)
                            sources one tensor at a time
-    inference/launch.sh    launch recipe (paddle.distributed.launch with the target's flag and env)
-    inference/launch.json  the same recipe as data
+    inference/launch.sh    launch recipe (paddle.distributed.launch with the target's flag and env;
+                           several ranks: one rank worker per device)
+    inference/launch.json  the same recipe as data, with the collective backend
 
 Writing is atomic: everything goes into a hidden temp folder next to the
 destination, which is renamed into place at the end; any failure or
@@ -56,11 +57,22 @@ def _files(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
 
+WORKER_LOOKUP = "python -c 'import ernie_ir.runtime.paddle_dist as w; print(w.__file__)'"
+"""Prints the path of the rank worker (ernie_ir/runtime/paddle_dist.py), which the launcher runs."""
+
+
 def launch_recipe(target: Target, mode: str, tp: int = 1) -> dict[str, Any]:
-    """How the artifact is started on its devices (`tp`: the number of processes, one per rank)."""
+    """How the artifact is started on its devices (`tp`: the number of processes, one per rank).
+
+    One rank: `ernie-ir run|train <artifact>` under the launcher. Several: the launcher starts
+    the rank worker once per device; each process builds its Paddle Layer from `rank{r}/` and
+    its collectives run on the target's backend (nccl, xccl, bkcl; gloo on a CPU, where
+    `ernie-ir run|train <artifact> --backend paddle` starts the processes itself).
+    """
     devices = ",".join(str(i) for i in range(tp))
     env = {target.visible_devices_env: devices, **target.extra_env}
-    return {
+    command = "train" if mode == "training" else "run"
+    recipe: dict[str, Any] = {
         "target": target.name,
         "launcher": "python -m paddle.distributed.launch",
         "flag": target.launch_flag,
@@ -70,11 +82,25 @@ def launch_recipe(target: Target, mode: str, tp: int = 1) -> dict[str, Any]:
         "env": env,
         "paddle_device": target.paddle_device,
         "inference_config": target.inference_config,
-        "entry": f"ernie-ir {'train' if mode == 'training' else 'run'} <artifact>",
+        "entry": f"ernie-ir {command} <artifact>",
         "note": "the device-side Paddle executable is not emitted yet; the entry runs the "
                 "artifact in the CPU interpreter",
         "mode": mode,
     }
+    if tp > 1:
+        kind = target.paddle_device.split(":")[0]
+        extra = " --save" if mode == "training" else ""
+        recipe.update({
+            "entry": f"<worker> {command} <artifact> --device {kind}{extra}",
+            "worker": WORKER_LOOKUP,
+            "note": f"{tp} processes, one per rank: each checks and loads rank{{r}}/, builds its Paddle "
+                    "Layer (collectives are paddle.distributed calls) and rank 0 reports",
+            "cpu": {"collective_backend": "gloo",
+                    "command": ("ernie-ir train <artifact> --steps N" if mode == "training" else
+                                "ernie-ir run <artifact> --tokens 1,2,3 --backend paddle"),
+                    "note": "one gloo process per rank on this machine's CPU"},
+        })
+    return recipe
 
 
 def launch_script(recipe: dict[str, Any]) -> str:
@@ -85,9 +111,18 @@ def launch_script(recipe: dict[str, Any]) -> str:
     for k, v in recipe["env"].items():
         lines.append(f'export {k}="${{{k}:-{v}}}"')
     vis = next(iter(recipe["env"]))
-    lines.append(f'exec {recipe["launcher"]} {recipe["flag"]} "${{{vis}}}" '
-                 f'"$(command -v ernie-ir)" {"train" if recipe.get("mode") == "training" else "run"} '
-                 '"$ARTIFACT" "$@"')
+    command = "train" if recipe.get("mode") == "training" else "run"
+    if recipe["nproc"] > 1:
+        # The rank worker, not `ernie-ir run`: that would run every rank in each process.
+        kind = recipe["paddle_device"].split(":")[0]
+        extra = " --save" if command == "train" else ""
+        lines.append("# on a CPU instead: " + recipe["cpu"]["command"].replace("<artifact>", '"$ARTIFACT"'))
+        lines.append(f'WORKER="$({recipe["worker"]})" || exit 1')
+        lines.append(f'exec {recipe["launcher"]} --nproc_per_node {recipe["nproc"]} {recipe["flag"]} '
+                     f'"${{{vis}}}" "$WORKER" {command} "$ARTIFACT" --device {kind}{extra} "$@"')
+    else:
+        lines.append(f'exec {recipe["launcher"]} {recipe["flag"]} "${{{vis}}}" '
+                     f'"$(command -v ernie-ir)" {command} "$ARTIFACT" "$@"')
     return "\n".join(lines) + "\n"
 
 

@@ -6,8 +6,9 @@
   The portable form is what a CPU can trace (REFERENCE.md 4.1: `weight_only_linear` has no CPU
   kernel and cannot be traced there); a device rebuilds the Layer from `rank0/` with its own
   kernels (`ernie_ir.runtime.paddle_layer.build_layer(graph, device="gpu:0")`).
-- `training_recipe(graph, target)`: `train.json`, what `ernie-ir train` reads: the trainable
-  params, the QAT state params, optimizer defaults and the launch command for the target.
+- `training_recipe(graph, target, mapping)`: `train.json`, what `ernie-ir train` reads: the
+  trainable params, the QAT state params, optimizer defaults and the launch command for the
+  target (several ranks: the rank worker, ernie_ir/runtime/paddle_dist.py, once per device).
 """
 
 from __future__ import annotations
@@ -99,11 +100,31 @@ def training_recipe(graph: Graph, target: Target, mapping: Mapping | None = None
                if p.trainable and "learning_rate" in p.annotations}
     frozen = sorted(p.name for p in graph.params.values() if not p.trainable and p.name not in state)
     vocab = graph.outputs[0].type.shape[-1] if graph.outputs else None
-    flags = f"{target.launch_flag} 0"
+    world = 1 if mapping is None else mapping.world_size
+    devices = ",".join(str(i) for i in range(world))
+    if world > 1:
+        from .artifact import WORKER_LOOKUP
+
+        kind = target.paddle_device.split(":")[0]
+        device_cmd = (f'{target.visible_devices_env}={devices} python -m paddle.distributed.launch '
+                      f'--nproc_per_node {world} {target.launch_flag} {devices} "$({WORKER_LOOKUP})" train '
+                      f"<artifact> --device {kind} --save --steps N [--data FILE.jsonl]")
+        cpu_cmd = (f"ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--lr X]   ({world} gloo "
+                   "processes, one per rank)")
+        checkpoints = ("training/checkpoints/run-K-step-N/rank{r}.safetensors (each rank's trainable "
+                       "params) + merged.safetensors (global names and shapes, merged by the shard "
+                       "annotations); rank{r}/ is never modified")
+    else:
+        device_cmd = (f"{target.visible_devices_env}=0 python -m paddle.distributed.launch "
+                      f'{target.launch_flag} 0 "$(command -v ernie-ir)" train <artifact> --steps N '
+                      "[--data FILE.jsonl]")
+        cpu_cmd = "ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--lr X]"
+        checkpoints = ("training/checkpoints/run-K-step-N.safetensors (trainable params + QAT state); "
+                       "rank0/ is never modified")
     return {
         "format": "ernie-ir-training", "version": 1,
         "graph": "rank{rank}/graph.ir", "weights": "rank{rank}/weights.safetensors",
-        "world_size": 1 if mapping is None else mapping.world_size,
+        "world_size": world,
         "trainable": trainable, "learning_rate_multipliers": lr_mult, "qat_state": state,
         "frozen_count": len(frozen),
         "loss": "next-token cross-entropy on logits[:, :-1] vs input_ids[:, 1:] (padding ignored)",
@@ -111,16 +132,12 @@ def training_recipe(graph: Graph, target: Target, mapping: Mapping | None = None
         "batch": {"batch_size": 4, "seq_len": 16, "synthetic_seed": 0},
         "vocab_size": vocab,
         "data": 'jsonl, one {"input_ids": [...]} per line',
-        "checkpoints": "training/checkpoints/run-K-step-N.safetensors (trainable params + QAT state); "
-                       "rank0/ is never modified",
+        "checkpoints": checkpoints,
         "device": {"paddle_set_device": target.paddle_device, "cpu": "cpu"},
-        "launch": {
-            "cpu": "ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--lr X]",
-            target.name: (f"{target.visible_devices_env}=0 python -m paddle.distributed.launch {flags} "
-                          '"$(command -v ernie-ir)" train <artifact> --steps N [--data FILE.jsonl]'),
-        },
-        "env": {target.visible_devices_env: "0", **target.extra_env},
+        "launch": {"cpu": cpu_cmd, target.name: device_cmd},
+        "env": {target.visible_devices_env: devices, **target.extra_env},
         "collective_backend": target.collective_backend,
+        **({"cpu_collective_backend": "gloo"} if world > 1 else {}),
     }
 
 
