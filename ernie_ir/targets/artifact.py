@@ -33,6 +33,7 @@ from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping
 from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.storage import GRAPH_FILE, WEIGHTS_FILE, load_graph, write_graph_files
+from ernie_ir.ir.weights import SafetensorsFile
 
 from .capabilities import Target
 
@@ -202,6 +203,7 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
 
             if has_weights:
                 digests = write_graph_files(rank_graph, tmp / f"rank{r}", on_tensor=on_tensor)
+                _read_back(rank_graph, tmp / f"rank{r}" / WEIGHTS_FILE)
             else:  # a meta graph: the IR is the artifact (for planning and review), no weights file
                 text = print_graph(rank_graph).encode("utf-8")
                 (tmp / f"rank{r}" / GRAPH_FILE).write_bytes(text)
@@ -262,6 +264,15 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return dest
+
+
+def _read_back(graph: Graph, weights: Path) -> None:
+    """Point every param at its bytes in the rank file just written: the executables emitted
+    next read them from there (memory-mapped) instead of quantizing and packing them again."""
+    written = SafetensorsFile(weights)
+    for p in graph.params.values():
+        if p.source is not None and p.name in written:
+            p.source = written.source(p.name)
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
