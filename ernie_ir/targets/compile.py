@@ -17,12 +17,13 @@ from ernie_ir.load import load_input
 from ernie_ir.passes import Pass, PassContext, PassInstrument
 from ernie_ir.passes.base import graph_properties
 from ernie_ir.passes.manager import run_pipeline_ranks
-from ernie_ir.passes.pipeline import load_pipeline
+from ernie_ir.passes.pipeline import Pipeline, load_pipeline
 from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
 from ernie_ir.passes.quant_config import resolve_quant_name
 from ernie_ir.passes.split import mapping_for
 
 from .artifact import check_out, sha256_file, write_artifact
+from .capabilities import Target
 from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
 from .registry import TargetError, get_target
 
@@ -110,32 +111,10 @@ def paddle_emitters(target: Any, mode: str, graph: Graph, warnings: list[str]) -
     return {"paddle": lambda graph, exe: emit_paddle_inference(graph, exe / "paddle")}
 
 
-class _ProgressInstrument(PassInstrument):
-    """Reports each finished pass as compile progress."""
-
-    def __init__(self, progress: Callable[[str, int, int], None], total: int) -> None:
-        self.progress = progress
-        self.total = total
-
-    def after_pass(self, index: int, p: Pass, graph: Graph, changed: bool, ctx: PassContext) -> None:
-        self.progress(f"pass {p.name}", index, self.total)
-
-
-def compile_model(model: str, target: str, quant: str | None = None, mode: str = "inference",
-                  pipeline: str | None = None, lora_rank: int | None = None,
-                  lora_alpha: float | None = None, lora_targets: Sequence[str] | None = None,
-                  lora_adapter: Path | None = None, quant_config: Path | None = None,
-                  cuda_arch: int = DEFAULT_CUDA_ARCH, tp: int = 1, ep: int = 1,
-                  out: str | Path | None = None, force: bool = False,
-                  trust_pickle: bool = False, meta: bool = False,
-                  progress: Callable[[str, int, int], None] | None = None) -> CompileReport:
-    """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
-
-    Every bad input raises an ErnieIRError subclass with one line, before any file is written.
-    `meta`: read a checkpoint folder's config.json alone (no weights): a graph-only artifact.
-    `progress(stage, done, total)` is called as passes run, weights are written and
-    executables are emitted (the CLI draws it).
-    """
+def check_compile_options(target: str, mode: str, quant: str | None, cuda_arch: int, tp: int,
+                          ep: int) -> tuple[Target, int | None]:
+    """The target and cuda arch (None off cuda) of compile's options; refuses, in one line, an
+    unknown target or mode, impossible degrees and FP8 where the target has no FP8 kernels."""
     tgt = get_target(target)
     if mode not in MODES:
         raise TargetError(f"unknown --mode {mode!r}: choose inference or training")
@@ -148,22 +127,14 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                               "--target cuda --cuda-arch 89/90, or --quant wint8 / wint8mix")
         if canonical.startswith("fp8") and arch is not None and arch < 89:
             raise TargetError(f"--quant {quant} needs FP8 kernels (Hopper/Ada): use --cuda-arch 89 or 90")
-    dest = check_out(out if out is not None else default_out(model, tgt.name, quant), force)
-    quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter)
+    return tgt, arch
 
-    if (Path(model) / "manifest.json").is_file():
-        from .artifact import read_manifest
 
-        done = read_manifest(model)
-        raise TargetError(f"{model} is a compiled artifact (already legalized for --target "
-                          f"{done.get('target')}): compile its source model "
-                          f"{(done.get('source') or {}).get('model', '')!s} instead")
-    if pipeline and pipeline.strip().endswith((".yaml", ".yml")) and quant_text:
-        raise ErnieIRError("--pipeline FILE.yaml cannot be combined with --quant/--quant-config/--lora-* "
-                           "flags: put those passes in the YAML file")
-
-    graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
-    before = params_by_dtype(graph)
+def compile_pipeline(graph: Graph, tgt: Target, arch: int | None, quant_text: str,
+                     pipeline: str | None = None, tp: int = 1, ep: int = 1) -> tuple[Pipeline, Mapping]:
+    """The pipeline compile runs on `graph` and the layout it makes: the user's `pipeline`, then
+    `quant_text` (quantization and LoRA, from `pipeline_for`), then `split{tp,ep}` when a degree
+    is > 1, then the target's legalization. Shared by `compile_model` and the memory planner."""
     parts: list[str] = []
     user_split = None
     if pipeline:
@@ -193,6 +164,53 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     if split is not None:
         opts = split.options
         mapping = mapping_for(graph, getattr(opts, "tp", 1), getattr(opts, "ep", 1))
+    return resolved, mapping
+
+
+class _ProgressInstrument(PassInstrument):
+    """Reports each finished pass as compile progress."""
+
+    def __init__(self, progress: Callable[[str, int, int], None], total: int) -> None:
+        self.progress = progress
+        self.total = total
+
+    def after_pass(self, index: int, p: Pass, graph: Graph, changed: bool, ctx: PassContext) -> None:
+        self.progress(f"pass {p.name}", index, self.total)
+
+
+def compile_model(model: str, target: str, quant: str | None = None, mode: str = "inference",
+                  pipeline: str | None = None, lora_rank: int | None = None,
+                  lora_alpha: float | None = None, lora_targets: Sequence[str] | None = None,
+                  lora_adapter: Path | None = None, quant_config: Path | None = None,
+                  cuda_arch: int = DEFAULT_CUDA_ARCH, tp: int = 1, ep: int = 1,
+                  out: str | Path | None = None, force: bool = False,
+                  trust_pickle: bool = False, meta: bool = False,
+                  progress: Callable[[str, int, int], None] | None = None) -> CompileReport:
+    """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
+
+    Every bad input raises an ErnieIRError subclass with one line, before any file is written.
+    `meta`: read a checkpoint folder's config.json alone (no weights): a graph-only artifact.
+    `progress(stage, done, total)` is called as passes run, weights are written and
+    executables are emitted (the CLI draws it).
+    """
+    tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
+    dest = check_out(out if out is not None else default_out(model, tgt.name, quant), force)
+    quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter)
+
+    if (Path(model) / "manifest.json").is_file():
+        from .artifact import read_manifest
+
+        done = read_manifest(model)
+        raise TargetError(f"{model} is a compiled artifact (already legalized for --target "
+                          f"{done.get('target')}): compile its source model "
+                          f"{(done.get('source') or {}).get('model', '')!s} instead")
+    if pipeline and pipeline.strip().endswith((".yaml", ".yml")) and quant_text:
+        raise ErnieIRError("--pipeline FILE.yaml cannot be combined with --quant/--quant-config/--lora-* "
+                           "flags: put those passes in the YAML file")
+
+    graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
+    before = params_by_dtype(graph)
+    resolved, mapping = compile_pipeline(graph, tgt, arch, quant_text, pipeline, tp, ep)
     instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
     ranked = run_pipeline_ranks(graph, resolved, instruments=instruments)
     ranks, result = ranked.ranks, ranked.result
