@@ -102,12 +102,11 @@ class Seg:
         n = self.size // parts
         return index * n, (index + 1) * n
 
-    def scaled(self, num: int, den: int) -> Seg:
-        return Seg(self.size * num // den, self.units, self.replicate)
-
 
 @dataclass(frozen=True)
 class Sharded:
+    """A value cut along `axis`: the concatenation of `segs`, each cut over the ranks."""
+
     axis: int  # negative: counted from the end, so it survives leading-dim changes
     segs: tuple[Seg, ...]
 
@@ -134,6 +133,8 @@ class Sharded:
 
 @dataclass
 class Partial:
+    """A summand of the whole value on every rank (the sum over ranks is the value)."""
+
     bias: Value | None = None  # added once, after the all_reduce
 
 
@@ -142,6 +143,8 @@ Layout = Literal["R"] | Sharded | Partial
 
 @dataclass
 class _Local:
+    """A value of the rank graph and how it relates to the global value it stands for."""
+
     value: Value
     layout: Layout = "R"
 
@@ -330,8 +333,7 @@ class _RankBuilder:
         return error(f"split (tp {self.tp}, ep {self.mapping.ep}): {node.op} at "
                      f"{node.scope or '<root>'}: {why}")
 
-    def emit(self, op: str, inputs: Sequence[Value | None], attrs: Any, scope: str,
-             nouts: int = 1) -> tuple[Value, ...]:
+    def emit(self, op: str, inputs: Sequence[Value | None], attrs: Any, scope: str) -> tuple[Value, ...]:
         # A global param reaching a node uncut is the whole tensor on this rank.
         ins = [self.param(v) if isinstance(v, Param) and self.src.params.get(v.name) is v else v
                for v in inputs]
