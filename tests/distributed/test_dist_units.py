@@ -1,0 +1,120 @@
+"""The pieces of the distributed runtime that need no second process: the Paddle lowerings of
+the parallel ops (world 1 and rank-local ops against the reference kernels), the "f" insertion,
+the refusal to run a rank graph outside paddle.distributed, the checkpoint merge and the launch
+recipes of multi-rank artifacts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _dist_testkit import compile_art
+
+from ernie_ir.ir import GraphBuilder, i64, tensor
+from ernie_ir.ir.storage import load_graph
+from ernie_ir.ir.weights import ArraySource
+from ernie_ir.runtime.interpreter import run_graph
+from ernie_ir.runtime.paddle_dist import merge_shards
+from ernie_ir.runtime.paddle_layer import PaddleEmitError, build_layer, rank_varying, require_paddle
+
+
+def _parallel_ops_graph() -> GraphBuilder:
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("parallel_ops")
+    ids = b.input("ids", tensor(i64, "B", "S"))
+    table = b.param("table", source=ArraySource(rng.standard_normal((4, 8)).astype(np.float32)))
+    router = b.param("router", source=ArraySource(rng.standard_normal((8, 6)).astype(np.float32)))
+    h = b.vocab_parallel_embedding(ids, table, vocab_start=4, vocab_size=12)
+    h = b.all_reduce(h, world_size=1)
+    w, idx = b.moe_gate(h, router, top_k=3)
+    w, idx = b.moe_local_experts(w, idx, first=2, count=2)
+    g = b.all_gather(h, axis=-1, world_size=1)
+    b.output(g, w, idx, names=["h", "w", "idx"])
+    return b
+
+
+def test_parallel_op_lowerings_equal_reference_kernels() -> None:
+    paddle = require_paddle()
+    graph = _parallel_ops_graph().graph
+    ids = np.array([[0, 3, 4, 5, 7, 8, 11]], np.int64)  # below, inside and above rows [4, 8)
+    ref = run_graph(graph, {"ids": ids})
+    layer = build_layer(graph, device="cpu")
+    h, w, idx = (t.numpy() for t in layer(paddle.to_tensor(ids)))
+    np.testing.assert_allclose(h, ref["h"], rtol=1e-6)
+    assert not h[0, [0, 1, 5, 6]].any()  # ids held by other ranks look up zeros
+    np.testing.assert_allclose(w, ref["w"], rtol=1e-6)
+    np.testing.assert_array_equal(idx, ref["idx"])
+
+
+def test_rank_graph_outside_paddle_distributed_is_one_line(tmp_path: Path) -> None:
+    paddle = require_paddle()
+    art = compile_art(tmp_path, "gpt-345m@tiny", "gpt", tp=2)
+    layer = build_layer(load_graph(art / "rank0"), device="cpu")
+    with pytest.raises(PaddleEmitError, match=r"over 2 ranks needs 2 paddle.distributed processes") as e:
+        layer(paddle.to_tensor(np.array([[1, 2]], np.int64)))
+    assert "\n" not in str(e.value) and "--backend paddle" in str(e.value)
+
+
+def test_f_guards_exactly_the_replicated_inputs_of_rank_dependent_nodes(tmp_path: Path) -> None:
+    """LoRA tp 2: f before each column layer's replicated input and its whole lora_A, before
+    each row layer's whole lora_B; never before a cut param or a rank-local value."""
+    art = compile_art(tmp_path, "ernie-4.5-0.3b@tiny", "lora", tp=2, mode="training", lora_rank=4)
+    graph = load_graph(art / "rank0")
+    varying = rank_varying(graph)
+    guarded = set()
+    for node in graph:
+        if node.op in ("all_reduce", "all_gather") or not any(id(o) in varying for o in node.outputs):
+            continue
+        for v in node.inputs:
+            if (v is not None and id(v) not in varying and v.type.dtype.is_float
+                    and not (hasattr(v, "trainable") and (not v.trainable or "shard" in v.annotations))):
+                guarded.add(id(v))
+    assert build_layer(graph, device="cpu", grad_sync=True).synced_values == len(guarded) > 0
+    assert build_layer(graph, device="cpu").synced_values == 0  # inference: no f at all
+    names = {v.name for v in graph.params.values() if id(v) in guarded}
+    assert names == {n for n, p in graph.params.items() if p.trainable and "shard" not in p.annotations}
+    assert all(n.endswith(("qkv_proj.lora_A", "up_gate_proj.lora_A", "o_proj.lora_B", "down_proj.lora_B"))
+               for n in names)
+
+
+def test_merge_shards_reassembles_cuts_and_takes_rank0_where_ranks_overlap() -> None:
+    full = np.arange(4 * 10, dtype=np.float32).reshape(4, 10)
+    cut0 = {"global_shape": [4, 10], "cuts": [{"axis": 1, "ranges": [[0, 3], [6, 10]]}]}
+    cut1 = {"global_shape": [4, 10], "cuts": [{"axis": -1, "ranges": [[3, 6], [6, 10]]}]}  # [6, 10) on both
+    r0 = full[:, [0, 1, 2, 6, 7, 8, 9]].copy()
+    r1 = full[:, [3, 4, 5, 6, 7, 8, 9]].copy()
+    r1[:, 3:] += 100  # a (wrong) copy of the shared columns: rank 0's must win
+    np.testing.assert_array_equal(merge_shards("p", [(r0, cut0), (r1, cut1)]), full)
+    np.testing.assert_array_equal(merge_shards("q", [(full, None), (full + 1, None)]), full)
+    with pytest.raises(Exception, match="do not cover"):
+        merge_shards("p", [(r0, cut0), (r0, cut0)])
+
+
+@pytest.mark.parametrize("target,flag,env,backend,device", [
+    ("cuda", "--gpus", "CUDA_VISIBLE_DEVICES", "nccl", "gpu"),
+    ("ascend", "--npus", "ASCEND_RT_VISIBLE_DEVICES", "xccl", "npu"),
+    ("kunlun", "--xpus", "XPU_VISIBLE_DEVICES", "bkcl", "xpu"),
+])
+def test_multi_rank_launch_recipe_starts_the_rank_worker(tmp_path: Path, target: str, flag: str, env: str,
+                                                         backend: str, device: str) -> None:
+    from ernie_ir.targets import compile_model
+
+    for mode, extra in (("inference", {}), ("training", {"lora_rank": 4})):
+        out = tmp_path / f"{target}-{mode}"
+        compile_model("ernie-4.5-0.3b@tiny", target, tp=2, mode=mode, out=out, **extra)
+        recipe = json.loads((out / mode / "launch.json").read_text())
+        assert recipe["nproc"] == 2 and recipe["flag"] == flag and recipe["env"][env] == "0,1"
+        assert recipe["collective_backend"].startswith(backend)
+        assert recipe["cpu"]["collective_backend"] == "gloo"
+        script = (out / mode / "launch.sh").read_text()
+        command = "train" if mode == "training" else "run"
+        launch = f'--nproc_per_node 2 {flag} "${{{env}}}" "$WORKER" {command} "$ARTIFACT" --device {device}'
+        assert launch in script
+        assert "ernie_ir.runtime.paddle_dist" in script and "command -v ernie-ir" not in script
+        assert ("PADDLE_XCCL_BACKEND" in script) == (target == "ascend")
+        if mode == "training":
+            train = json.loads((out / "training/train.json").read_text())
+            assert train["world_size"] == 2 and train["cpu_collective_backend"] == "gloo"
+            assert "--nproc_per_node 2" in train["launch"][target] and "--save" in script
