@@ -44,6 +44,10 @@ def run_artifact(path: Path, input_ids: np.ndarray, backend: str, *,
         raise ErnieIRError(f"artifact {root} does not offer backend {backend!r}; it offers "
                            f"{', '.join(offered)}")
     ids = np.asarray(input_ids)
+    if backend == "paddle":
+        from ernie_ir.targets.artifact import require_weights
+
+        require_weights(root, manifest)
     if backend == "interpreter":
         from ernie_ir.targets import load_rank_graphs
 

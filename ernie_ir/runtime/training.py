@@ -13,6 +13,12 @@ synthetic batch (seeded) is used on every step.
 Results: `rank0/` is never modified. With `save=True` the trained params and QAT state go to
 `training/checkpoints/run-K-step-N.safetensors` (one per run) and the manifest lists that file with its sha256
 (rewritten atomically), so `verify` keeps passing.
+
+A multi-rank artifact (`--tp`/`--ep`) trains on one paddle.distributed gloo process per rank
+(ernie_ir.runtime.launcher, ernie_ir.runtime.paddle_dist) with the same batches, optimizer and
+loss as here, and exact tensor-parallel gradients, so its losses are the one-rank losses; its
+checkpoint is `training/checkpoints/run-K-step-N/` (each rank's params and their merge to
+global names and shapes).
 """
 
 from __future__ import annotations
