@@ -166,8 +166,8 @@ class RankProcesses:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise DistributedRunError(
-                        f"the {self.world} ranks did not finish within {timeout_s:g} s: stopped them "
-                        "(give a longer timeout, e.g. --timeout, for a large model)",
+                        f"the {self.world} ranks did not finish within {timeout_s:g} s: stopped them; "
+                        "allow more time (--timeout SECONDS) for a larger model",
                         _tail(self.logs / "workerlog.0"))
             if on_poll is not None:
                 on_poll()
