@@ -242,12 +242,14 @@ def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float
     import paddle.distributed as dist
     from paddle.nn.clip import ClipGradBase
 
-    plans: dict[str, tuple[str, Any]] = {}
-    for name in layer.trainable_names:
+    kinds: dict[str, str] = {}  # Paddle param name -> "replicated" | "sharded" | "shared"
+    shared: dict[str, tuple[list[int], Any, Any]] = {}  # Paddle name -> (global shape, index, count)
+    # Every rank walks the params in the same (IR) order, so their collectives pair up.
+    for name in sorted(layer.trainable_names):
         tensor = layer.tensor(name)
         shard = graph.params[name].annotations.get(SHARD)
         if shard is None:
-            plans[tensor.name] = ("replicated", None)
+            kinds[tensor.name] = "replicated"
             continue
         shape, index = _cut_index(shard)
         cover = np.zeros(shape, np.float32)
@@ -255,10 +257,9 @@ def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float
         held = paddle.to_tensor(cover)
         dist.all_reduce(held)  # how many ranks hold each element
         count = held.numpy()[index]
+        kinds[tensor.name] = "shared" if count.max() > 1 else "sharded"
         if count.max() > 1:
-            plans[tensor.name] = ("shared", (shape, index, paddle.to_tensor(count)))
-        else:
-            plans[tensor.name] = ("sharded", None)
+            shared[tensor.name] = (shape, index, paddle.to_tensor(count))
 
     class TensorParallelClip(ClipGradBase):  # type: ignore[misc, name-defined]
         last_norm: float | None = None
@@ -269,28 +270,28 @@ def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float
 
         def _dygraph_clip(self, params_grads: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
             with paddle.no_grad():
-                out, squares = [], []
-                for p, g in params_grads:
-                    if g is None:
-                        out.append((p, g))
-                        continue
-                    kind, extra = plans.get(p.name, ("replicated", None))
-                    if kind == "shared":
-                        shape, index, count = extra
-                        whole = np.zeros(shape, np.float32)
+                grads = {p.name: g for p, g in params_grads}
+                for pname, (shape, index, _) in shared.items():  # setup order: the same on every rank
+                    g = grads.get(pname)
+                    whole = np.zeros(shape, np.float32)
+                    if g is not None:
                         whole[index] = g.numpy()
-                        buf = paddle.to_tensor(whole)
-                        dist.all_reduce(buf)
-                        g = paddle.to_tensor(buf.numpy()[index])
-                        squares.append(paddle.sum(paddle.square(g) / count))
-                    elif kind == "sharded" or layer.rank == 0:
-                        squares.append(paddle.sum(paddle.square(g)))
-                    out.append((p, g))
+                    buf = paddle.to_tensor(whole)
+                    dist.all_reduce(buf)  # the sum of every holder's part
+                    grads[pname] = paddle.to_tensor(buf.numpy()[index])
+                squares = []
+                for pname, g in grads.items():
+                    kind = kinds.get(pname, "replicated")
+                    if g is None or (kind == "replicated" and layer.rank != 0):
+                        continue  # a replicated gradient is the same on every rank: count it once
+                    sq = paddle.square(g)
+                    squares.append(paddle.sum(sq / shared[pname][2] if kind == "shared" else sq))
                 total = paddle.stack(squares).sum() if squares else paddle.zeros([], "float32")
                 total = total.reshape([1])
                 dist.all_reduce(total)
                 norm = paddle.sqrt(total)
                 self.last_norm = float(norm.numpy()[0])
+                out = [(p, grads[p.name]) for p, _ in params_grads]
                 if clip_norm is None:
                     return out
                 top = paddle.full([1], clip_norm, "float32")
