@@ -15,13 +15,17 @@ recorded in the header metadata.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import mmap
 import os
 import struct
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,6 +161,8 @@ class SafetensorsFile:
         self.metadata: dict[str, str] = {}
         self._data_start = 0
         self._mmap: np.memmap | None = None
+        self._touched: list[tuple[int, int]] = []  # data ranges read since the last release_pages
+        _OPEN_FILES.add(self)
         self._read_header()
 
     def _fail(self, what: str) -> WeightError:
@@ -256,9 +262,39 @@ class SafetensorsFile:
                 return np.zeros(e.shape, e.dtype.numpy)
             self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._data_start)
         raw = self._mmap[e.start : e.end]
+        self._touched.append((e.start, e.end))
         if e.packed_int4:
             return unpack_int4(np.asarray(raw), math.prod(e.shape)).reshape(e.shape)
         return raw.view(e.dtype.numpy).reshape(e.shape)
+
+
+    def release_pages(self) -> None:
+        """Drop the pages read so far from this process's memory map. They stay in the page cache
+        and are faulted back in on the next access, so arrays still viewing them stay valid; the
+        point is that a streaming writer's resident memory stays bounded by the tensor it holds,
+        not by the checkpoint it has read."""
+        mm = getattr(self._mmap, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise") or not self._touched:
+            self._touched.clear()
+            return
+        base = self._data_start - self._data_start % mmap.ALLOCATIONGRANULARITY  # np.memmap's map start
+        for start, end in self._touched:
+            lo = self._data_start + start - base
+            lo -= lo % mmap.PAGESIZE
+            hi = min(self._data_start + end - base, len(mm))
+            if hi > lo:
+                with contextlib.suppress(OSError, ValueError):
+                    mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        self._touched.clear()
+
+
+_OPEN_FILES: weakref.WeakSet[SafetensorsFile] = weakref.WeakSet()
+
+
+def release_mapped_pages() -> None:
+    """`release_pages` of every open safetensors file (called by writers between tensors)."""
+    for f in list(_OPEN_FILES):
+        f.release_pages()
 
 
 class SafetensorsSource(WeightSource):
@@ -469,11 +505,18 @@ def write_safetensors(
                 )
             data = pack_int4(arr) if p.source.dtype == DType.I4 else np.ascontiguousarray(arr)
             view = memoryview(data.reshape(-1).view(np.uint8))
+            # sha256 and the write both release the GIL: hash on the other core while writing
+            hashing = _HASHER.submit(digest.update, view)
             f.write(view)
-            digest.update(view)
+            hashing.result()
+            del arr, data, view
+            release_mapped_pages()
             if on_tensor is not None:
                 on_tensor(p.name, done, len(pending))
     return digest.hexdigest()
+
+
+_HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ernie-ir-sha256")
 
 
 def content_hash(array: np.ndarray) -> str:

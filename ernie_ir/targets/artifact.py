@@ -155,13 +155,16 @@ def check_out(out: str | os.PathLike[str], force: bool) -> Path:
 
 
 def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target, mode: str,
-                   pipeline: str, source: dict[str, Any], force: bool = False,
+                   pipeline: str, source: dict[str, Any] | Callable[[], dict[str, Any]],
+                   force: bool = False,
                    extra: dict[str, Any] | None = None,
                    emitters: dict[str, Callable[[Graph, Path], Any]] | None = None,
                    progress: Callable[[str, int, int], None] | None = None,
                    ranks: Sequence[Graph] | None = None, mapping: Mapping | None = None) -> Path:
     """Write the artifact folder atomically and return its path.
 
+    `source`: the manifest's source entry, or a function giving it (called when the manifest is
+    written, last: e.g. a hash of the source computed meanwhile).
     `ranks`: the rank graphs (default: `[graph]`, one rank) under `mapping` (default: one rank);
     `graph` is written as the global `graph.ir`, each rank's graph and weights into `rank{r}/`.
 
@@ -233,7 +236,7 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "ernie_ir_version": __version__,
-            "source": source,
+            "source": source() if callable(source) else source,
             "pipeline": pipeline,
             "target": target.name,
             **({"cuda_arch": plan["cuda_arch"]} if "cuda_arch" in plan else {}),

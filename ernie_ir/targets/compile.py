@@ -7,6 +7,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,11 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                            "flags: put those passes in the YAML file")
 
     graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
+    # Hashing the source (every file of a checkpoint folder) runs on the other core while the
+    # passes run and the rank weights are written; the manifest, written last, waits for it.
+    hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ernie-ir-source-sha256")
+    source = hashing.submit(source_info, model, graph, meta=meta)
+    hashing.shutdown(wait=False)
     before = params_by_dtype(graph)
     resolved, mapping = compile_pipeline(graph, tgt, arch, quant_text, pipeline, tp, ep)
     instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
@@ -233,7 +239,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     else:
         emitters = parallel_emitters(tgt, mode, first, mapping, warnings)
     path = write_artifact(ranked.global_graph if len(ranks) > 1 else first, dest, target=tgt, mode=mode,
-                          pipeline=str(resolved), source=source_info(model, graph, meta=meta), force=force,
+                          pipeline=str(resolved), source=source.result, force=force,
                           extra={"params_before": before, "params_after": after},
                           emitters=emitters, progress=progress, ranks=ranks, mapping=mapping)
     return CompileReport(
