@@ -325,12 +325,14 @@ def test_train_on_a_corrupt_manifest_or_missing_weights(training_artifact: Path,
     assert "rank0/weights.safetensors is missing" in line
 
 
-def test_compiling_a_meta_model_names_the_way_out(tmp_path: Path, capsys):
-    line = user_error(capsys, "compile", "ernie-4.5-300b-a47b@meta", "--target", "cuda",
-                      "--out", str(tmp_path / "x"))
-    assert "has no data (a meta graph): load the model with weights, from a checkpoint folder or " \
-           "NAME@tiny" in line
-    assert not (tmp_path / "x").exists()
+def test_a_meta_model_compiles_to_a_graph_only_artifact_that_run_refuses(tmp_path: Path, capsys):
+    code, out, err = cli(capsys, "compile", "ernie-4.5-300b-a47b@meta", "--target", "cuda",
+                         "--out", str(tmp_path / "x"))
+    assert code == 0 and "graph-only artifact" in err
+    assert (tmp_path / "x" / "rank0" / "graph.ir").is_file()
+    assert not list((tmp_path / "x").rglob("*.safetensors"))
+    line = user_error(capsys, "run", str(tmp_path / "x"), "--tokens", "1,2")
+    assert "is a graph-only artifact" in line and "NAME@tiny" in line
 
 
 def test_compile_prints_each_distinct_fallback_once(tmp_path: Path, capsys):
