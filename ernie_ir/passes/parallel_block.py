@@ -166,10 +166,6 @@ class FuseParallelBlock(DataflowRule):
         q, k, v = (p for _, p, _ in heads)
         x = q.x
         steps.need(k.x is x and v.x is x, "q, k and v read different values")
-        nh = {t.type.shape[-2] for t in qkv}
-        steps.need(len(nh) == 1, f"ERNIE-3.5-SE's per-head [q_h k_h v_h] columns need as many kv heads as "
-                                 f"heads (q has {qkv[0].type.shape[-2]}, k {qkv[1].type.shape[-2]})")
-        hd = int(qkv[0].type.shape[-1])  # type: ignore[arg-type]
         gate, up, act, mul = _gated_ffn(x, {n for p in (q, k, v) for n in p.nodes})
         steps.passed()
         a, att_chain = _merge_reshape(node)
@@ -179,6 +175,10 @@ class FuseParallelBlock(DataflowRule):
         steps.passed()
         total = _sum(o, d)
         steps.passed()
+        nh = {t.type.shape[-2] for t in qkv}
+        steps.need(len(nh) == 1, f"ERNIE-3.5-SE's per-head [q_h k_h v_h] columns need as many kv heads as "
+                                 f"heads (q has {qkv[0].type.shape[-2]}, k {qkv[1].type.shape[-2]})")
+        hd = int(qkv[0].type.shape[-1])  # type: ignore[arg-type]
         attn_module, ffn_module = parent(q.module), parent(gate.module)
         block = _join(_common(parent(attn_module), parent(ffn_module)), BLOCK)
         order = ColumnOrder(tuple(p.out_features for p in (q, k, v, gate, up)), 3, hd)
