@@ -83,30 +83,61 @@ def packed_shape(k: int, n: int, bits: int) -> tuple[int, int]:
     return (n, k) if bits == 8 else (n // 2, k)
 
 
+def _row_order(bits: int) -> np.ndarray:
+    """sigma: the logical row (within a tile of 64) of each stored position j of that tile."""
+    il, rp = (_IL8, _RP8) if bits == 8 else (_IL4, _RP4)
+    return _perm(_perm(np.arange(64), il), rp)
+
+
+def _stored_order(q: np.ndarray, bits: int, arch: int) -> np.ndarray:
+    """The logical values q [K, N] (int16) in the order Paddle stores their elements.
+
+    The position map above, as reshapes: for arch >= 75 the stored elements run over
+    [N / C, K / 64, C, 64] tiles (n = p C + h, k = 64 t + sigma(j)); for arch 70 over [K, N]
+    with columns permuted in groups of 4 (int8) or 8 (int4). No per-element index array."""
+    k, n = q.shape
+    if arch == 70:
+        cols = _perm(np.arange(n), _IL8 if bits == 8 else _IL4)
+        return q[:, cols].reshape(-1)
+    c = 2 if bits == 8 else 4
+    tiles = q.T.reshape(n // c, c, k // 64, 64)[..., _row_order(bits)]
+    return tiles.transpose(0, 2, 1, 3).reshape(-1)
+
+
+def _logical_from_stored(elems: np.ndarray, k: int, n: int, bits: int, arch: int) -> np.ndarray:
+    """Inverse of `_stored_order`: q [K, N] from the stored elements."""
+    if arch == 70:
+        q = np.empty((k, n), elems.dtype)
+        q[:, _perm(np.arange(n), _IL8 if bits == 8 else _IL4)] = elems.reshape(k, n)
+        return q
+    c = 2 if bits == 8 else 4
+    tiles = np.empty((n // c, c, k // 64, 64), elems.dtype)
+    tiles[..., _row_order(bits)] = elems.reshape(n // c, k // 64, c, 64).transpose(0, 2, 1, 3)
+    return tiles.reshape(n, k).T
+
+
 def pack(q: np.ndarray, bits: int, arch: int) -> np.ndarray:
     """Logical int values q [K, N] (in [-127, 127] / [-7, 7]) -> Paddle's int8 bytes for `arch`."""
     k, n = q.shape
     why = packable(k, n, bits, arch)
     if why:
         raise ErnieIRError(f"cannot pack a [{k}, {n}] weight for sm{arch}: {why}")
-    logical = np.ascontiguousarray(np.asarray(q).astype(np.int16).T).reshape(-1)
-    elems = logical[position_map(k, n, bits, arch)]
     if bits == 8:
-        return (elems + 128).astype(np.uint8).view(np.int8).reshape(n, k)
-    nib = (elems + 8).astype(np.uint8)
-    return (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8).view(np.int8).reshape(n // 2, k)
+        biased = (np.asarray(q, dtype=np.int8).view(np.uint8) ^ np.uint8(0x80))  # q + 128, as a byte
+        return np.ascontiguousarray(_stored_order(biased, bits, arch)).view(np.int8).reshape(n, k)
+    nib = (np.asarray(q, dtype=np.int8) + np.int8(8)).view(np.uint8)  # q + 8 in [1, 15]
+    elems = _stored_order(nib, bits, arch)
+    return (elems[0::2] | (elems[1::2] << np.uint8(4))).view(np.int8).reshape(n // 2, k)
 
 
 def unpack(packed: np.ndarray, k: int, n: int, bits: int, arch: int) -> np.ndarray:
     """Inverse of `pack`: the logical int8 values [K, N]."""
     raw = np.asarray(packed).view(np.uint8).reshape(-1)
     if bits == 8:
-        elems = raw.astype(np.int16) - 128
+        elems = (raw ^ np.uint8(0x80)).view(np.int8)
     else:
-        nib = np.empty(raw.size * 2, np.int16)
+        nib = np.empty(raw.size * 2, np.uint8)
         nib[0::2] = raw & 0x0F
         nib[1::2] = raw >> 4
-        elems = nib - 8
-    logical = np.empty(k * n, np.int16)
-    logical[position_map(k, n, bits, arch)] = elems
-    return np.ascontiguousarray(logical.reshape(n, k).T.astype(np.int8))
+        elems = (nib.view(np.int8) - np.int8(8))
+    return np.ascontiguousarray(_logical_from_stored(elems, k, n, bits, arch))

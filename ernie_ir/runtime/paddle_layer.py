@@ -709,10 +709,14 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
         arr = _param_array(p)
         if p.type.dtype.is_float:
             lr = float(p.annotations.get("learning_rate", 1.0))
+            # Assign(arr) would turn the array into a Python list of floats (65M objects for one
+            # 32000 x 2048 embedding): create the parameter zeroed, then copy the array in.
             t = layer.create_parameter(
                 list(arr.shape), dtype="float32",
                 attr=paddle.ParamAttr(learning_rate=lr, trainable=p.trainable),
-                default_initializer=paddle.nn.initializer.Assign(arr))
+                default_initializer=paddle.nn.initializer.Constant(0.0))
+            t.set_value(arr)
+            del arr
             t.stop_gradient = not p.trainable
             layer.add_parameter(attr, t)
             if p.trainable:
