@@ -1,0 +1,77 @@
+"""Rich tables of a memory plan (`ernie-ir plan`): one column per group of identical ranks."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from ernie_ir.planning import CATEGORIES, MemoryPlan, format_bytes
+
+
+def _groups(plan: MemoryPlan) -> list[tuple[str, int]]:
+    """(label, index of a representative rank) for runs of ranks with the same figures."""
+    out: list[tuple[str, int]] = []
+    start = 0
+    ranks = plan.per_rank
+    for i in range(1, len(ranks) + 1):
+        if i == len(ranks) or (ranks[i].by_category, ranks[i].host_by_category) != (
+                ranks[start].by_category, ranks[start].host_by_category):
+            label = f"rank {start}" if i - 1 == start else f"ranks {start}-{i - 1}"
+            out.append((label, start))
+            start = i
+    return out
+
+
+def plan_lines(plan: MemoryPlan) -> list[str]:
+    """The plan's headline: model, layout, verdict, search result."""
+    lines = [f"{plan.model} on {plan.target}"
+             + (f" (sm{plan.cuda_arch})" if plan.cuda_arch else "")
+             + f", {plan.mode}, quant {plan.quant or 'none'}"
+             + (f", LoRA rank {plan.lora_rank}" if plan.lora_rank else "")
+             + f", seq_len {plan.seq_len} x batch {plan.batch}",
+             f"pipeline: {plan.pipeline}",
+             f"layout: {plan.devices} device(s), tp {plan.tp}, ep {plan.ep}"]
+    verdict = "fits" if plan.fits else "does NOT fit"
+    lines.append(f"{verdict} in {format_bytes(plan.device_memory_bytes)} per device"
+                 + ("" if plan.device_memory_given else " (default; set --device-memory)")
+                 + f": largest rank {format_bytes(plan.max_rank_bytes)}, headroom "
+                 + f"{format_bytes(plan.headroom_bytes)}")
+    if plan.searched:
+        lines.append(f"min_devices: {plan.min_devices}" if plan.min_devices is not None
+                     else "min_devices: none of the layouts tried fits")
+    if plan.mode == "training":
+        lines.append(f"trainable: {plan.trainable} ({plan.trainable_params} params per rank)"
+                     + (f"; host memory (offloaded optimizer states): {format_bytes(plan.host_total_bytes)} "
+                        "over all ranks" if plan.host_total_bytes else ""))
+    return lines
+
+
+def plan_table(plan: MemoryPlan) -> Table:
+    """Categories (rows) by rank group (columns), device total and headroom last."""
+    groups = _groups(plan)
+    t = Table(title="device memory per rank")
+    t.add_column("category")
+    for label, _ in groups:
+        t.add_column(label, justify="right")
+    ranks = plan.per_rank
+    for cat in CATEGORIES:
+        if any(ranks[i].by_category.get(cat, 0) for _, i in groups):
+            t.add_row(cat, *(format_bytes(ranks[i].by_category[cat]) for _, i in groups))
+    t.add_row("total", *(format_bytes(ranks[i].total_bytes) for _, i in groups), style="bold")
+    t.add_row("headroom", *(format_bytes(ranks[i].headroom_bytes) for _, i in groups))
+    if any(ranks[i].host_bytes for _, i in groups):
+        t.add_row("host (offloaded)", *(format_bytes(ranks[i].host_bytes) for _, i in groups))
+    return t
+
+
+def search_table(plan: MemoryPlan) -> Table:
+    t = Table(title="layouts tried (search order)")
+    t.add_column("devices", justify="right")
+    t.add_column("tp", justify="right")
+    t.add_column("ep", justify="right")
+    t.add_column("largest rank", justify="right")
+    t.add_column("fits")
+    for s in plan.search:
+        t.add_row(str(s.devices), str(s.tp), str(s.ep),
+                  format_bytes(s.max_rank_bytes) if s.max_rank_bytes is not None else "-",
+                  "yes" if s.fits else ("no" if s.fits is False else f"cannot build: {s.error}"))
+    return t

@@ -1,0 +1,27 @@
+"""Memory planning: does a compiled model fit on a device, and on how many?
+
+    from ernie_ir.planning import plan_memory
+    plan = plan_memory("ernie-4.5-300b-a47b", "cuda", quant="wint4", device_memory="80GiB",
+                       seq_len=32768, batch=8)
+    plan.min_devices, plan.tp, plan.ep, plan.per_rank[0].by_category
+
+The plan reads the rank graphs `compile` would write (full size, no weights). This package sits
+above `targets` (it builds compile's pipeline) and below `cli`; nothing else imports it.
+"""
+
+from .graph_memory import PlanError
+from .plan import CATEGORIES, LayoutTry, MemoryPlan, RankMemory, candidate_layouts, plan_memory
+from .units import MemorySizeError, format_bytes, parse_memory
+
+__all__ = [
+    "CATEGORIES",
+    "LayoutTry",
+    "MemoryPlan",
+    "MemorySizeError",
+    "PlanError",
+    "RankMemory",
+    "candidate_layouts",
+    "format_bytes",
+    "parse_memory",
+    "plan_memory",
+]

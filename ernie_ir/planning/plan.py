@@ -1,0 +1,441 @@
+"""`plan_memory`: per-rank device memory of a model compiled for a target, and the smallest layout that fits.
+
+The plan is computed from the rank graphs `compile` would write (the same pipeline, built by
+`ernie_ir.targets.compile.compile_pipeline`, run on the full-size graph without weights), never
+from a parameter-count formula. Per rank, by category:
+
+    weights            every param that is not a LoRA adapter, as stored (packed, scales included)
+    lora               LoRA adapter params
+    gradients          one per trainable param (param dtype; bf16 for FP8/int params)
+    optimizer_moments  AdamW m and v per trainable param, in `moment_dtype`
+    master_weights     float32 copies of trainable params not already float32
+    activations        training: saved for backward + the largest backward working set;
+                       inference: the peak live set of one prefill step
+    kv_cache           inference: k and v of every attention op for `batch` x `seq_len` tokens
+    reserve            a stated constant: CUDA context, library workspaces, communication buffers
+
+With `offload_optimizer`, moments and master weights move to host memory (`host_by_category`).
+The model behind each figure is docs/planning.md; the JSON (`MemoryPlan.model_dump`) is
+documented there too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ernie_ir.ir import DType, ErnieIRError, Graph
+from ernie_ir.ir.storage import GRAPH_FILE, load_graph
+from ernie_ir.load import load_input
+from ernie_ir.passes.manager import run_pipeline_ranks
+from ernie_ir.passes.pipeline import load_pipeline
+from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
+from ernie_ir.passes.quant_config import resolve_quant_name
+from ernie_ir.passes.split import SplitError
+from ernie_ir.targets.compile import check_compile_options, compile_pipeline
+from ernie_ir.targets.cuda.packing import DEFAULT_CUDA_ARCH
+
+from .graph_memory import (
+    GraphFacts,
+    PlanError,
+    full_parameter_trainable,
+    inference_peak,
+    kv_cache_bytes,
+    lora_params,
+    numel,
+    tensor_bytes,
+    training_activations,
+)
+from .units import parse_memory
+
+FORMAT = "ernie-ir-memory-plan"
+VERSION = 1
+CATEGORIES = ("weights", "lora", "gradients", "optimizer_moments", "master_weights", "activations",
+              "kv_cache", "reserve")
+"""The keys of every `by_category`, in this order (0 where a category does not apply)."""
+HOST_CATEGORIES = ("optimizer_moments", "master_weights")
+GiB = 1024 ** 3
+DEFAULT_DEVICE_MEMORY = 80 * GiB
+DEFAULT_RESERVE = 2 * GiB
+"""CUDA context and library handles (~0.5-1 GiB on Hopper), cuBLAS/cuDNN workspaces, NCCL
+communicator buffers and allocator fragmentation: one stated constant, not a fitted one."""
+MAX_DEVICES = 64
+_MOMENT = {"fp32": DType.F32, "f32": DType.F32, "bf16": DType.BF16}
+_KV = {"bf16": DType.BF16, "f16": DType.F16, "fp16": DType.F16, "fp8": DType.F8E4M3,
+       "f8e4m3": DType.F8E4M3, "int8": DType.I8, "i8": DType.I8}
+
+
+class RankMemory(BaseModel):
+    """Memory of one rank (one device)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int
+    total_bytes: int
+    """Device bytes: the sum of `by_category`."""
+    by_category: dict[str, int]
+    weights_by_dtype: dict[str, int]
+    """`weights` + `lora` split by stored dtype (i4 two per byte)."""
+    host_bytes: int
+    host_by_category: dict[str, int]
+    headroom_bytes: int
+    """device memory - total_bytes (negative: does not fit)."""
+    fits: bool
+    activation_detail: dict[str, int | bool]
+    """training: saved_bytes, transient_bytes, recompute, layers; inference: prefill_tokens."""
+
+
+class LayoutTry(BaseModel):
+    """One layout the search compiled (or could not build)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    devices: int
+    tp: int
+    ep: int
+    fits: bool | None
+    max_rank_bytes: int | None
+    error: str | None = None
+
+
+class MemoryPlan(BaseModel):
+    """The answer of `plan_memory`; its JSON (`model_dump(mode="json")`) is docs/planning.md section 5."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: str = FORMAT
+    version: int = VERSION
+    model: str
+    target: str
+    cuda_arch: int | None
+    quant: str | None
+    mode: str
+    lora_rank: int | None
+    seq_len: int
+    batch: int
+    pipeline: str
+    tp: int
+    ep: int
+    devices: int
+    device_memory_bytes: int
+    device_memory_given: bool
+    fits: bool
+    headroom_bytes: int
+    """The smallest headroom over the ranks."""
+    max_rank_bytes: int
+    min_devices: int | None
+    """With device memory given and no tp/ep: the smallest device count that fits (None: none up
+    to `max_devices`). Without a search: None."""
+    searched: bool
+    search: list[LayoutTry]
+    trainable: Literal["none", "graph", "full"]
+    """Which params train: none (inference), the ones the graph marks (LoRA, QAT) or all float
+    params (full-parameter fine-tuning, when the graph marks none)."""
+    trainable_params: int
+    assumptions: dict[str, Any]
+    per_rank: list[RankMemory]
+    host_total_bytes: int
+    """Host memory of every rank together (offloaded optimizer states)."""
+    notes: list[str]
+
+
+def plan_memory(model: str, target: str, quant: str | None = None, tp: int | None = None,
+                ep: int | None = None, mode: str = "inference", lora_rank: int | None = None,
+                seq_len: int = 4096, batch: int = 1, offload_optimizer: bool = False,
+                recompute: bool = False, device_memory: int | str | None = None, *,
+                cuda_arch: int = DEFAULT_CUDA_ARCH, lora_alpha: float | None = None,
+                lora_targets: Sequence[str] | None = None, quant_config: Path | None = None,
+                moment_dtype: str = "fp32", master_weights: bool = True,
+                kv_cache_dtype: str | None = None, prefill_tokens: int | None = None,
+                reserve: int | str = DEFAULT_RESERVE, capacity_factor: float = 1.0,
+                max_devices: int = MAX_DEVICES) -> MemoryPlan:
+    """Plan the per-rank memory of `model` compiled for `target` (see the module docstring).
+
+    model: a checkpoint folder (config.json only is read), a built-in name (`NAME`, `NAME@meta`,
+    `NAME@tiny`), an .ir file / graph folder, or a compiled artifact (its rank graphs; then
+    quant, LoRA and tp/ep come from the artifact and must not be given). device_memory: bytes or
+    a string (`80GiB`); with it and neither tp nor ep, layouts are searched from 1 device up
+    (docs/planning.md section 4) and the plan is that of the smallest one that fits (or of the
+    largest tried, with min_devices None). Errors are ErnieIRError subclasses (one line).
+    """
+    opts = _Options.make(mode=mode, seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer,
+                         recompute=recompute, moment_dtype=moment_dtype, master_weights=master_weights,
+                         kv_cache_dtype=kv_cache_dtype, prefill_tokens=prefill_tokens, reserve=reserve,
+                         capacity_factor=capacity_factor)
+    given = device_memory is not None
+    memory = (parse_memory(device_memory) if isinstance(device_memory, str)
+              else int(device_memory) if device_memory is not None else DEFAULT_DEVICE_MEMORY)
+    if memory < 1:
+        raise PlanError(f"--device-memory {device_memory}: must be at least one byte")
+    if max_devices < 1:
+        raise PlanError(f"max_devices must be >= 1, not {max_devices}")
+    if _is_artifact(model):
+        if any(x is not None for x in (quant, tp, ep, lora_rank, quant_config)):
+            raise PlanError(f"{model} is a compiled artifact: its quantization, LoRA and layout are fixed; "
+                            "drop --quant/--lora-rank/--tp/--ep (or plan its source model)")
+        return _plan_artifact(model, target, opts, memory, given)
+    tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp or 1, ep or 1)
+    targets = list(lora_targets) if lora_targets else None
+    quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, targets, None)
+    quant_name = None if quant is None or quant.strip().lower() in NO_QUANT else resolve_quant_name(quant)
+    head = dict(model=model, target=tgt.name, cuda_arch=arch, quant=quant_name, mode=mode,
+                lora_rank=lora_rank)
+
+    def build(t: int, e: int) -> tuple[list[Graph], str, list[str]]:
+        return _compile_ranks(model, tgt, arch, quant_text, t, e)
+
+    search = given and tp is None and ep is None
+    if not search:
+        ranks, pipeline, notes = build(tp or 1, ep or 1)
+        return _assemble(head, ranks, pipeline, notes, tp or 1, ep or 1, opts, memory, given, None, [])
+    tries: list[LayoutTry] = []
+    last: MemoryPlan | None = None
+    probe = _load(model)
+    for devices, t, e in candidate_layouts(probe, mode, max_devices):
+        try:
+            ranks, pipeline, notes = build(t, e)
+        except ErnieIRError as err:
+            tries.append(LayoutTry(devices=devices, tp=t, ep=e, fits=None, max_rank_bytes=None,
+                                   error=str(err)))
+            continue
+        plan = _assemble(head, ranks, pipeline, notes, t, e, opts, memory, given, None, [])
+        tries.append(LayoutTry(devices=devices, tp=t, ep=e, fits=plan.fits,
+                               max_rank_bytes=plan.max_rank_bytes))
+        last = plan
+        if plan.fits:
+            return plan.model_copy(update={"min_devices": devices, "searched": True, "search": tries})
+    if last is None:
+        raise PlanError(f"no layout of {model} up to {max_devices} devices could be compiled: "
+                        f"{tries[-1].error if tries else 'no candidate layouts'}")
+    why = (f"nothing fits on up to {max_devices} devices of {memory} bytes; this is the plan of the "
+           "largest layout tried")
+    return last.model_copy(update={"min_devices": None, "searched": True, "search": tries,
+                                   "notes": [*last.notes, why]})
+
+
+def candidate_layouts(graph: Graph, mode: str, max_devices: int = MAX_DEVICES) -> list[tuple[int, int, int]]:
+    """(devices, tp, ep) in search order: device counts 1, 2, 4, ... (powers of two); within one
+    count W, dense models try tp=W; MoE models try the engines' defaults first: inference
+    FastDeploy's (tp=W, ep=1: every rank holds every expert, cut W ways), then (tp=W, ep=W);
+    training ERNIEKit's `moe_group: mp` (tp=W, ep=W) first, then (tp=W, ep=1); then tp=W with
+    the other ep dividing W (largest first), then ep=W alone (tp=1)."""
+    experts = _num_experts(graph)
+    out: list[tuple[int, int, int]] = []
+    w = 1
+    while w <= max_devices:
+        if w == 1 or experts is None:
+            layouts = [(w, 1)]
+        else:
+            first = [(w, w), (w, 1)] if mode == "training" else [(w, 1), (w, w)]
+            middle = [(w, d) for d in range(w - 1, 1, -1) if w % d == 0]
+            layouts = [*first, *middle, (1, w)]
+        out.extend((w, t, e) for t, e in dict.fromkeys(layouts))
+        w *= 2
+    return out
+
+
+# -- internals ----------------------------------------------------------------------------------------
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    mode: str
+    seq_len: int
+    batch: int
+    offload_optimizer: bool
+    recompute: bool
+    moment: DType
+    master_weights: bool
+    kv_dtype: DType | None
+    prefill_tokens: int
+    reserve: int
+    capacity_factor: float
+
+    @classmethod
+    def make(cls, *, mode: str, seq_len: int, batch: int, offload_optimizer: bool, recompute: bool,
+             moment_dtype: str, master_weights: bool, kv_cache_dtype: str | None,
+             prefill_tokens: int | None, reserve: int | str, capacity_factor: float) -> _Options:
+        if mode not in ("inference", "training"):
+            raise PlanError(f"unknown --mode {mode!r}: choose inference or training")
+        if seq_len < 1 or batch < 1:
+            raise PlanError(f"--seq-len {seq_len} --batch {batch}: both must be positive integers")
+        if mode == "inference" and (offload_optimizer or recompute):
+            flag = "--offload-optimizer" if offload_optimizer else "--recompute"
+            raise PlanError(f"{flag} applies to --mode training (inference keeps no optimizer states or "
+                            "saved activations)")
+        moment = _MOMENT.get(moment_dtype.strip().lower())
+        if moment is None:
+            raise PlanError(f"--moment-dtype {moment_dtype!r}: choose fp32 or bf16")
+        kv = None
+        if kv_cache_dtype is not None:
+            kv = _KV.get(kv_cache_dtype.strip().lower())
+            if kv is None:
+                raise PlanError(f"--kv-cache-dtype {kv_cache_dtype!r}: choose bf16, f16, fp8 or int8")
+        if prefill_tokens is not None and prefill_tokens < 1:
+            raise PlanError(f"--prefill-tokens must be a positive integer, not {prefill_tokens}")
+        if not capacity_factor >= 1.0:
+            raise PlanError(f"capacity_factor must be >= 1 (1 = balanced routing), not {capacity_factor}")
+        res = parse_memory(reserve, option="--reserve") if isinstance(reserve, str) else int(reserve)
+        if res < 0:
+            raise PlanError(f"--reserve must not be negative, not {reserve}")
+        return cls(mode=mode, seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer,
+                   recompute=recompute, moment=moment, master_weights=master_weights, kv_dtype=kv,
+                   prefill_tokens=prefill_tokens or seq_len, reserve=res, capacity_factor=capacity_factor)
+
+
+def _is_artifact(model: str) -> bool:
+    return (Path(model) / "manifest.json").is_file()
+
+
+def _load(model: str) -> Graph:
+    """The model's graph; a checkpoint folder is read from config.json alone (no weights)."""
+    path = Path(model)
+    meta = path.is_dir() and not (path / GRAPH_FILE).is_file()
+    return load_input(model, meta=meta)
+
+
+def _num_experts(graph: Graph) -> int | None:
+    for node in graph:
+        if node.op == "moe_gate":
+            w = node.inputs[1]
+            if w is not None and isinstance(w.shape[-1], int):
+                return w.shape[-1]
+    return None
+
+
+def _compile_ranks(model: str, tgt: Any, arch: int | None, quant_text: str, tp: int,
+                   ep: int) -> tuple[list[Graph], str, list[str]]:
+    """The rank graphs compile would write for this layout (run without per-pass verification:
+    the same passes, faster on full-size graphs), the pipeline text, and notes."""
+    graph = _load(model)
+    notes: list[str] = []
+    try:
+        resolved, _ = compile_pipeline(graph, tgt, arch, quant_text, None, tp, ep)
+        ranked = run_pipeline_ranks(graph, resolved, debug=False)
+    except SplitError as e:
+        # FP8's tensor-wise scales span the whole weight, so the split refuses an FP8 graph and
+        # compile cannot build this layout today. Each rank quantizing its own slice has the same
+        # param types and shapes (one f32 scale per tensor), so plan that order and say so.
+        if "fp8" not in quant_text and "FP8" not in str(e):
+            raise
+        graph = _load(model)
+        legal = f"legalize-cuda{{cuda_arch={arch}}}" if arch is not None else f"legalize-{tgt.name}"
+        text = ",".join(x for x in (f"split{{tp={tp},ep={ep}}}", quant_text, legal) if x)
+        resolved = load_pipeline(text)
+        ranked = run_pipeline_ranks(graph, resolved, debug=False)
+        notes.append(f"compile cannot split an FP8 graph today ({e}); planned as {text}: each rank "
+                     "quantizes its own slice (same param types and shapes, per-rank scales)")
+    return ranked.ranks, str(resolved), notes
+
+
+def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: bool) -> MemoryPlan:
+    from ernie_ir.targets import artifact_mapping, verify_artifact
+
+    manifest = verify_artifact(model)
+    if target and target != manifest.get("target"):
+        raise PlanError(f"{model} was compiled for --target {manifest.get('target')}, not {target}: "
+                        f"drop --target or give --target {manifest.get('target')}")
+    mapping = artifact_mapping(manifest)
+    ranks = [load_graph(Path(model) / f"rank{r}") for r in range(mapping.world_size)]
+    if manifest.get("mode") != opts.mode:
+        raise PlanError(f"{model} is a {manifest.get('mode')} artifact: plan it with --mode "
+                        f"{manifest.get('mode')} (or plan its source model)")
+    plan_meta = ranks[0].metadata.get("kernel_plan", {}) or {}
+    head = dict(model=model, target=str(manifest.get("target")), cuda_arch=plan_meta.get("cuda_arch"),
+                quant=(ranks[0].metadata.get("quantization") or {}).get("name"), mode=opts.mode,
+                lora_rank=None)
+    return _assemble(head, ranks, str(manifest.get("pipeline", "")), [], mapping.tp, mapping.ep, opts,
+                     memory, given, None, [])
+
+
+def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: list[str], tp: int, ep: int,
+              opts: _Options, memory: int, given: bool, min_devices: int | None,
+              search: list[LayoutTry]) -> MemoryPlan:
+    training = opts.mode == "training"
+    per_rank: list[RankMemory] = []
+    kind: Literal["none", "graph", "full"] = "none"
+    trainable_count = 0
+    for r, g in enumerate(ranks):
+        trainable: set[str] = set()
+        if training:
+            trainable = {p.name for p in g.params.values() if p.trainable}
+            kind = "graph"
+            if not trainable:
+                trainable, kind = full_parameter_trainable(g), "full"
+            if r == 0:
+                trainable_count = len(trainable)
+        per_rank.append(_rank_memory(r, g, trainable, opts, memory))
+    worst = max(per_rank, key=lambda m: m.total_bytes)
+    assumptions: dict[str, Any] = {
+        "reserve_bytes": opts.reserve,
+        "attention": "memory-efficient (flash): no [S, S] scores kept",
+        "moe_routing": f"balanced over experts, capacity factor {opts.capacity_factor:g}",
+    }
+    if training:
+        assumptions.update({
+            "optimizer": "AdamW (2 moments per trainable param)",
+            "moment_dtype": str(opts.moment), "master_weights": "f32 for trainable params not in f32"
+            if opts.master_weights else "none", "gradients": "param dtype (bf16 for fp8/int params)",
+            "offload_optimizer": opts.offload_optimizer, "recompute": "full, per decoder layer"
+            if opts.recompute else "none", "loss": "cross-entropy over the graph's f32 logits",
+            "tokens_per_step": opts.batch * opts.seq_len,
+        })
+    else:
+        kv = opts.kv_dtype
+        assumptions.update({
+            "kv_cache_dtype": str(kv) if kv is not None else "the attention inputs' dtype",
+            "kv_cache_tokens": opts.batch * opts.seq_len, "prefill_tokens": opts.prefill_tokens,
+            "logits": "last position of each sequence only",
+        })
+    return MemoryPlan(
+        **head, seq_len=opts.seq_len, batch=opts.batch, pipeline=pipeline, tp=tp, ep=ep,
+        devices=len(ranks), device_memory_bytes=memory, device_memory_given=given,
+        fits=all(m.fits for m in per_rank), headroom_bytes=min(m.headroom_bytes for m in per_rank),
+        max_rank_bytes=worst.total_bytes, min_devices=min_devices, searched=bool(search), search=search,
+        trainable=kind, trainable_params=trainable_count, assumptions=assumptions, per_rank=per_rank,
+        host_total_bytes=sum(m.host_bytes for m in per_rank), notes=notes,
+    )
+
+
+def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memory: int) -> RankMemory:
+    lora = lora_params(g)
+    cats = dict.fromkeys(CATEGORIES, 0)
+    by_dtype: dict[str, int] = {}
+    for p in g.params.values():
+        b = tensor_bytes(p.type)
+        cats["lora" if p.name in lora else "weights"] += b
+        by_dtype[str(p.type.dtype)] = by_dtype.get(str(p.type.dtype), 0) + b
+    detail: dict[str, int | bool] = {}
+    facts = GraphFacts(g, trainable)
+    if opts.mode == "training":
+        for name in trainable:
+            p = g.params[name]
+            n = numel(p.type)
+            grad = p.type.dtype if p.type.dtype in (DType.F32, DType.BF16, DType.F16) else DType.BF16
+            cats["gradients"] += n * grad.bits // 8
+            cats["optimizer_moments"] += 2 * n * opts.moment.bits // 8
+            if opts.master_weights and p.type.dtype != DType.F32:
+                cats["master_weights"] += n * 4
+        acts = training_activations(g, facts, {"B": opts.batch, "S": opts.seq_len}, recompute=opts.recompute,
+                                    capacity_factor=opts.capacity_factor)
+        cats["activations"] = acts.peak_bytes
+        detail = {"saved_bytes": acts.saved_bytes, "recomputed_bytes": acts.recomputed_bytes,
+                  "transient_bytes": acts.transient_bytes, "recompute": acts.recompute, "layers": acts.layers}
+    else:
+        cats["activations"] = inference_peak(g, facts, opts.prefill_tokens, opts.batch, opts.capacity_factor)
+        cats["kv_cache"] = kv_cache_bytes(g, opts.seq_len, opts.batch, opts.kv_dtype)
+        detail = {"prefill_tokens": opts.prefill_tokens}
+    cats["reserve"] = opts.reserve
+    host = dict.fromkeys(HOST_CATEGORIES, 0)
+    if opts.offload_optimizer:
+        for c in HOST_CATEGORIES:
+            host[c], cats[c] = cats[c], 0
+    total = sum(cats.values())
+    return RankMemory(rank=rank, total_bytes=total, by_category=cats,
+                      weights_by_dtype=dict(sorted(by_dtype.items())), host_bytes=sum(host.values()),
+                      host_by_category=host, headroom_bytes=memory - total, fits=total <= memory,
+                      activation_detail=detail)

@@ -1,0 +1,48 @@
+"""Memory sizes as people write them (`80GiB`, `80G`, `80GB`, `512MiB`) and back.
+
+Device memory is sized in binary units (an "80 GB" H100/A100 reports 81920 MiB or a little
+less; HBM comes in powers of two), so every prefix is binary whether written `G`, `GB` or `GiB`:
+`80G` = `80GB` = `80GiB` = 80 * 2**30 bytes. A bare number is a byte count. Anything else is a
+`MemorySizeError` (one line, the CLI's exit 2).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from ernie_ir.ir import ErnieIRError
+
+_PREFIX = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*"
+                   r"(?:([KMGTP])(?:I?B)?|(B))?\s*", re.IGNORECASE)
+
+
+class MemorySizeError(ErnieIRError):
+    """A memory size that cannot be read (e.g. `80XB`)."""
+
+
+def parse_memory(text: str, *, option: str = "--device-memory") -> int:
+    """Bytes of a memory size: `80GiB`, `80G`, `80GB`, `80 gib`, `1.5T`, `512MiB`, `81920M` or a
+    byte count (`85899345920`, `8e10`). Every prefix is binary (G = 2**30); see the module doc."""
+    m = _SIZE.fullmatch(str(text))
+    if m is None:
+        raise MemorySizeError(f"{option} {text!r}: not a memory size; write a number with K, M, G or T "
+                              "(optionally followed by B or iB; all binary: 80G = 80GB = 80GiB = 80 * 2^30 "
+                              "bytes), e.g. 80GiB, or a byte count")
+    number = float(m.group(1)) * (10 ** int(m.group(2)) if m.group(2) else 1)
+    prefix = (m.group(3) or "").upper()
+    value = number * 1024 ** _PREFIX[prefix]
+    if not math.isfinite(value) or value < 1:
+        raise MemorySizeError(f"{option} {text!r}: a memory size must be at least one byte")
+    return int(value)
+
+
+def format_bytes(n: int | float) -> str:
+    """`85899345920` -> `80.00 GiB` (binary units, as parse_memory reads them)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
