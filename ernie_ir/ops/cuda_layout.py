@@ -111,9 +111,10 @@ def _logical_from_stored(elems: np.ndarray, k: int, n: int, bits: int, arch: int
         q[:, _perm(np.arange(n), _IL8 if bits == 8 else _IL4)] = elems.reshape(k, n)
         return q
     c = 2 if bits == 8 else 4
-    tiles = np.empty((n // c, c, k // 64, 64), elems.dtype)
-    tiles[..., _row_order(bits)] = elems.reshape(n // c, k // 64, c, 64).transpose(0, 2, 1, 3)
-    return tiles.reshape(n, k).T
+    inverse = np.argsort(_row_order(bits))  # logical row m of a tile sits at stored position inverse[m]
+    stored = elems.reshape(n // c, k // 64, c, 64)[..., inverse]  # [P, T, C, 64] in logical row order
+    # [P, T, C, 64] -> q [K, N] with k = 64 t + m, n = p C + h: one transposing copy
+    return stored.transpose(1, 3, 0, 2).reshape(k, n)
 
 
 def pack(q: np.ndarray, bits: int, arch: int) -> np.ndarray:
@@ -140,4 +141,4 @@ def unpack(packed: np.ndarray, k: int, n: int, bits: int, arch: int) -> np.ndarr
         nib[0::2] = raw & 0x0F
         nib[1::2] = raw >> 4
         elems = (nib.view(np.int8) - np.int8(8))
-    return np.ascontiguousarray(_logical_from_stored(elems, k, n, bits, arch))
+    return np.ascontiguousarray(_logical_from_stored(elems, k, n, bits, arch), dtype=np.int8)
