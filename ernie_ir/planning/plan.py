@@ -30,8 +30,8 @@ from pydantic import BaseModel, ConfigDict
 from ernie_ir.ir import DType, ErnieIRError, Graph
 from ernie_ir.ir.storage import GRAPH_FILE, load_graph
 from ernie_ir.load import load_input
-from ernie_ir.passes.manager import run_pipeline_ranks
-from ernie_ir.passes.pipeline import load_pipeline
+from ernie_ir.passes.manager import run_pipeline, run_pipeline_ranks
+from ernie_ir.passes.pipeline import Pipeline, load_pipeline
 from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
 from ernie_ir.passes.quant_config import resolve_quant_name
 from ernie_ir.passes.split import SplitError
@@ -309,13 +309,12 @@ def _num_experts(graph: Graph) -> int | None:
 
 def _compile_ranks(model: str, tgt: Any, arch: int | None, quant_text: str, tp: int,
                    ep: int) -> tuple[list[Graph], str, list[str]]:
-    """The rank graphs compile would write for this layout (run without per-pass verification:
-    the same passes, faster on full-size graphs), the pipeline text, and notes."""
+    """The rank graphs compile would write for this layout, the pipeline text, and notes."""
     graph = _load(model)
     notes: list[str] = []
     try:
         resolved, _ = compile_pipeline(graph, tgt, arch, quant_text, None, tp, ep)
-        ranked = run_pipeline_ranks(graph, resolved, debug=False)
+        ranks = run_ranks(graph, resolved)
     except SplitError as e:
         # FP8's tensor-wise scales span the whole weight, so the split refuses an FP8 graph and
         # compile cannot build this layout today. Each rank quantizing its own slice has the same
@@ -326,10 +325,39 @@ def _compile_ranks(model: str, tgt: Any, arch: int | None, quant_text: str, tp: 
         legal = f"legalize-cuda{{cuda_arch={arch}}}" if arch is not None else f"legalize-{tgt.name}"
         text = ",".join(x for x in (f"split{{tp={tp},ep={ep}}}", quant_text, legal) if x)
         resolved = load_pipeline(text)
-        ranked = run_pipeline_ranks(graph, resolved, debug=False)
+        ranks = run_ranks(graph, resolved)
         notes.append(f"compile cannot split an FP8 graph today ({e}); planned as {text}: each rank "
                      "quantizes its own slice (same param types and shapes, per-rank scales)")
-    return ranked.ranks, str(resolved), notes
+    return ranks, str(resolved), notes
+
+
+def run_ranks(graph: Graph, pipeline: Pipeline) -> list[Graph]:
+    """`run_pipeline_ranks(graph, pipeline).ranks`, with the passes after the split run once per
+    class of type-identical rank graphs (same param types, same ops with the same output types, in
+    order: every tensor-parallel rank of the built-in models). Such ranks get the same graph
+    object, because every figure of the plan is a function of those types alone. Passes run
+    without per-pass verification (`debug=False`): the same passes, faster at full size."""
+    passes = pipeline.passes
+    cut = next((i for i, p in enumerate(passes) if p.fans_out), None)
+    if cut is None:
+        return run_pipeline_ranks(graph, pipeline, debug=False).ranks
+    split = run_pipeline_ranks(graph, Pipeline(passes[: cut + 1]), debug=False).ranks
+    rest = Pipeline(passes[cut + 1:])
+    done: dict[Any, Graph] = {}
+    out: list[Graph] = []
+    for g in split:
+        key = _type_key(g)
+        if key not in done:
+            if rest.passes:
+                run_pipeline(g, rest, debug=False)
+            done[key] = g
+        out.append(done[key])
+    return out
+
+
+def _type_key(g: Graph) -> tuple[Any, ...]:
+    return (tuple((p.type, p.trainable) for p in g.params.values()),
+            tuple((n.op, n.scope, tuple(o.type for o in n.outputs)) for n in g))
 
 
 def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: bool) -> MemoryPlan:
@@ -359,6 +387,7 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
     per_rank: list[RankMemory] = []
     kind: Literal["none", "graph", "full"] = "none"
     trainable_count = 0
+    measured: dict[int, RankMemory] = {}
     for r, g in enumerate(ranks):
         trainable: set[str] = set()
         if training:
@@ -368,7 +397,9 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
                 trainable, kind = full_parameter_trainable(g), "full"
             if r == 0:
                 trainable_count = len(trainable)
-        per_rank.append(_rank_memory(r, g, trainable, opts, memory))
+        if id(g) not in measured:  # type-identical ranks share one graph (see run_ranks)
+            measured[id(g)] = _rank_memory(r, g, trainable, opts, memory)
+        per_rank.append(measured[id(g)].model_copy(update={"rank": r}))
     worst = max(per_rank, key=lambda m: m.total_bytes)
     assumptions: dict[str, Any] = {
         "reserve_bytes": opts.reserve,
