@@ -190,7 +190,7 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
     search = given and tp is None and ep is None
     if not search:
         ranks, pipeline, notes = build(tp or 1, ep or 1)
-        return _assemble(head, ranks, pipeline, notes, tp or 1, ep or 1, opts, memory, given, None, [])
+        return _assemble(head, ranks, pipeline, notes, tp or 1, ep or 1, opts, memory, given)
     tries: list[LayoutTry] = []
     last: MemoryPlan | None = None
     probe = _load(model)
@@ -201,7 +201,7 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
             tries.append(LayoutTry(devices=devices, tp=t, ep=e, fits=None, max_rank_bytes=None,
                                    error=str(err)))
             continue
-        plan = _assemble(head, ranks, pipeline, notes, t, e, opts, memory, given, None, [])
+        plan = _assemble(head, ranks, pipeline, notes, t, e, opts, memory, given)
         tries.append(LayoutTry(devices=devices, tp=t, ep=e, fits=plan.fits,
                                max_rank_bytes=plan.max_rank_bytes))
         last = plan
@@ -377,12 +377,12 @@ def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: 
                 quant=(ranks[0].metadata.get("quantization") or {}).get("name"), mode=opts.mode,
                 lora_rank=None)
     return _assemble(head, ranks, str(manifest.get("pipeline", "")), [], mapping.tp, mapping.ep, opts,
-                     memory, given, None, [])
+                     memory, given)
 
 
 def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: list[str], tp: int, ep: int,
-              opts: _Options, memory: int, given: bool, min_devices: int | None,
-              search: list[LayoutTry]) -> MemoryPlan:
+              opts: _Options, memory: int, given: bool) -> MemoryPlan:
+    """The plan of one layout (no search: `min_devices` None; the search fills it in)."""
     training = opts.mode == "training"
     per_rank: list[RankMemory] = []
     kind: Literal["none", "graph", "full"] = "none"
@@ -413,8 +413,14 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
             if opts.master_weights else "none", "gradients": "param dtype (bf16 for fp8/int params)",
             "offload_optimizer": opts.offload_optimizer, "recompute": "full, per decoder layer"
             if opts.recompute else "none", "loss": "cross-entropy over the graph's f32 logits",
+            "sequence_parallel": "none: activations between tensor-parallel ops are whole on every rank",
             "tokens_per_step": opts.batch * opts.seq_len,
         })
+        if kind == "full" and any(p.type.dtype in (DType.F8E4M3, DType.F8E5M2)
+                                  for p in ranks[0].params.values()):
+            notes = [*notes, "full-parameter training of FP8 params as ERNIEKit's FP8 QAT stores them "
+                     "(FP8 on the device, gradients bf16, f32 masters with the optimizer states); this "
+                     "toolchain's own FP8 QAT graph (fp8-quant{form=fake}) keeps bf16 weights"]
     else:
         kv = opts.kv_dtype
         assumptions.update({
@@ -426,7 +432,7 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
         **head, seq_len=opts.seq_len, batch=opts.batch, pipeline=pipeline, tp=tp, ep=ep,
         devices=len(ranks), device_memory_bytes=memory, device_memory_given=given,
         fits=all(m.fits for m in per_rank), headroom_bytes=min(m.headroom_bytes for m in per_rank),
-        max_rank_bytes=worst.total_bytes, min_devices=min_devices, searched=bool(search), search=search,
+        max_rank_bytes=worst.total_bytes, min_devices=None, searched=False, search=[],
         trainable=kind, trainable_params=trainable_count, assumptions=assumptions, per_rank=per_rank,
         host_total_bytes=sum(m.host_bytes for m in per_rank), notes=notes,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from xml.sax.saxutils import escape
 
 from .plan import CATEGORIES, MemoryPlan
@@ -11,6 +12,15 @@ COLORS = {
     "weights": "#4c72b0", "lora": "#8172b3", "gradients": "#dd8452", "optimizer_moments": "#c44e52",
     "master_weights": "#937860", "activations": "#55a868", "kv_cache": "#64b5cd", "reserve": "#8c8c8c",
 }
+
+
+def _ticks(top: float) -> list[float]:
+    """Round axis values (1, 2 or 5 x 10^k of the largest binary unit that fits) from 0 to `top`."""
+    unit = next(u for u in (1024 ** 4, 1024 ** 3, 1024 ** 2, 1024, 1) if top >= u or u == 1)
+    raw = top / unit / 5
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw) * unit
+    return [i * step for i in range(int(top // step) + 1)]
 
 
 def plan_svg(plan: MemoryPlan, *, width: int = 760, height: int = 420) -> str:
@@ -32,8 +42,7 @@ def plan_svg(plan: MemoryPlan, *, width: int = 760, height: int = 420) -> str:
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="{left}" y="20" font-size="13">{escape(title)}</text>']
-    for i in range(6):  # y axis ticks
-        v = scale_max * i / 5
+    for v in _ticks(scale_max):
         out.append(f'<line x1="{left - 4}" y1="{y(v):.1f}" x2="{left + plot_w}" y2="{y(v):.1f}" '
                    'stroke="#e5e5e5"/>')
         out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">'
