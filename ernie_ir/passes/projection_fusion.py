@@ -446,7 +446,8 @@ class ColumnFusion:
         parts, o = self.parts, self.order
         p0 = parts[0]
         x = p0.x
-        b = edit.builder(first_in_graph(graph, [n for p in parts for n in p.nodes]))
+        # before the first part's linear (which reads x); a fake_quant of a weight may sit earlier
+        b = edit.builder(first_in_graph(graph, [p.node for p in parts]))
         w, scale, bias = (self.params.get(k) for k in ("weight", "scale", "bias"))
         assert w is not None
         for key, p in self.params.items():
@@ -532,7 +533,7 @@ class ColumnSplit:
     def apply(self, graph: Graph, edit: Edit, scopes: Sequence[str]) -> list[Value]:
         """Build the parts at the fused layer; returns each part's output."""
         f, o = self.fused, self.order
-        b = edit.builder(f.nodes[0])
+        b = edit.builder(f.node)
         outs = []
         for i, ps in enumerate(self.params):
             for key, p in ps.items():
@@ -547,16 +548,14 @@ class ColumnSplit:
             elif own is not None:
                 y = _lora(b, y, f.x, own.a, own.b, own)
             outs.append(y)
-        rank = f.out.type.rank
-        for i, y in enumerate(outs):
-            own = self.adapters[i]
+            # each part whole before the next (ERNIE-3.5-SE's own unfused layers read so)
             if own is not None:
                 graph.replace_all_uses_with(own.node.outputs[0], y)
-                edit.drop([own.node, *([own.node.inputs[0].producer] if i < o.interleave else [])],  # type: ignore[list-item]
-                          [])
+                flat = [own.node.inputs[0].producer] if i < o.interleave else []
+                edit.drop([own.node, *flat], [])  # type: ignore[list-item]
             elif i < o.interleave:
                 with b.at_scope(self.glue_scope):
-                    h = b.reshape(y, shape=_heads_shape(rank, o.widths[i] // o.head_dim, o.head_dim))
+                    h = b.reshape(y, shape=_heads_shape(y.type.rank, o.widths[i] // o.head_dim, o.head_dim))
                 graph.replace_all_uses_with(self.pieces[i], h)
             else:
                 graph.replace_all_uses_with(self.pieces[i], y)

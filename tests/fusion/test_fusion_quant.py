@@ -149,3 +149,31 @@ def test_fp8_linears_are_refused() -> None:
     assert "tensor-wise weight scale" in explain("fuse-qkv", graph)
     graph = tiny("gpt-345m", "fp8")
     assert "tensor-wise weight scale" in explain("unfuse-qkv", graph)
+
+
+def test_the_fused_layer_goes_after_its_input_even_when_weights_are_fake_quantized_early() -> None:
+    from ernie_ir.ir import GraphBuilder, f32, tensor
+    from ernie_ir.ir.weights import ArraySource
+
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("early")
+    x = b.input("x", tensor(f32, "B", 8))
+    # the weights' fake_quant nodes come first, before the value the linears read
+    weights = [ArraySource(rng.standard_normal((8, 8)).astype(np.float32)) for _ in range(2)]
+    wq = [b.fake_quant(b.param(f"{p}.weight", source=w), axes=(1,))
+          for p, w in zip(("gate", "up"), weights, strict=True)]
+    n = b.silu(x)
+    with b.at_scope("gate"):
+        g = b.linear(n, wq[0])
+    with b.at_scope("up"):
+        u = b.linear(n, wq[1])
+    b.output(b.mul(b.silu(g), u), name="y")
+    graph = b.graph
+    feed = {"x": rng.standard_normal((3, 8)).astype(np.float32)}
+    from ernie_ir.runtime import run_graph
+
+    before = run_graph(graph, feed)["y"]
+    assert rewrites(run_pipeline(graph, "fuse-gate-up"), "fuse-gate-up") == 1  # verified after the pass
+    assert rel(run_graph(graph, feed)["y"], before) < 1e-6
+    assert rewrites(run_pipeline(graph, "unfuse-gate-up"), "unfuse-gate-up") == 1
+    assert rel(run_graph(graph, feed)["y"], before) < 1e-6
