@@ -95,3 +95,13 @@ def test_unfusing_a_rank_graph_is_refused() -> None:
 
     (trace,) = RuleSet([find_rule("unfuse-parallel-block", all_passes())]).explain(ranks[0])
     assert trace.matches == 0 and "unfuse before split" in trace.summary()
+
+
+@pytest.mark.parametrize("fuse", ["fuse-qkv{order=per_head},fuse-gate-up", "fuse-parallel-block"])
+def test_per_projection_adapters_split_and_run(fuse: str) -> None:
+    # ERNIE-3.5-SE's layer 0 q/k/v and layer 3 gate/up have adapters of their own
+    graph = tiny("ernie-3.5-se-3b", "lora{rank=4}")
+    reference = logits(graph)
+    run_pipeline(graph, "unfuse-parallel-block," + fuse)
+    ranks = split2(graph)
+    assert rel(run_spmd(ranks, {"input_ids": IDS})[0]["logits"], reference) < 1e-6
