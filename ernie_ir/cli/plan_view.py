@@ -39,6 +39,9 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
         lines.append(f"min_devices: {plan.min_devices}" if plan.min_devices is not None
                      else "min_devices: none of the layouts tried fits")
     if plan.mode == "training":
+        d = max(plan.per_rank, key=lambda r: r.total_bytes).activation_detail
+        lines.append(f"activations (largest rank): {format_bytes(int(d['peak_with_recompute_bytes']))} with "
+                     f"--recompute, {format_bytes(int(d['peak_without_recompute_bytes']))} without")
         lines.append(f"trainable: {plan.trainable} ({plan.trainable_params} params per rank)"
                      + (f"; host memory (offloaded optimizer states): {format_bytes(plan.host_total_bytes)} "
                         "over all ranks" if plan.host_total_bytes else ""))

@@ -85,7 +85,8 @@ class RankMemory(BaseModel):
     """device memory - total_bytes (negative: does not fit)."""
     fits: bool
     activation_detail: dict[str, int | bool]
-    """training: saved_bytes, transient_bytes, recompute, layers; inference: prefill_tokens."""
+    """training: saved_bytes, recomputed_bytes, transient_bytes, recompute, layers,
+    peak_without_recompute_bytes, peak_with_recompute_bytes; inference: prefill_tokens."""
 
 
 class LayoutTry(BaseModel):
@@ -457,11 +458,15 @@ def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memor
             cats["optimizer_moments"] += 2 * n * opts.moment.bits // 8
             if opts.master_weights and p.type.dtype != DType.F32:
                 cats["master_weights"] += n * 4
-        acts = training_activations(g, facts, {"B": opts.batch, "S": opts.seq_len}, recompute=opts.recompute,
-                                    capacity_factor=opts.capacity_factor)
+        env = {"B": opts.batch, "S": opts.seq_len}
+        both = {rc: training_activations(g, facts, env, recompute=rc, capacity_factor=opts.capacity_factor)
+                for rc in (False, True)}
+        acts = both[opts.recompute]
         cats["activations"] = acts.peak_bytes
         detail = {"saved_bytes": acts.saved_bytes, "recomputed_bytes": acts.recomputed_bytes,
-                  "transient_bytes": acts.transient_bytes, "recompute": acts.recompute, "layers": acts.layers}
+                  "transient_bytes": acts.transient_bytes, "recompute": acts.recompute, "layers": acts.layers,
+                  "peak_without_recompute_bytes": both[False].peak_bytes,
+                  "peak_with_recompute_bytes": both[True].peak_bytes}
     else:
         cats["activations"] = inference_peak(g, facts, opts.prefill_tokens, opts.batch, opts.capacity_factor)
         cats["kv_cache"] = kv_cache_bytes(g, opts.seq_len, opts.batch, opts.kv_dtype)
