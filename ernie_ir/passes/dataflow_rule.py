@@ -33,7 +33,8 @@ from typing import Any, ClassVar
 
 from ernie_ir.ir import Graph, GraphBuilder, Node, Value
 
-from .rewrite import Match, PatternBuilder, PatternOutput, RewriteRule, Var
+from .base import PassContext, graph_properties
+from .rewrite import Match, PatternBuilder, PatternOutput, RewritePass, RewriteRule, RuleSet, Var
 
 
 class Refusal(Exception):
@@ -112,3 +113,15 @@ class DataflowRule(RewriteRule):
 
     def apply_match(self, graph: Graph, m: Match, order: dict[Node, int] | None = None) -> list[Node]:
         return self.apply_plan(graph, m.bindings["plan"])
+
+
+class UnfusePass(RewritePass):
+    """A rewrite pass that cuts fused layers apart: on a rank graph (after `split`) it changes
+    nothing and says so, since cut weights no longer hold whole parts."""
+
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
+        changed = RuleSet(self.rules).apply(graph, ctx) > 0
+        if not changed and "split" in graph_properties(graph):
+            ctx.warn("the graph is split into rank graphs, whose fused weights are cut "
+                     "shards: unfuse before split")
+        return changed

@@ -28,7 +28,7 @@ from typing import Literal
 from ernie_ir.ir import Graph, Node, Param, Value
 
 from .base import PassContext, PassOptions
-from .dataflow_rule import DataflowRule, Plan, Refusal, Steps
+from .dataflow_rule import DataflowRule, Plan, Refusal, Steps, UnfusePass
 from .projection import LINEAR_LIKE, Adapter, Projection, projection_of
 from .projection_fusion import ColumnFusion, ColumnOrder, ColumnSplit, Edit
 from .registry import register_pass
@@ -399,7 +399,7 @@ class FuseQkvPass(RewritePass):
 
 
 @register_pass
-class UnfuseQkvPass(RewritePass):
+class UnfuseQkvPass(UnfusePass):
     """Cut every fused qkv projection ([Q|K|V] or per head) into q, k, v projections."""
 
     name = "unfuse-qkv"
@@ -417,7 +417,7 @@ class FuseGateUpPass(RewritePass):
 
 
 @register_pass
-class UnfuseGateUpPass(RewritePass):
+class UnfuseGateUpPass(UnfusePass):
     """Cut every fused [gate|up] projection into gate and up projections."""
 
     name = "unfuse-gate-up"

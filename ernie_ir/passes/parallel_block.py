@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from ernie_ir.ir import Graph, Node, Param, Value
 
-from .dataflow_rule import DataflowRule, Plan, Refusal, Steps
+from .dataflow_rule import DataflowRule, Plan, Refusal, Steps, UnfusePass
 from .fuse_projections import (
     ACTIVATIONS,
     back_through,
@@ -334,7 +334,7 @@ class FuseParallelBlockPass(RewritePass):
 
 
 @register_pass
-class UnfuseParallelBlockPass(RewritePass):
+class UnfuseParallelBlockPass(UnfusePass):
     """Cut every ERNIE-3.5-SE parallel block into separate q/k/v/o and gate/up/down projections."""
 
     name = "unfuse-parallel-block"

@@ -95,6 +95,8 @@ def test_unfusing_a_rank_graph_is_refused() -> None:
 
     (trace,) = RuleSet([find_rule("unfuse-parallel-block", all_passes())]).explain(ranks[0])
     assert trace.matches == 0 and "unfuse before split" in trace.summary()
+    result = run_pipeline(tiny("ernie-3.5-se-3b"), "split{tp=2},unfuse-parallel-block")
+    assert any("unfuse before split" in w for w in result.warnings)
 
 
 @pytest.mark.parametrize("fuse", ["fuse-qkv{order=per_head},fuse-gate-up", "fuse-parallel-block"])
