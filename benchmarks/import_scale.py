@@ -93,14 +93,21 @@ def tensor_specs(cfg: dict[str, Any], layout: str) -> list[tuple[str, tuple[int,
 
 def write_checkpoint(folder: Path, cfg: dict[str, Any], layout: str) -> None:
     """Sharded safetensors with an index; values are a random block repeated (content is irrelevant)."""
+    write_tensors(folder, cfg, tensor_specs(cfg, layout))
+
+
+def write_tensors(folder: Path, cfg: dict[str, Any], specs: list[tuple[str, tuple[int, ...], Any]],
+                  scale: float = 1.0) -> None:
+    """config.json plus `specs` (key, shape, dtype) as shards of SHARD_BYTES with an index; values
+    are `scale` times a random block repeated (benchmarks/split_scale.py writes its checkpoints too)."""
     from ernie_ir.ir.weights import ArraySource, write_safetensors
 
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(cfg, indent=1))
-    block = np.random.default_rng(0).standard_normal(1 << 16).astype(np.float32)
+    block = (scale * np.random.default_rng(0).standard_normal(1 << 16)).astype(np.float32)
     shards: list[list[tuple[str, tuple[int, ...], Any]]] = [[]]
     size = 0
-    for spec in tensor_specs(cfg, layout):
+    for spec in specs:
         nbytes = math.prod(spec[1]) * np.dtype(spec[2]).itemsize
         if size and size + nbytes > SHARD_BYTES:
             shards.append([])

@@ -52,7 +52,6 @@ META_CASES: dict[str, dict[str, Any]] = {
     "ep=8": {"tp": 1, "ep": 8, "quant": None},
     "wint8mix, tp=8": {"tp": 8, "ep": 1, "quant": "wint8mix"},
 }
-SHARD_BYTES = 1 << 30
 TP = 2
 
 # -- checkpoint generation (parent process) ------------------------------------------------------------
@@ -94,32 +93,11 @@ def tensor_specs(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...], Any]]:
 
 
 def write_checkpoint(folder: Path, cfg: dict[str, Any]) -> None:
-    """Sharded safetensors with an index; values are a random block repeated (content is irrelevant)."""
-    from ernie_ir.ir.weights import ArraySource, write_safetensors
+    """Sharded safetensors with an index (import_scale's writer); values are a random block repeated."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from import_scale import write_tensors
 
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
-    block = (0.02 * np.random.default_rng(0).standard_normal(1 << 16)).astype(np.float32)
-    shards: list[list[tuple[str, tuple[int, ...], Any]]] = [[]]
-    size = 0
-    for spec in tensor_specs(cfg):
-        nbytes = math.prod(spec[1]) * np.dtype(spec[2]).itemsize
-        if size and size + nbytes > SHARD_BYTES:
-            shards.append([])
-            size = 0
-        shards[-1].append(spec)
-        size += nbytes
-    weight_map = {}
-    for n, shard in enumerate(shards, 1):
-        name = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
-
-        def tensors(shard=shard):
-            for key, shape, dtype in shard:
-                yield key, ArraySource(np.resize(block, shape).astype(dtype))
-
-        write_safetensors(folder / name, tensors())
-        weight_map.update({key: name for key, _, _ in shard})
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    write_tensors(folder, cfg, tensor_specs(cfg), scale=0.02)
 
 
 # -- measurement (child processes) -----------------------------------------------------------------------

@@ -326,7 +326,7 @@ def test_train_on_a_corrupt_manifest_or_missing_weights(training_artifact: Path,
 
 
 def test_a_meta_model_compiles_to_a_graph_only_artifact_that_run_refuses(tmp_path: Path, capsys):
-    code, out, err = cli(capsys, "compile", "ernie-4.5-300b-a47b@meta", "--target", "cuda",
+    code, _, err = cli(capsys, "compile", "ernie-4.5-300b-a47b@meta", "--target", "cuda",
                          "--out", str(tmp_path / "x"))
     assert code == 0 and "graph-only artifact" in err
     assert (tmp_path / "x" / "rank0" / "graph.ir").is_file()

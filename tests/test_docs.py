@@ -22,6 +22,7 @@ def test_doc_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyP
     namespace: dict[str, object] = {"__name__": f"docs_{name.replace('-', '_').replace('.', '_')}"}
     from ernie_ir.passes.registry import REGISTRY
 
+    REGISTRY.ensure_loaded()  # snapshot the built-ins too, or the cleanup below would drop them
     before = dict(REGISTRY.passes)
     try:
         for i, block in enumerate(blocks, 1):

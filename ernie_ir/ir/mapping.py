@@ -20,9 +20,22 @@ that work.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import ErnieIRError
+
+SHARD = "shard"
+"""Param annotation of a rank graph's param that holds a slice of a global tensor:
+{global_shape: [...], cuts: [{axis, ranges: [[start, stop], ...]}]} (absent: the whole tensor).
+Written by the split pass; read by training (gradient sums, merged checkpoints) and planning."""
+
+
+def shard_of(annotations: dict[str, Any]) -> dict[str, Any] | None:
+    """The `shard` annotation in a param's annotations, or None."""
+    ann = annotations.get(SHARD)
+    return ann if isinstance(ann, dict) else None
 
 
 class MappingError(ErnieIRError):

@@ -25,6 +25,15 @@ GRAPH_FILE = "graph.ir"
 WEIGHTS_FILE = "weights.safetensors"
 
 
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file, read in 1 MiB chunks (artifacts list one per file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def write_graph_files(graph: Graph, folder: Path,
                       on_tensor: Callable[[str, int, int], None] | None = None) -> dict[str, str]:
     """Write graph.ir and weights.safetensors into an existing folder; returns {file: sha256}."""

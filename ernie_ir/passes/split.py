@@ -46,20 +46,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ernie_ir.ir import ErnieIRError, Graph, Node, Param, TensorType, Value
-from ernie_ir.ir.mapping import Mapping, MappingError, RankLayout
+from ernie_ir.ir.mapping import SHARD, Mapping, MappingError, RankLayout
+from ernie_ir.ir.mapping import shard_of as annotation_of
 from ernie_ir.ir.weights import ConcatSource, WeightSource
 
 from .base import Pass, PassContext, PassOptions
 from .registry import register_pass
 
-SHARD = "shard"
-"""Param annotation: {global_shape, cuts: [{axis, ranges}]} (absent: the whole tensor)."""
-
 
 def shard_of(p: Param) -> dict[str, Any] | None:
-    """The `shard` annotation of a rank param: {global_shape, cuts: [{axis, ranges}]}, or None."""
-    ann = p.annotations.get(SHARD)
-    return ann if isinstance(ann, dict) else None
+    """The `shard` annotation of a rank param (see `ernie_ir.ir.mapping.SHARD`), or None."""
+    return annotation_of(p.annotations)
 
 
 def row_cut(p: Param) -> bool:
@@ -532,7 +529,7 @@ class _RankBuilder:
                      None)
         if split is not None:
             for size, piece in zip(split.attrs.sizes, split.outputs, strict=True):
-                parts.append((size, *_head_unit(piece)))
+                parts.append((size, *_head_unit(_through_lora(piece))))
         else:
             parts.append((total, *_head_unit(reader)))
         segs = []

@@ -32,7 +32,6 @@ if __name__ == "__main__":  # run as a file: its folder (runtime/) must not shad
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import argparse
-import hashlib
 import json
 import shutil
 import socket
@@ -45,7 +44,8 @@ from typing import Any
 import numpy as np
 
 from ernie_ir.ir import ErnieIRError, Graph
-from ernie_ir.passes.split import SHARD
+from ernie_ir.ir.mapping import SHARD
+from ernie_ir.ir.storage import sha256_file
 
 ERROR_FILE = "error.rank{rank}.txt"
 """Where a failing rank writes its one-line error (in $ERNIE_IR_WORKDIR), for the launcher."""
@@ -132,14 +132,6 @@ def device_for(kind: str) -> str:
 # -- loading -----------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def load_rank_graph(root: Path, rank: int, world: int) -> tuple[dict[str, Any], Graph]:
     """(manifest, rank graph) with this rank's files checked against the manifest's sha256."""
     from ernie_ir.ir.storage import load_graph
@@ -155,7 +147,7 @@ def load_rank_graph(root: Path, rank: int, world: int) -> tuple[dict[str, Any], 
         rel = f"rank{rank}/{name}"
         if not (root / rel).is_file():
             raise WorkerError(f"artifact {root}: {rel} is missing (listed in manifest.json)")
-        if manifest["files"].get(rel) != _sha256(root / rel):
+        if manifest["files"].get(rel) != sha256_file(root / rel):
             raise WorkerError(f"artifact {root}: {rel} was modified (sha256 does not match the manifest); "
                               "recompile or restore it")
     graph = load_graph(root / f"rank{rank}")
@@ -308,14 +300,14 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     """This rank's part of training: the same loop as the one-rank `train_artifact`, with
     exact tensor-parallel gradients; returns the (replicated) loss of every step."""
     from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
-    from ernie_ir.runtime.training import RECIPE, make_optimizer, next_token_loss, training_batches
+    from ernie_ir.runtime.training import RECIPE, make_optimizer, run_steps, training_batches
 
     paddle = require_paddle()
     rank, world = world_from_env()
     manifest, graph = load_rank_graph(root, rank, world)
     if manifest.get("mode") != "training" or not (root / RECIPE).is_file():
         raise WorkerError(f"{root} is not a training artifact: compile it with --mode training --lora-rank R")
-    if manifest["files"].get(RECIPE.as_posix()) != _sha256(root / RECIPE):
+    if manifest["files"].get(RECIPE.as_posix()) != sha256_file(root / RECIPE):
         raise WorkerError(f"artifact {root}: {RECIPE.as_posix()} was modified (sha256 does not match the "
                           "manifest)")
     recipe = json.loads((root / RECIPE).read_text(encoding="utf-8"))
@@ -335,21 +327,15 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     else:
         grad_clip = paddle.nn.ClipGradByGlobalNorm(clip) if clip else None
     optimizer = make_optimizer(paddle, params, recipe, lr, grad_clip)
-    losses: list[float] = []
-    for step in range(steps):
-        ids, labels = batches[step % len(batches)]
-        loss = next_token_loss(paddle, layer, ids, labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.clear_grad()
-        layer.commit_state()
-        losses.append(float(loss.numpy()))
+    def report(step: int, loss: float) -> None:
         if rank == 0 and losses_file is not None:
             norm = getattr(grad_clip, "last_norm", None)
             with open(losses_file, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": step + 1, "loss": losses[-1], "grad_norm": norm}) + "\n")
+                f.write(json.dumps({"step": step, "loss": loss, "grad_norm": norm}) + "\n")
         if on_step is not None:
-            on_step(step + 1, losses[-1])
+            on_step(step, loss)
+
+    losses = run_steps(paddle, layer, optimizer, batches, steps, report)
     if save:
         names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
         save_rank_checkpoint(root, layer, names, steps, rank, world)

@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 
 from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, Value
+from ernie_ir.ir.mapping import SHARD
 from ernie_ir.ops.cuda_layout import pack, packable, unpack
 from ernie_ir.ops.quant_numerics import FP8_MAX
 from ernie_ir.ops.rope import rope_angles
-from ernie_ir.passes.split import SHARD
 
 PADDLE_HINT = "install ernie-ir[paddle] or paddlepaddle-gpu"
 

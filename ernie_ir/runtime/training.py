@@ -137,6 +137,24 @@ def make_optimizer(paddle: Any, params: list[Any], recipe: dict[str, Any], lr: f
         grad_clip=grad_clip)
 
 
+def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.ndarray, np.ndarray]],
+              steps: int, on_step: Callable[[int, float], Any] | None = None) -> list[float]:
+    """`steps` optimizer steps over `batches` (cycled); the loss of each step. The one training
+    loop of every rank count: one process here, or each paddle.distributed rank."""
+    losses: list[float] = []
+    for step in range(steps):
+        ids, labels = batches[step % len(batches)]
+        loss = next_token_loss(paddle, layer, ids, labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        layer.commit_state()
+        losses.append(float(loss.numpy()))
+        if on_step is not None:
+            on_step(step + 1, losses[-1])
+    return losses
+
+
 def next_token_loss(paddle: Any, layer: Any, ids: np.ndarray, labels: np.ndarray) -> Any:
     """Mean cross-entropy of logits[:, :-1] against labels[:, 1:] (IGNORE positions skipped)."""
     logits = layer(paddle.to_tensor(ids))
@@ -187,17 +205,7 @@ def train_artifact(path: Path, steps: int, data: Path | None = None, lr: float |
     optimizer = make_optimizer(paddle, params, recipe, lr,
                                paddle.nn.ClipGradByGlobalNorm(clip) if clip else None)
     batches = training_batches(recipe, graph, data, seed)
-    losses: list[float] = []
-    for step in range(steps):
-        ids, labels = batches[step % len(batches)]
-        loss = next_token_loss(paddle, layer, ids, labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.clear_grad()
-        layer.commit_state()
-        losses.append(float(loss.numpy()))
-        if on_step is not None:
-            on_step(step + 1, losses[-1])
+    losses = run_steps(paddle, layer, optimizer, batches, steps, on_step)
     if save:
         _save_checkpoint(root, manifest, layer, recipe, steps)
     return losses

@@ -32,7 +32,7 @@ from typing import Any
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping
 from ernie_ir.ir.printer import print_graph
-from ernie_ir.ir.storage import GRAPH_FILE, WEIGHTS_FILE, load_graph, write_graph_files
+from ernie_ir.ir.storage import GRAPH_FILE, WEIGHTS_FILE, load_graph, sha256_file, write_graph_files
 from ernie_ir.ir.weights import SafetensorsFile
 
 from .capabilities import Target
@@ -44,14 +44,6 @@ MANIFEST = "manifest.json"
 
 class ArtifactError(ErnieIRError):
     """An artifact folder that is missing, incomplete, tampered with, or in the way."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _files(root: Path) -> list[str]:
