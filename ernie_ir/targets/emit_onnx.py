@@ -68,10 +68,38 @@ def _dims(shape: tuple[Any, ...]) -> list[Any]:
     return [d if isinstance(d, int) else str(d) for d in shape]
 
 
+_CACHED_BYTES = 1 << 20  # params up to this size stay cached while emitting (scales, norms)
+
+
+class _ExternalData:
+    """The model's weight file, written as the emitter makes each initializer (64-byte aligned),
+    so no weight's bytes stay in memory after its initializer is made."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = open(path, "wb")  # noqa: SIM115 - closed by emit_onnx
+        self.offset = 0
+
+    def put(self, t: onnx.TensorProto) -> None:
+        raw = t.raw_data
+        pad = (-self.offset) % 64
+        self.file.write(b"\0" * pad)
+        self.offset += pad
+        self.file.write(raw)
+        del t.external_data[:]
+        for k, v in (("location", self.path.name), ("offset", str(self.offset)), ("length", str(len(raw)))):
+            entry = t.external_data.add()
+            entry.key, entry.value = k, v
+        t.data_location = TensorProto.EXTERNAL
+        t.ClearField("raw_data")
+        self.offset += len(raw)
+
+
 class _Emitter:
-    def __init__(self, graph: Graph, form: str) -> None:
+    def __init__(self, graph: Graph, form: str, sink: _ExternalData | None = None) -> None:
         self.graph = graph
         self.form = form
+        self.sink = sink
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, onnx.TensorProto] = {}
         self.names: dict[Value, str] = {}
@@ -94,7 +122,10 @@ class _Emitter:
 
     def init(self, name: str, arr: np.ndarray) -> str:
         if name not in self.inits:
-            self.inits[name] = numpy_helper.from_array(np.ascontiguousarray(arr), name)
+            t = numpy_helper.from_array(np.ascontiguousarray(arr), name)
+            if self.sink is not None and not name.startswith("const_"):
+                self.sink.put(t)
+            self.inits[name] = t
         return name
 
     def const(self, arr: Any, dtype: Any = np.int64) -> str:
@@ -115,9 +146,17 @@ class _Emitter:
             return self.consts[v]
         if isinstance(v, Param):
             arr = np.asarray(v.read())
-            self.consts[v] = arr
+            if arr.nbytes <= _CACHED_BYTES:  # big weights are read again if needed, never kept
+                self.consts[v] = arr
             return arr
         raise self.fail("needs a constant (param) input here")
+
+    def take(self, v: Value) -> np.ndarray:
+        """`array(v)`, forgetting a folded value its only reader has now taken."""
+        arr = self.array(v)
+        if not isinstance(v, Param) and v.num_uses() <= 1:
+            self.consts.pop(v, None)
+        return arr
 
     def name(self, v: Value | None) -> str:
         if v is None:
@@ -266,7 +305,7 @@ class _Emitter:
         return self.weight_only(node, q, f"{node.inputs[1].name}::logical")
 
     def _fold(self, node: Node) -> None:
-        args = [self.array(v) for v in node.inputs if v is not None]
+        args = [self.take(v) for v in node.inputs if v is not None]
         for v, arr in zip(node.outputs, node.opdef.kernel(args, node.attrs), strict=True):
             self.consts[v] = np.asarray(arr)
 
@@ -280,7 +319,7 @@ class _Emitter:
         qv = node.inputs[0]
         if qv.type.dtype not in (DType.I8, DType.I4):
             raise self.fail(f"only int8/int4 dequantize lowers, not {qv.type.dtype}")
-        q = self.array(qv)
+        q = self.take(qv)
         qname = qv.name if isinstance(qv, Param) else self.fresh("unpacked")
         w = self.dequant(q, qname, node.inputs[1], node.attrs.group_size)
         return [self.round_to(w, node.attrs.dtype)]
@@ -497,46 +536,22 @@ def build_onnx(graph: Graph, *, form: str = "qdq") -> onnx.ModelProto:
     return _Emitter(graph, form).run()
 
 
-def _weight_names(model: onnx.ModelProto) -> list[str]:
-    """Initializers that are weights (everything but the emitter's small shape/scalar constants)."""
-    return [t.name for t in model.graph.initializer if not t.name.startswith("const_")]
-
-
-def _externalise(model: onnx.ModelProto, data: Path, names: set[str]) -> None:
-    """Move the raw bytes of the named initializers into `data` (64-byte aligned offsets)."""
-    offset = 0
-    with open(data, "wb") as f:
-        for t in model.graph.initializer:
-            if t.name not in names:
-                continue
-            if not t.HasField("raw_data"):
-                arr = numpy_helper.to_array(t)
-                t.CopyFrom(numpy_helper.from_array(arr, t.name))
-            raw = t.raw_data
-            pad = (-offset) % 64
-            f.write(b"\0" * pad)
-            offset += pad
-            f.write(raw)
-            del t.external_data[:]
-            for k, v in (("location", data.name), ("offset", str(offset)), ("length", str(len(raw)))):
-                entry = t.external_data.add()
-                entry.key, entry.value = k, v
-            t.data_location = TensorProto.EXTERNAL
-            t.ClearField("raw_data")
-            offset += len(raw)
-
-
 def emit_onnx(graph: Graph, folder: Path, *, form: str = "qdq") -> list[Path]:
     """Write `folder/model.onnx` + `folder/model.onnx.data` (every initializer external); returns both.
 
     The model passes `onnx.checker.check_model` (checked here, path-based).
     """
-    model = build_onnx(graph, form=form)
+    if form not in FORMS:
+        raise OnnxExportError(f"unknown ONNX form {form!r}: choose one of {', '.join(FORMS)}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / MODEL_FILE
     data = folder / DATA_FILE
-    _externalise(model, data, {n for n in _weight_names(model)})
+    sink = _ExternalData(data)
+    try:
+        model = _Emitter(graph, form, sink).run()  # weights go to `data` as they are made
+    finally:
+        sink.file.close()
     onnx.save_model(model, str(path))
     onnx.checker.check_model(str(path), full_check=False)
     return [path, data]
