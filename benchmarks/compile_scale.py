@@ -1,0 +1,412 @@
+"""Compile at checkpoint size: `ernie-ir compile --quant wint8mix` of multi-GB bf16 checkpoints against cp -r.
+
+Generates ERNIE 4.5 dense checkpoints (Paddle layout, bf16, ~1 GB shards with
+model.safetensors.index.json, as benchmarks/split_scale.py does; default ~1 GB and ~2.5 GB,
+under a temp dir that is deleted after) and, for each, in one run:
+
+- `cp -r` of the folder (the peer): run once untimed to warm the page cache, then `sync`
+  (untimed) and the best of 3 timed copies (/usr/bin/time %M for its peak RSS);
+- `ernie-ir compile DIR --target cuda --quant wint8mix` and `--target ascend --quant wint8mix`
+  (single rank: the rank weights, and the ONNX (cuda) and Paddle executables), the CLI in its
+  own process under `/usr/bin/time -f "%e %M"` (peak RSS), with its RssAnon / RssFile sampled
+  every 10 ms from /proc/PID/status; `sync` (untimed) before each; best of --repeat (default 2);
+- `plan_memory(DIR, target, quant="wint8mix")` in its own process: the planner's rank 0
+  `by_category["weights"] + ["lora"]` next to the tensor bytes actually written into
+  rank0/weights.safetensors (from its header's data offsets, as tests/planning do; the file
+  adds its header): they must be equal.
+
+Reported: seconds and compile / cp; peak RSS, over the baseline (a process that imports what
+the CLI's compile imports, Paddle included) and per checkpoint byte; the bytes written per
+executable (rank0 weights, inference/onnx, inference/paddle) and their ratio to the rank weight
+bytes. --profile: cProfile one more cuda compile of the largest checkpoint (compile_model in its
+own process: top 25 by cumulative time).
+
+    python benchmarks/compile_scale.py [--sizes 1,2.5] [--hidden 2048] [--targets cuda,ascend]
+                                       [--repeat 2] [--dir DIR] [--profile] [--json]
+    python benchmarks/compile_scale.py --quick   # 0.15 and 0.4 GB, hidden 1024: < 1 min
+
+Goal (issue 11): RSS bounded by a constant plus the largest tensor (independent of the checkpoint
+bytes) and time within 3x of cp -r, on cuda and on ascend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from meta_pipeline import RssSampler, tree_bytes
+from split_scale import (
+    _status_kb,
+    _table,
+    dense_config,
+    profile_top,
+    tensor_specs,
+    timed_child,
+    write_checkpoint,
+)
+
+QUANT = "wint8mix"
+TARGETS = ("cuda", "ascend")
+CP_REPEAT = 3
+PROFILE_LINES = 25
+GOAL_CP_RATIO = 3.0
+EXECUTABLES = {"rank0 weights": "rank0/weights.safetensors", "onnx": "inference/onnx",
+               "paddle": "inference/paddle"}
+
+# -- measurement -----------------------------------------------------------------------------------------
+
+
+def ernie_ir_cli() -> list[str]:
+    """The `ernie-ir` console script of this interpreter's environment."""
+    script = Path(sys.executable).with_name("ernie-ir")
+    found = str(script) if script.is_file() else shutil.which("ernie-ir")
+    if found is None:
+        raise SystemExit("ernie-ir: no console script next to this Python or on PATH (pip install -e .)")
+    return [found]
+
+
+def _child_of(ppid: int) -> int | None:
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == ppid:
+                return int(d.name)
+    return None
+
+
+def sampled_child(cmd: list[str]) -> dict[str, Any]:
+    """Run `cmd` under /usr/bin/time -f "%e %M": wall seconds, peak RSS (MB, the process's own
+    VmHWM via wait4), RssAnon / RssFile peaks (MB) sampled every 10 ms, stdout."""
+    gtime = shutil.which("time")
+    with tempfile.TemporaryDirectory() as tmp:
+        rss_file = Path(tmp) / "time"
+        full = [gtime, "-f", "%e %M", "-o", str(rss_file), *cmd] if gtime else cmd
+        samplers: list[RssSampler] = []
+        start = time.perf_counter()
+        proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def watch() -> None:  # time forks the command: sample its child, as soon as it exists
+            pid = None
+            while pid is None and proc.poll() is None:
+                pid = _child_of(proc.pid) if gtime else proc.pid
+                if pid is None:
+                    time.sleep(0.005)
+            if pid is not None:
+                samplers.append(RssSampler(pid).start())
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        stdout, stderr = proc.communicate()
+        wall = time.perf_counter() - start
+        watcher.join()
+        peaks = samplers[0].stop() if samplers else dict.fromkeys(RssSampler.FIELDS, 0)
+        if proc.returncode:
+            raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {proc.returncode}: {stderr.strip()[-3000:]}")
+        if gtime:
+            elapsed, max_kb = rss_file.read_text().split()[-2:]
+            peak_mb, time_s = int(max_kb) / 1024, float(elapsed)
+        else:
+            peak_mb, time_s = peaks["VmRSS"] / 1024, wall
+    return {"seconds": wall, "time_s": time_s, "peak_mb": peak_mb, "peak_anon_mb": peaks["RssAnon"] / 1024,
+            "peak_file_mb": peaks["RssFile"] / 1024, "stdout": stdout, "stderr": stderr}
+
+
+def measure_baseline() -> dict[str, Any]:
+    """Run in a fresh process: RSS after the imports of the CLI's compile (Paddle included)."""
+    start = time.perf_counter()
+    import ernie_ir.cli.app
+    import ernie_ir.targets.compile  # noqa: F401
+    from ernie_ir.targets.emit_paddle import paddle_available
+
+    paddle = paddle_available()
+    return {"import_s": time.perf_counter() - start, "baseline_mb": _status_kb("VmRSS") / 1024,
+            "baseline_anon_mb": _status_kb("RssAnon") / 1024,
+            "baseline_file_mb": _status_kb("RssFile") / 1024,
+            "paddle": paddle}
+
+
+def measure_plan(folder: Path, target: str) -> dict[str, Any]:
+    """Run in a fresh process: plan_memory of the checkpoint folder (its config.json) for `target`."""
+    from ernie_ir.planning import plan_memory
+
+    start = time.perf_counter()
+    plan = plan_memory(str(folder), target, quant=QUANT)
+    r0 = plan.per_rank[0]
+    return {"plan_s": time.perf_counter() - start, "devices": plan.devices, "by_category": r0.by_category,
+            "weights_by_dtype": r0.weights_by_dtype, "pipeline": plan.pipeline}
+
+
+def measure_profile(folder: Path, out: Path, stats: Path) -> None:
+    """Run in a fresh process: cProfile compile_model(folder, "cuda", quant) (what the CLI calls)."""
+    import cProfile
+
+    from ernie_ir.targets.compile import compile_model
+
+    prof = cProfile.Profile()
+    prof.runcall(compile_model, str(folder), "cuda", quant=QUANT, out=out)
+    prof.dump_stats(str(stats))
+
+
+def stored_bytes(path: Path) -> tuple[int, int]:
+    """(tensor bytes from the header's data offsets, header bytes incl. its length) of a safetensors file."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return sum(e["data_offsets"][1] - e["data_offsets"][0] for e in header.values()), 8 + n
+
+
+# -- driver ----------------------------------------------------------------------------------------------
+
+
+def compile_cmd(ckpt: Path, target: str, out: Path) -> list[str]:
+    return [*ernie_ir_cli(), "compile", str(ckpt), "--target", target, "--quant", QUANT, "--out", str(out),
+            "--json"]
+
+
+def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repeat: int,
+                   profile: bool) -> dict[str, Any]:
+    """Generate one checkpoint, time cp -r and each target's compile, plan, delete it."""
+    cfg = dense_config(gb, hidden)
+    ckpt, copy, art = root / "checkpoint", root / "copy", root / "artifact"
+    start = time.perf_counter()
+    write_checkpoint(ckpt, cfg)
+    row: dict[str, Any] = {
+        "gb": gb, "layers": cfg["num_hidden_layers"], "hidden": hidden,
+        "write_s": time.perf_counter() - start,
+        "ckpt_bytes": sum(tree_bytes(ckpt).values()),
+        "ckpt_files": len(list(ckpt.glob("*.safetensors"))),
+        "largest_tensor_bytes": max(math.prod(s) * np.dtype(d).itemsize for _, s, d in tensor_specs(cfg)),
+        "targets": {},
+    }
+    subprocess.run(["cp", "-r", str(ckpt), str(copy)], check=True)  # warm the page cache, untimed
+    shutil.rmtree(copy)
+    cp_runs: list[tuple[float, float | None]] = []
+    runs: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
+    errors: dict[str, str] = {}
+    for _ in range(repeat):
+        for _ in range(CP_REPEAT):
+            os.sync()
+            wall, rss, _ = timed_child(["cp", "-r", str(ckpt), str(copy)], gnu_time=True)
+            cp_runs.append((wall, rss))
+            shutil.rmtree(copy)
+        for target in targets:
+            if target in errors:
+                continue
+            os.sync()
+            try:
+                r = sampled_child(compile_cmd(ckpt, target, art))
+            except RuntimeError as e:
+                errors[target] = str(e)
+                continue
+            files = tree_bytes(art)
+            r["files"] = files
+            r["artifact_bytes"] = sum(files.values())
+            r["exe_bytes"] = {name: sum(b for f, b in files.items() if f == path or f.startswith(path + "/"))
+                              for name, path in EXECUTABLES.items()}
+            r["exe_files"] = {name: sum(1 for f in files if f == path or f.startswith(path + "/"))
+                              for name, path in EXECUTABLES.items()}
+            weights = art / EXECUTABLES["rank0 weights"]
+            written = stored_bytes(weights) if weights.is_file() else (0, 0)
+            r["written_tensor_bytes"], r["header_bytes"] = written
+            try:
+                r["warnings"] = list(json.loads(r.pop("stdout")).get("warnings", []))
+            except json.JSONDecodeError:
+                r["warnings"] = []
+            r["stderr"] = r["stderr"].strip()[-2000:]
+            runs[target].append(r)
+            shutil.rmtree(art)
+    row["cp_s"] = min(w for w, _ in cp_runs)
+    rss = [r for _, r in cp_runs if r is not None]
+    row["cp_peak_mb"] = max(rss) if rss else None
+    for target in targets:
+        if target in errors:
+            row["targets"][target] = {"error": errors[target]}
+            continue
+        best = min(runs[target], key=lambda r: r["seconds"])
+        t = {k: v for k, v in best.items() if k not in ("peak_mb", "peak_anon_mb", "peak_file_mb")}
+        for k in ("peak_mb", "peak_anon_mb", "peak_file_mb"):
+            t[k] = max(r[k] for r in runs[target])
+        _, _, out = timed_child([sys.executable, __file__, "--measure-plan", str(ckpt), target])
+        t["plan"] = json.loads(out)
+        cats = t["plan"]["by_category"]
+        t["planned_bytes"] = cats["weights"] + cats["lora"]
+        t["plan_equal"] = t["planned_bytes"] == t["written_tensor_bytes"]
+        row["targets"][target] = t
+    if profile and "cuda" in targets and "cuda" not in errors:
+        stats = root / "compile.prof"
+        try:
+            timed_child([sys.executable, __file__, "--measure-profile", str(ckpt), str(art), str(stats)])
+            row["profile"], _ = profile_top(stats, PROFILE_LINES)
+        except RuntimeError as e:
+            row["profile"] = f"(profiling failed: {e})"
+        shutil.rmtree(art, ignore_errors=True)
+    shutil.rmtree(ckpt)
+    return row
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:.3f}"
+
+
+def time_table(rows: list[dict[str, Any]], base: dict[str, Any]) -> str:
+    body = []
+    for r in rows:
+        name, gb = f"{r['ckpt_bytes'] / 1e9:.2f} GB", r["ckpt_bytes"] / 1e9
+        cp_rss = "-" if r["cp_peak_mb"] is None else f"{r['cp_peak_mb']:.1f} MB"
+        body.append([name, "cp -r (peer)", f"{r['cp_s']:.2f}", f"{gb / r['cp_s']:.2f}", "1.00x", cp_rss, "-",
+                     "-", "-", "-"])
+        for target, t in r["targets"].items():
+            label = f"compile {target} {QUANT}"
+            if "error" in t:
+                body.append([name, label, "FAILED"] + ["-"] * 7)
+                continue
+            ratio = t["seconds"] / r["cp_s"]
+            body.append([
+                name, label, f"{t['seconds']:.2f}", f"{gb / t['seconds']:.2f}",
+                f"{ratio:.1f}x" + ("" if ratio <= GOAL_CP_RATIO else " ✗"), f"{t['peak_mb']:.0f} MB",
+                f"{t['peak_mb'] - base['baseline_mb']:.0f} MB",
+                f"{t['peak_anon_mb'] - base['baseline_anon_mb']:.0f} MB",
+                f"{t['peak_file_mb'] - base['baseline_file_mb']:.0f} MB",
+                f"{t['peak_mb'] * 2**20 / r['ckpt_bytes']:.2f}x",
+            ])
+    return _table(["checkpoint", "writer", "seconds", "GB/s", "/ cp", "peak RSS", "over base",
+                   "anon over base", "file over base", "RSS / ckpt bytes"], body)
+
+
+def bytes_table(rows: list[dict[str, Any]]) -> str:
+    body = []
+    for r in rows:
+        name = f"{r['ckpt_bytes'] / 1e9:.2f} GB"
+        for target, t in r["targets"].items():
+            if "error" in t:
+                continue
+            w = t["exe_bytes"]["rank0 weights"]
+            cells = [name, target]
+            for exe in EXECUTABLES:
+                b = t["exe_bytes"][exe]
+                cells.append("-" if not t["exe_files"][exe] else
+                             f"{_gb(b)}" + ("" if exe == "rank0 weights" or not w else f" ({b / w:.2f}x)"))
+            total = t["artifact_bytes"]
+            cells += [f"{_gb(total)} ({total / w:.2f}x)" if w else _gb(total),
+                      f"{w / r['ckpt_bytes']:.3f}x", str(t["planned_bytes"]), str(t["written_tensor_bytes"]),
+                      f"{w} (+{t['header_bytes']} header)", "✓" if t["plan_equal"] else "✗"]
+            body.append(cells)
+    return _table(["checkpoint", "target", "rank0 weights GB", "onnx GB (/ weights)", "paddle GB (/ weights)",
+                   "artifact GB (/ weights)", "weights / ckpt", "planned weights B", "written tensors B",
+                   "weights file B", "plan = written"], body)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1,2.5",
+                        help="checkpoint sizes in GB, comma-separated (default 1,2.5)")
+    parser.add_argument("--hidden", type=int, default=2048, help="hidden size of the dense checkpoints")
+    parser.add_argument("--targets", default=",".join(TARGETS), help="compile targets (default cuda,ascend)")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="timed compiles per target and checkpoint (best of; default 2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="0.15 and 0.4 GB, hidden 1024, one repeat (< 1 min)")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile one more cuda compile of the largest checkpoint")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where to write the checkpoints (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    parser.add_argument("--measure-plan", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--measure-baseline", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--measure-profile", nargs=3, type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure_plan is not None:
+        print(json.dumps(measure_plan(Path(args.measure_plan[0]), args.measure_plan[1])))
+        return
+    if args.measure_profile is not None:
+        measure_profile(*args.measure_profile)
+        return
+    if args.measure_baseline:
+        print(json.dumps(measure_baseline()))
+        return
+    sizes = [float(s) for s in args.sizes.split(",")]
+    if args.quick:
+        sizes, args.hidden, args.repeat = [0.15, 0.4], min(args.hidden, 1024), 1
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    _, base_rss, out = timed_child([sys.executable, __file__, "--measure-baseline"], gnu_time=True)
+    base = json.loads(out)
+    root = Path(tempfile.mkdtemp(prefix="ernie-ir-compile-", dir=args.dir))
+    try:
+        rows = [run_checkpoint(root, gb, args.hidden, targets, max(1, args.repeat),
+                               args.profile and i == len(sizes) - 1) for i, gb in enumerate(sizes)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    big = rows[-1]
+    print(f"checkpoints: ERNIE 4.5 dense, Paddle layout, bf16, hidden {args.hidden}, "
+          + ", ".join(f"{r['layers']} layers = {r['ckpt_files']} file(s) {r['ckpt_bytes'] / 1e9:.3f} GB "
+                      f"(generated in {r['write_s']:.1f} s)" for r in rows)
+          + f"; largest tensor {big['largest_tensor_bytes'] / 1e6:.0f} MB; --quant {QUANT}, single rank; "
+          f"compile: best of {max(1, args.repeat)}, cp: best of {CP_REPEAT * max(1, args.repeat)}")
+    print(time_table(rows, base))
+    print(f"(seconds: the CLI process, wall; peak RSS: /usr/bin/time %M; anon / file: RssAnon / RssFile "
+          f"peaks sampled every 10 ms; baseline: a process importing the CLI, compile and Paddle: "
+          f"{base['baseline_mb']:.0f} MB (anon {base['baseline_anon_mb']:.0f}, file "
+          f"{base['baseline_file_mb']:.0f}; /usr/bin/time {base_rss:.0f} MB), imports take "
+          f"{base['import_s']:.1f} s; "
+          f"✗: over the goal of {GOAL_CP_RATIO:.0f}x cp)\n")
+    print(bytes_table(rows))
+    print("(planned: plan_memory(DIR, target, quant) rank 0 weights + lora; written: tensor bytes in "
+          "rank0/weights.safetensors by its header's data offsets; the file adds its header)")
+    for r in rows:
+        for target, t in r["targets"].items():
+            if "error" in t:
+                print(f"compile {target} of {r['ckpt_bytes'] / 1e9:.2f} GB FAILED: {t['error']}")
+    warned = set()
+    for r in rows:
+        for t in r["targets"].values():
+            for w in t.get("warnings", []):
+                if w not in warned:
+                    warned.add(w)
+                    print(f"compile warning: {w}")
+    if "profile" in big:
+        print(f"\ncuda compile profile, {big['ckpt_bytes'] / 1e9:.2f} GB (cumulative, "
+              f"top {PROFILE_LINES}):\n"
+              f"{big['profile']}")
+
+    parts = []
+    small = rows[0]
+    for target in targets:
+        tb, ts = big["targets"][target], small["targets"][target]
+        if "error" in tb or "error" in ts:
+            parts.append(f"{target} FAILED")
+            continue
+        over = [r["targets"][target]["peak_mb"] - base["baseline_mb"] for r in (small, big)]
+        parts.append(
+            f"{target} {tb['seconds'] / big['cp_s']:.0f}x cp -r at {big['ckpt_bytes'] / 1e9:.2f} GB "
+            f"({ts['seconds'] / small['cp_s']:.0f}x at {small['ckpt_bytes'] / 1e9:.2f} GB; goal "
+            f"{GOAL_CP_RATIO:.0f}x), peak RSS {tb['peak_mb'] * 2**20 / big['ckpt_bytes']:.2f}x the "
+            f"checkpoint, over base {over[0]:.0f} -> {over[1]:.0f} MB for "
+            f"{big['ckpt_bytes'] / small['ckpt_bytes']:.1f}x the bytes "
+            f"({over[1] * 2**20 / big['largest_tensor_bytes']:.1f}x the largest tensor), artifact "
+            f"{tb['artifact_bytes'] / tb['exe_bytes']['rank0 weights']:.2f}x the rank weights")
+    equal = all(t.get("plan_equal", False) for r in rows for t in r["targets"].values())
+    parts.append(f"planned rank weights = written: {'✓' if equal else '✗'}")
+    print("\n" + "; ".join(parts))
+    if args.json:
+        print(json.dumps({"baseline": base, "checkpoints": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
