@@ -108,6 +108,7 @@ class _Emitter:
         self.ms_domain = False
         self.node: Node | None = None
         self.const_names: dict[tuple[Any, ...], str] = {}
+        self.derived_names: dict[tuple[int, str], str] = {}
 
     # -- helpers ---------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -150,6 +151,16 @@ class _Emitter:
                 self.consts[v] = arr
             return arr
         raise self.fail("needs a constant (param) input here")
+
+    def derived(self, v: Value, form: str) -> str:
+        """The initializer name of `v` in another form: `<param>::<form>`; a computed value (an
+        unnamed stacked scale of packed experts) gets a name of its own, never a shared one."""
+        if isinstance(v, Param):
+            return f"{v.name}::{form}"
+        key = (id(v), form)
+        if key not in self.derived_names:
+            self.derived_names[key] = self.fresh(f"{v.name or 'folded'}::{form}")
+        return self.derived_names[key]
 
     def take(self, v: Value) -> np.ndarray:
         """`array(v)`, forgetting a folded value its only reader has now taken."""
@@ -226,9 +237,9 @@ class _Emitter:
         qdt = DType.I4 if q.dtype == DType.I4.numpy else DType.I8
         qn = self.init(qname, q.astype(qdt.numpy))
         if s.ndim == 0:
-            return self.op("DequantizeLinear", [qn, self.init(f"{scale.name}::f32", s)])
+            return self.op("DequantizeLinear", [qn, self.init(self.derived(scale, "f32"), s)])
         if q.ndim == 2 and group_size == -1:
-            return self.op("DequantizeLinear", [qn, self.init(f"{scale.name}::f32", s)], axis=1)
+            return self.op("DequantizeLinear", [qn, self.init(self.derived(scale, "f32"), s)], axis=1)
         if group_size == -1:  # stacked [..., K, N] with scale [..., N]: one block of K rows
             s = s[..., None, :]
             block = k
@@ -236,7 +247,7 @@ class _Emitter:
             block = group_size
             if s.shape[-2] != num_groups(k, group_size):
                 raise self.fail(f"scale {list(s.shape)} does not match groups of {group_size} over {k} rows")
-        sname = self.init(f"{scale.name}::f32_blocked", s)
+        sname = self.init(self.derived(scale, "f32_blocked"), s)
         return self.op("DequantizeLinear", [qn, sname], axis=q.ndim - 2, block_size=block)
 
     def matmul_nbits(self, x: str, q: np.ndarray, scale: Value, group_size: int, bits: int) -> str:
