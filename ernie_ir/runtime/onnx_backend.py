@@ -42,5 +42,12 @@ def run_onnx(model_path: Path, input_ids: np.ndarray, *, fast: bool = False) -> 
     ids = np.asarray(input_ids)
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
         raise ErnieIRError(f"input_ids must be an integer [B, S] array, got {ids.dtype} {list(ids.shape)}")
-    sess = session(model_path, fast=fast)
-    return sess.run(None, {sess.get_inputs()[0].name: ids.astype(np.int64)})[0]
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail, RuntimeException
+
+    try:
+        sess = session(model_path, fast=fast)
+        return sess.run(None, {sess.get_inputs()[0].name: ids.astype(np.int64)})[0]
+    except (Fail, RuntimeException) as e:  # a model this exporter wrote wrong: say so in one line
+        detail = " ".join(str(e).split())[:300]
+        raise ErnieIRError(f"onnxruntime cannot run {model_path} ({detail}): recompile the artifact, and "
+                           "report this as an ernie-ir bug with the compile command") from None
