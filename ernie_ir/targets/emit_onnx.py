@@ -10,26 +10,44 @@ either), except where the IR op itself rounds (`cast` to bf16/f16,
 `dequantize` with a bf16/f16 result): there a Cast to that type and back is
 emitted. Weights live in one external data file.
 
-Weight-only int8/int4 (`form`):
-- "qdq" (default, exact): `DequantizeLinear` (per-axis for per-channel
-  scales, blocked for group-wise or stacked experts; int4 initializers are
-  INT4) + `MatMul`. Exact when onnxruntime runs it at ORT_ENABLE_BASIC (see
-  `ernie_ir.runtime.onnx_backend`).
-- "matmulnbits": `com.microsoft.MatMulNBits` (accuracy_level 0, exact in
-  float32) for `weight_only_linear(_packed)`; per-channel scales are repeated
-  per block. `dequantize` nodes (which may round to bf16) stay QDQ.
+Weight-only int8/int4 (`form`, `numerics`):
+- "matmulnbits" (default): `com.microsoft.MatMulNBits` with `accuracy_level`
+  set explicitly, so the file itself fixes its numerics in any session
+  (onnxruntime's optimizer keeps an existing MatMulNBits as written).
+  `numerics="exact"`: accuracy_level 1 (float32 compute, equal to the
+  interpreter to float tolerance); an int8 weight q is written as two 4-bit
+  planes q = 16 * hi + lo (hi in [-8, 7], zero point 8, scale 16 s; lo in
+  [0, 15], zero point 0, scale s) and the two products are added: 8-bit
+  MatMulNBits at float32 accuracy is a slow path, 4-bit is not.
+  `numerics="fast"`: accuracy_level 4 (activations quantised to int8 per
+  block; faster, not exact), int8 written as one 8-bit MatMulNBits.
+  Per-channel scales are repeated per block of 128 (or the next power of
+  two >= K); K is padded with the zero point. `dequantize` nodes (which may
+  round to bf16) stay QDQ.
+- "qdq": `DequantizeLinear` (per-axis for per-channel scales, blocked for
+  group-wise; int4 initializers are INT4) + `MatMul`, no contrib op. Exact
+  only at ORT_ENABLE_BASIC: onnxruntime's default level rewrites it into
+  MatMulNBits with accuracy_level 4 (see `ernie_ir.runtime.onnx_backend`).
+The choice is recorded in the model's metadata (`ernie_ir.onnx_numerics`,
+`ernie_ir.onnx_form`), which `run_onnx` reads.
 
 Packed cuda weights (`weight_only_linear_packed`, `unpack_weight`) are
 unpacked back to their logical int values at export: ONNX has its own layout.
-MoE experts are lowered densely: every expert runs on every token and the
-results are weighted by a [T, E] routing matrix scattered from the top-k
-(exact; unchosen experts get weight 0).
+MoE experts (`moe_experts`, `moe_experts_lora`) are lowered sparsely: a Loop over
+the distinct experts a call routes to gathers each expert's rows (NonZero,
+Gather), runs that expert's FFN on them alone with its weights sliced (and, for
+a stacked int8/int4 `dequantize` read only by the experts, dequantized) for it
+only, and adds the weighted rows back (ScatterND add). Zero-weight slots
+(experts another rank holds) are skipped. `with dense_moe(): ...` exports the
+dense form instead (every expert on every token, weighted by a [T, E] routing
+matrix), the checking form.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +59,12 @@ from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, Value
 from ernie_ir.ops.quant_numerics import num_groups
 
 OPSET = 21
-FORMS = ("qdq", "matmulnbits")
+FORMS = ("matmulnbits", "qdq")
+NUMERICS = ("exact", "fast")
+ACCURACY_LEVEL = {"exact": 1, "fast": 4}
+"""MatMulNBits accuracy_level per numerics: 1 = float32 compute, 4 = int8 activations."""
+META_NUMERICS = "ernie_ir.onnx_numerics"
+META_FORM = "ernie_ir.onnx_form"
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 
@@ -96,9 +119,11 @@ class _ExternalData:
 
 
 class _Emitter:
-    def __init__(self, graph: Graph, form: str, sink: _ExternalData | None = None) -> None:
+    def __init__(self, graph: Graph, form: str, sink: _ExternalData | None = None,
+                 numerics: str = "exact") -> None:
         self.graph = graph
         self.form = form
+        self.numerics = numerics
         self.sink = sink
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, onnx.TensorProto] = {}
@@ -109,6 +134,10 @@ class _Emitter:
         self.node: Node | None = None
         self.const_names: dict[tuple[Any, ...], str] = {}
         self.derived_names: dict[tuple[int, str], str] = {}
+
+    moe_form = "sparse"
+    """"sparse" (default): MoE experts run on the rows routed to them only; "dense": every expert
+    on every token (the checking form; `dense_moe()` selects it)."""
 
     # -- helpers ---------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -227,6 +256,7 @@ class _Emitter:
                                   initializer=list(self.inits.values()))
         model = helper.make_model(graph, opset_imports=opsets, producer_name="ernie-ir")
         model.ir_version = 10
+        helper.set_model_props(model, {META_NUMERICS: self.numerics, META_FORM: self.form})
         return model
 
     # -- weight-only helpers ---------------------------------------------------------------------
@@ -250,8 +280,10 @@ class _Emitter:
         sname = self.init(self.derived(scale, "f32_blocked"), s)
         return self.op("DequantizeLinear", [qn, sname], axis=q.ndim - 2, block_size=block)
 
-    def matmul_nbits(self, x: str, q: np.ndarray, scale: Value, group_size: int, bits: int) -> str:
-        """com.microsoft.MatMulNBits over logical q [K, N] (accuracy_level 0: exact in float32)."""
+    def matmul_nbits(self, x: str, q: np.ndarray, qname: str, scale: Value, group_size: int,
+                     bits: int) -> str:
+        """com.microsoft.MatMulNBits over logical q [K, N], accuracy_level per `self.numerics`
+        (exact: float32 compute, int8 as two 4-bit planes; fast: int8 activations)."""
         k, n = q.shape
         s = self.array(scale).astype(np.float32)
         block = group_size if group_size != -1 else 128 if k >= 128 else max(16, 1 << (k - 1).bit_length())
@@ -259,19 +291,35 @@ class _Emitter:
             raise self.fail(f"MatMulNBits needs a power-of-two block >= 16, group_size is {group_size}")
         nblocks = math.ceil(k / block)
         scales = np.repeat(s[None, :], nblocks, axis=0) if group_size == -1 else s  # [nblocks, N]
-        zero = 1 << (bits - 1)
-        u = (q.astype(np.int32) + zero).astype(np.uint8)  # [K, N], unsigned with implicit zero point
+        scales = np.ascontiguousarray(scales.T).reshape(-1)  # [N * nblocks]
+        level = ACCURACY_LEVEL[self.numerics]
+        self.ms_domain = True
+        if bits == 8 and self.numerics == "exact":
+            q32 = q.astype(np.int32)
+            hi, lo = q32 >> 4, q32 & 15  # q = 16 * hi + lo, hi in [-8, 7], lo in [0, 15]
+            zeros = np.zeros(n * math.ceil(nblocks / 2), np.uint8)  # 4-bit zero points 0, packed
+            y_hi = self._nbits(x, hi, 8, 4, block, nblocks, scales * np.float32(16), f"{qname}::nbits4_hi",
+                               level)
+            y_lo = self._nbits(x, lo, 0, 4, block, nblocks, scales, f"{qname}::nbits4_lo", level, zeros)
+            return self.op("Add", [y_hi, y_lo])
+        return self._nbits(x, q.astype(np.int32), 1 << (bits - 1), bits, block, nblocks, scales,
+                           f"{qname}::nbits{bits}", level)
+
+    def _nbits(self, x: str, v: np.ndarray, zero: int, bits: int, block: int, nblocks: int,
+               scales: np.ndarray, base: str, level: int, zero_points: np.ndarray | None = None) -> str:
+        """One MatMulNBits of int values v [K, N] stored as v + zero (unsigned `bits`-bit)."""
+        k, n = v.shape
         padded = np.full((nblocks * block, n), zero, np.uint8)
-        padded[:k] = u
+        padded[:k] = (v + zero).astype(np.uint8)
         bt = padded.T.reshape(n, nblocks, block)  # [N, nblocks, block]
         if bits == 4:
             bt = (bt[..., 0::2] | (bt[..., 1::2] << 4)).astype(np.uint8)  # low nibble first
-        base = self.fresh(f"{self.node.scope if self.node else 'w'}.nbits")
-        b_name = self.init(f"{base}.B", np.ascontiguousarray(bt))
-        s_name = self.init(f"{base}.scales", np.ascontiguousarray(scales.T).reshape(-1))
-        self.ms_domain = True
-        return self.op("MatMulNBits", [x, b_name, s_name], domain="com.microsoft", K=k, N=n, bits=bits,
-                       block_size=block, accuracy_level=0)
+        inputs = [x, self.init(f"{base}.B", np.ascontiguousarray(bt)),
+                  self.init(f"{base}.scales", scales.astype(np.float32))]
+        if zero_points is not None:
+            inputs.append(self.init(f"{base}.zero_points", zero_points))
+        return self.op("MatMulNBits", inputs, domain="com.microsoft", K=k, N=n, bits=bits,
+                       block_size=block, accuracy_level=level)
 
     def weight_only(self, node: Node, q: np.ndarray, qname: str) -> list[str]:
         x = self.name(node.inputs[0])
@@ -279,7 +327,7 @@ class _Emitter:
         gs = node.attrs.group_size
         bits = 4 if q.dtype == DType.I4.numpy else 8
         if self.form == "matmulnbits":
-            y = self.matmul_nbits(x, q, scale, gs, bits)
+            y = self.matmul_nbits(x, q, qname, scale, gs, bits)
         else:
             y = self.op("MatMul", [x, self.dequant(q, qname, scale, gs)])
         bias = node.inputs[3] if len(node.inputs) > 3 else None
@@ -506,28 +554,195 @@ class _Emitter:
         return [wts, idx]
 
     def op_moe_experts(self, node: Node) -> list[str]:
-        x, wts, idx, ug, dn = (self.name(v) for v in node.inputs)
+        return self._moe(node, lora=False)
+
+    def op_moe_experts_lora(self, node: Node) -> list[str]:
+        return self._moe(node, lora=True)
+
+    def _moe(self, node: Node, lora: bool) -> list[str]:
         e, hidden, two_i = node.inputs[3].type.shape
         if not all(isinstance(z, int) for z in (e, hidden, two_i)):
             raise self.fail("moe_experts needs static expert weights")
-        tokens = self.op("Reshape", [x, self.const([-1, hidden])])  # [T, H]
+        x = self.name(node.inputs[0])
         k = node.inputs[1].type.shape[-1]
-        flat_w = self.op("Reshape", [wts, self.const([-1, k])])
-        flat_i = self.op("Reshape", [idx, self.const([-1, k])])
+        tokens = self.op("Reshape", [x, self.const([-1, hidden])])  # [T, H]
+        flat_w = self.op("Reshape", [self.name(node.inputs[1]), self.const([-1, k])])
+        flat_i = self.op("Reshape", [self.name(node.inputs[2]), self.const([-1, k])])
         if node.inputs[2].type.dtype != DType.I64:
             flat_i = self.op("Cast", [flat_i], to=TensorProto.INT64)
+        pad = list(node.inputs) + [None] * (9 - len(node.inputs))
+        scale = float(node.attrs.scale) if lora else 0.0
+        adapters = [(self.name(pad[5]), self.name(pad[6])) if lora and pad[5] is not None else None,
+                    (self.name(pad[7]), self.name(pad[8])) if lora and pad[7] is not None else None]
+        if self.moe_form == "dense":
+            return [self._moe_dense(node, x, tokens, flat_w, flat_i, e, two_i // 2, adapters, scale)]
+        return [self._moe_sparse(node, x, tokens, flat_w, flat_i, two_i // 2, adapters, scale)]
+
+    def _moe_ffn(self, v: str, ug: str, dn: str, inter: int, adapters: list[tuple[str, str] | None],
+                 scale: float) -> str:
+        """SwiGLU expert FFN of rows v (optionally with LoRA adapters) -> [., H]."""
+        h = self.op("MatMul", [v, ug])
+        if adapters[0] is not None:
+            low = self.op("MatMul", [self.op("MatMul", [v, adapters[0][0]]), adapters[0][1]])
+            h = self.op("Add", [h, self.op("Mul", [low, self.f32(scale)])])
+        gate, up = self.op("Split", [h, self.const([inter, inter])], 2, axis=-1)
+        den = self.op("Add", [self.f32(1.0), self.op("Exp", [self.op("Neg", [gate])])])
+        act = self.op("Mul", [self.op("Div", [gate, den]), up])
+        y = self.op("MatMul", [act, dn])
+        if adapters[1] is not None:
+            low = self.op("MatMul", [self.op("MatMul", [act, adapters[1][0]]), adapters[1][1]])
+            y = self.op("Add", [y, self.op("Mul", [low, self.f32(scale)])])
+        return y
+
+    def _moe_dense(self, node: Node, x: str, tokens: str, flat_w: str, flat_i: str, e: int, inter: int,
+                   adapters: list[tuple[str, str] | None], scale: float) -> str:
+        """Every expert on every token, weighted by a [T, E] routing matrix (checking form)."""
+        ug, dn = self.name(node.inputs[3]), self.name(node.inputs[4])
         zeros_shape = self.op("Concat", [self.shape_of(tokens, 0, 1), self.const([e])], axis=0)
         zeros = self.op("ConstantOfShape", [zeros_shape],
                         value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))
         route = self.op("ScatterElements", [zeros, flat_i, flat_w], axis=1)  # [T, E]
-        h = self.op("MatMul", [self.op("Unsqueeze", [tokens, self.const([0])]), ug])  # [E, T, 2I]
-        gate, up = self.op("Split", [h, self.const([two_i // 2, two_i // 2])], 2, axis=-1)
-        den = self.op("Add", [self.f32(1.0), self.op("Exp", [self.op("Neg", [gate])])])
-        act = self.op("Div", [gate, den])
-        y = self.op("MatMul", [self.op("Mul", [act, up]), dn])  # [E, T, H]
+        y = self._moe_ffn(self.op("Unsqueeze", [tokens, self.const([0])]), ug, dn, inter, adapters, scale)
         r = self.op("Unsqueeze", [self.op("Transpose", [route], perm=[1, 0]), self.const([-1])])  # [E, T, 1]
         out = self.op("ReduceSum", [self.op("Mul", [y, r]), self.const([0])], keepdims=0)  # [T, H]
-        return [self.op("Reshape", [out, self.op("Shape", [x])])]
+        return self.op("Reshape", [out, self.op("Shape", [x])])
+
+    def _expert_slicer(self, v: Value) -> Callable[[str], str]:
+        """A function of an expert id (scalar int64 name) -> that expert's float32 weight [K, N].
+
+        A stack dequantized here (a `dequantize` read only by this node) is sliced before the
+        DequantizeLinear, so only the experts a call routes to are dequantized; the stacked
+        DequantizeLinear (and its rounding Casts) is then dropped from the graph."""
+        stacked = self.name(v)
+        by_out = {o: nd for nd in self.nodes for o in nd.output}
+        casts: list[int] = []
+        cur = by_out.get(stacked)
+        chain: list[onnx.NodeProto] = []
+        while cur is not None and cur.op_type == "Cast":
+            chain.append(cur)
+            casts.append(helper.get_attribute_value(cur.attribute[0]))
+            cur = by_out.get(cur.input[0])
+        fusable = (v.producer is not None and v.producer.op == "dequantize" and v.num_uses() == 1
+                   and cur is not None and cur.op_type == "DequantizeLinear" and len(cur.input) == 2
+                   and cur.input[0] in self.inits and cur.input[1] in self.inits)
+        if not fusable:
+            return lambda ex: self.op("Gather", [stacked, ex], axis=0)
+        assert cur is not None
+        dq = cur
+        chain.append(dq)
+        used = {i for nd in self.nodes if nd not in chain for i in nd.input}
+        if any(o in used for nd in chain for o in nd.output):
+            return lambda ex: self.op("Gather", [stacked, ex], axis=0)
+        if self.inits[dq.input[0]].data_type == TensorProto.INT4 and self.inits[dq.input[0]].dims[-1] % 2:
+            return lambda ex: self.op("Gather", [stacked, ex], axis=0)
+        for nd in chain:
+            self.nodes.remove(nd)
+        attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
+        qn, sn = dq.input[0], dq.input[1]
+        per_tensor = len(self.inits[sn].dims) == 0
+
+        q_init = self.inits[qn]
+        packed4 = q_init.data_type == TensorProto.INT4
+        if packed4:  # Gather takes no int4: read the same bytes as uint8 pairs, unpacked per expert
+            qn = self._int4_as_uint8(qn)
+
+        def slicer(ex: str) -> str:
+            q = self.op("Gather", [qn, ex], axis=0)
+            if packed4:
+                q = self._unpack_int4(q)
+            if per_tensor:
+                w = self.op("DequantizeLinear", [q, sn])
+            else:
+                kw = {"axis": int(attrs.get("axis", 1)) - 1}
+                if "block_size" in attrs:
+                    kw["block_size"] = int(attrs["block_size"])
+                w = self.op("DequantizeLinear", [q, self.op("Gather", [sn, ex], axis=0)], **kw)
+            for to in reversed(casts):
+                w = self.op("Cast", [w], to=to)
+            return w
+
+        return slicer
+
+    def _int4_as_uint8(self, name: str) -> str:
+        """Re-declare an INT4 initializer [..., N] (N even) as UINT8 [..., N/2] over the same bytes
+        (ONNX packs int4 pairs low nibble first); no byte is written twice."""
+        t = self.inits[name]
+        u = onnx.TensorProto()
+        u.name, u.data_type = name, TensorProto.UINT8
+        u.dims.extend([*t.dims[:-1], t.dims[-1] // 2])
+        if t.data_location == TensorProto.EXTERNAL:
+            u.data_location = TensorProto.EXTERNAL
+            for entry in t.external_data:
+                new = u.external_data.add()
+                new.key, new.value = entry.key, entry.value
+        else:
+            u.raw_data = t.raw_data
+        self.inits[name] = u
+        return name
+
+    def _unpack_int4(self, b: str) -> str:
+        """uint8 [K, N/2] of int4 pairs (low nibble first) -> int8 [K, N] of their signed values."""
+        wide = self.op("Cast", [b], to=TensorProto.INT32)
+        hi = self.op("Div", [wide, self.const(16, np.int32)])
+        lo = self.op("Sub", [wide, self.op("Mul", [hi, self.const(16, np.int32)])])
+
+        def signed(t: str) -> str:
+            neg = self.op("GreaterOrEqual", [t, self.const(8, np.int32)])
+            t = self.op("Where", [neg, self.op("Sub", [t, self.const(16, np.int32)]), t])
+            return self.op("Unsqueeze", [t, self.const([-1])])
+
+        pairs = self.op("Concat", [signed(lo), signed(hi)], axis=-1)  # [K, N/2, 2]
+        flat = self.op("Reshape", [pairs, self.const([0, -1])])
+        return self.op("Cast", [flat], to=TensorProto.INT8)
+
+    def _moe_sparse(self, node: Node, x: str, tokens: str, flat_w: str, flat_i: str, inter: int,
+                    adapters: list[tuple[str, str] | None], scale: float) -> str:
+        """Grouped by expert: a Loop over the distinct experts the call routes to; each iteration
+        gathers that expert's rows (NonZero / Gather), runs its FFN on them alone (its weights
+        sliced, and dequantized, for it only) and adds the weighted rows back (ScatterND add).
+        Slots of weight 0 (experts another rank holds) are skipped: dense adds 0 for them."""
+        ug_of, dn_of = self._expert_slicer(node.inputs[3]), self._expert_slicer(node.inputs[4])
+        routed = self.op("Not", [self.op("Equal", [flat_w, self.f32(0.0)])])
+        masked = self.op("Where", [routed, flat_i, self.const(-1)])  # [T, k], -1 where skipped
+        uniq = self.op("Unique", [self.op("Reshape", [masked, self.const([-1])])], sorted=1)
+        uniq = self.op("Compress", [uniq, self.op("GreaterOrEqual", [uniq, self.const(0)])], axis=0)
+        trips = self.op("Squeeze", [self.op("Shape", [uniq]), self.const([0])])
+        acc0 = self.op("Mul", [tokens, self.f32(0.0)])
+        outer = self.nodes
+        self.nodes = []
+        it, cond_in, acc = self.fresh("moe_iter"), self.fresh("moe_cond"), self.fresh("moe_acc")
+        ex = self.op("Gather", [uniq, it], axis=0)  # this iteration's expert id (scalar)
+        hits = self.op("NonZero", [self.op("Equal", [masked, ex])])  # [2, n]: (row, slot)
+        rows = self.op("Gather", [hits, self.const(0)], axis=0)  # [n]
+        wr = self.op("GatherND", [flat_w, self.op("Transpose", [hits], perm=[1, 0])])  # [n]
+        xr = self.op("Gather", [tokens, rows], axis=0)  # [n, H]
+        y = self._moe_ffn(xr, ug_of(ex), dn_of(ex), inter,
+                          [None if ad is None else (self.op("Gather", [ad[0], ex], axis=0),
+                                                    self.op("Gather", [ad[1], ex], axis=0))
+                           for ad in adapters], scale)
+        y = self.op("Mul", [y, self.op("Unsqueeze", [wr, self.const([-1])])])
+        acc_out = self.op("ScatterND", [acc, self.op("Unsqueeze", [rows, self.const([-1])]), y],
+                          reduction="add")
+        cond_out = self.op("Identity", [cond_in])
+        body_nodes, self.nodes = self.nodes, outer
+        body = helper.make_graph(
+            body_nodes, self.fresh("moe_body"),
+            [helper.make_tensor_value_info(it, TensorProto.INT64, []),
+             helper.make_tensor_value_info(cond_in, TensorProto.BOOL, []),
+             helper.make_tensor_value_info(acc, TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info(cond_out, TensorProto.BOOL, []),
+             helper.make_tensor_value_info(acc_out, TensorProto.FLOAT, None)])
+        out = self.op("Loop", [trips, "", acc0], body=body)
+        return self.op("Reshape", [out, self.op("Shape", [x])])
+
+@contextmanager
+def dense_moe() -> Iterator[None]:
+    """Within the block, MoE experts export densely (every expert on every token): for checking."""
+    _Emitter.moe_form = "dense"
+    try:
+        yield
+    finally:
+        _Emitter.moe_form = "sparse"
 
 
 def supported_ops() -> list[str]:
@@ -540,27 +755,37 @@ def unsupported_ops(graph: Graph) -> list[str]:
     return sorted({n.op for n in graph if n.op not in ok})
 
 
-def build_onnx(graph: Graph, *, form: str = "qdq") -> onnx.ModelProto:
-    """The ONNX model of `graph` in memory (initializers inline)."""
+def _check_choice(form: str, numerics: str) -> None:
     if form not in FORMS:
         raise OnnxExportError(f"unknown ONNX form {form!r}: choose one of {', '.join(FORMS)}")
-    return _Emitter(graph, form).run()
+    if numerics not in NUMERICS:
+        raise OnnxExportError(f"unknown ONNX numerics {numerics!r}: choose exact or fast")
+    if form == "qdq" and numerics != "exact":
+        raise OnnxExportError("ONNX form qdq has no fast numerics of its own (onnxruntime's default "
+                              "optimizer chooses them): use form matmulnbits for numerics fast")
 
 
-def emit_onnx(graph: Graph, folder: Path, *, form: str = "qdq") -> list[Path]:
+def build_onnx(graph: Graph, *, form: str = "matmulnbits", numerics: str = "exact") -> onnx.ModelProto:
+    """The ONNX model of `graph` in memory (initializers inline)."""
+    _check_choice(form, numerics)
+    return _Emitter(graph, form, numerics=numerics).run()
+
+
+def emit_onnx(graph: Graph, folder: Path, *, form: str = "matmulnbits", numerics: str = "exact") -> list[Path]:
     """Write `folder/model.onnx` + `folder/model.onnx.data` (every initializer external); returns both.
 
-    The model passes `onnx.checker.check_model` (checked here, path-based).
+    `numerics`: "exact" (float32 weight-only matmuls, equal to the interpreter in any
+    onnxruntime session) or "fast" (int8 activations in the matmuls, accuracy_level 4); recorded
+    in the model's metadata. The model passes `onnx.checker.check_model` (checked here, path-based).
     """
-    if form not in FORMS:
-        raise OnnxExportError(f"unknown ONNX form {form!r}: choose one of {', '.join(FORMS)}")
+    _check_choice(form, numerics)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / MODEL_FILE
     data = folder / DATA_FILE
     sink = _ExternalData(data)
     try:
-        model = _Emitter(graph, form, sink).run()  # weights go to `data` as they are made
+        model = _Emitter(graph, form, sink, numerics).run()  # weights go to `data` as they are made
     finally:
         sink.file.close()
     onnx.save_model(model, str(path))
