@@ -415,6 +415,11 @@ def compile(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     meta: MetaOpt = False,
     trust_pickle: TrustOpt = False,
+    onnx_numerics: Annotated[
+        str, typer.Option("--onnx-numerics", help="cuda inference ONNX model: exact (float32 weight-only "
+                          "matmuls, equal to the interpreter in any onnxruntime session) or fast (int8 "
+                          "activations, faster).")
+    ] = "exact",
 ) -> None:
     """Compile a model for a target into an artifact folder (written atomically)."""
     import json
@@ -444,7 +449,8 @@ def compile(
                                lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
                                lora_adapter=lora_adapter, quant_config=quant_config,
                                cuda_arch=arch, tp=tp, ep=ep, out=out_dir, force=force,
-                               trust_pickle=trust_pickle, meta=meta, progress=progress)
+                               trust_pickle=trust_pickle, meta=meta, progress=progress,
+                               onnx_numerics=onnx_numerics)
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))

@@ -5,7 +5,7 @@
 Backends: "interpreter" (the lowered rank graphs in the reference
 interpreter, every artifact; several ranks run in lockstep as SPMD and rank 0
 reports), "onnxruntime" (`inference/onnx/model.onnx`,
-cuda inference artifacts, exact session settings), "paddle" (one rank: the
+cuda inference artifacts, the numerics the manifest records: `onnx_numerics`), "paddle" (one rank: the
 Paddle executable; several: one paddle.distributed gloo process per rank,
 ernie_ir.runtime.launcher, rank 0 reports). Hashes are checked first.
 """
@@ -60,7 +60,7 @@ def run_artifact(path: Path, input_ids: np.ndarray, backend: str, *,
     if backend == "onnxruntime":
         from .onnx_backend import run_onnx
 
-        return run_onnx(root / ONNX_MODEL, ids)
+        return run_onnx(root / ONNX_MODEL, ids, numerics=manifest.get("onnx_numerics"))
     if backend == "paddle" and artifact_mapping(manifest).world_size > 1:
         from .launcher import RUN_TIMEOUT_S, run_distributed
 

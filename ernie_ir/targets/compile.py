@@ -29,6 +29,9 @@ from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
 from .registry import TargetError, get_target
 
 MODES = ("inference", "training")
+ONNX_NUMERICS = ("exact", "fast")
+"""`onnx_numerics` choices: the ONNX model's weight-only matmuls in float32 (equal to the
+interpreter) or with int8 activations (faster); recorded in the model and the manifest."""
 
 
 @dataclass
@@ -49,6 +52,8 @@ class CompileReport:
     cuda_arch: int | None = None
     parallel: str = ""
     """The layout (e.g. "world 2, tp 2"); empty for one rank."""
+    onnx_numerics: str | None = None
+    """"exact" or "fast" where an ONNX model was written, else None."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,15 +91,23 @@ def default_out(model: str, target: str, quant: str | None) -> Path:
     return Path("artifacts") / f"{stem}-{target}{re.sub(r'[^a-z0-9_.-]+', '-', q)}"
 
 
-def onnx_emitters(target: str, mode: str, graph: Graph) -> dict[str, Any]:
+def onnx_emitters(target: str, mode: str, graph: Graph, numerics: str = "exact") -> dict[str, Any]:
     """cuda inference artifacts carry `inference/onnx/model.onnx` (+ .data) for onnxruntime
-    (unless the graph holds ops without an ONNX lowering, e.g. fp8 or QAT fake-quant)."""
+    (unless the graph holds ops without an ONNX lowering, e.g. fp8 or QAT fake-quant), its
+    weight-only matmuls written for `numerics` ("exact" or "fast", see ONNX_NUMERICS)."""
     from .emit_onnx import emit_onnx, unsupported_ops
 
     if target != "cuda" or mode != "inference" or unsupported_ops(graph):
         return {}
 
-    return {"onnxruntime": lambda graph, exe: emit_onnx(graph, exe / "onnx")}
+    return {"onnxruntime": lambda graph, exe: emit_onnx(graph, exe / "onnx", numerics=numerics)}
+
+
+def check_onnx_numerics(numerics: str) -> str:
+    if numerics not in ONNX_NUMERICS:
+        raise TargetError(f"unknown --onnx-numerics {numerics!r}: choose exact (float32, equal to the "
+                          "interpreter) or fast (int8 activations, faster)")
+    return numerics
 
 
 def paddle_emitters(target: Any, mode: str, graph: Graph, warnings: list[str]) -> dict[str, Any]:
@@ -186,15 +199,19 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   cuda_arch: int = DEFAULT_CUDA_ARCH, tp: int = 1, ep: int = 1,
                   out: str | Path | None = None, force: bool = False,
                   trust_pickle: bool = False, meta: bool = False,
-                  progress: Callable[[str, int, int], None] | None = None) -> CompileReport:
+                  progress: Callable[[str, int, int], None] | None = None,
+                  onnx_numerics: str = "exact") -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
     `meta`: read a checkpoint folder's config.json alone (no weights): a graph-only artifact.
     `progress(stage, done, total)` is called as passes run, weights are written and
     executables are emitted (the CLI draws it).
+    `onnx_numerics`: "exact" or "fast" weight-only matmuls in the ONNX model (cuda inference),
+    recorded in the model and the manifest (`"onnx_numerics"`).
     """
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
+    check_onnx_numerics(onnx_numerics)
     dest = check_out(out if out is not None else default_out(model, tgt.name, quant), force)
     quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter)
 
@@ -235,18 +252,24 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         warnings.append(f"graph-only artifact: {model} has no weights (a meta model), so no weights or "
                         "executables were written; `ernie-ir show` and `ernie-ir plan` read it")
     elif mapping.is_single:
-        emitters = {**onnx_emitters(tgt.name, mode, first), **paddle_emitters(tgt, mode, first, warnings)}
+        emitters = {**onnx_emitters(tgt.name, mode, first, onnx_numerics),
+                    **paddle_emitters(tgt, mode, first, warnings)}
     else:
         emitters = parallel_emitters(tgt, mode, first, mapping, warnings)
+    numerics = onnx_numerics if "onnxruntime" in emitters else None
+    extra: dict[str, Any] = {"params_before": before, "params_after": after}
+    if numerics is not None:
+        extra["onnx_numerics"] = numerics
     path = write_artifact(ranked.global_graph if len(ranks) > 1 else first, dest, target=tgt, mode=mode,
                           pipeline=str(resolved), source=source.result, force=force,
-                          extra={"params_before": before, "params_after": after},
+                          extra=extra,
                           emitters=emitters, progress=progress, ranks=ranks, mapping=mapping)
     return CompileReport(
         model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(path),
         passes_run=[p.spec() for p in resolved.passes], params_before=before, params_after=after,
         kernel_plan=list(plan.get("kernels", [])), fallbacks=list(plan.get("fallbacks", [])),
         warnings=warnings, cuda_arch=arch, parallel=mapping.describe() if not mapping.is_single else "",
+        onnx_numerics=numerics,
     )
 
 

@@ -771,7 +771,8 @@ def build_onnx(graph: Graph, *, form: str = "matmulnbits", numerics: str = "exac
     return _Emitter(graph, form, numerics=numerics).run()
 
 
-def emit_onnx(graph: Graph, folder: Path, *, form: str = "matmulnbits", numerics: str = "exact") -> list[Path]:
+def emit_onnx(graph: Graph, folder: Path, *, form: str = "matmulnbits",
+              numerics: str = "exact") -> list[Path]:
     """Write `folder/model.onnx` + `folder/model.onnx.data` (every initializer external); returns both.
 
     `numerics`: "exact" (float32 weight-only matmuls, equal to the interpreter in any

@@ -65,7 +65,10 @@ def test_quantized_onnx_keeps_int_weights(artifacts: dict) -> None:
     # int4 expert stacks are UINT8 pairs (the same bytes): the sparse MoE Loop Gathers one expert
     assert types & {onnx.TensorProto.INT4, onnx.TensorProto.UINT8} and onnx.TensorProto.INT8 in types
     ops = {n.op_type for n in model.graph.node}
-    assert "DequantizeLinear" in ops and "MatMulNBits" not in ops
+    assert "DequantizeLinear" in ops  # the experts' stacks; the linears are MatMulNBits (exact level 1)
+    levels = {a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "accuracy_level"}
+    assert levels == {1}
     assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer
                if not t.name.startswith("const_"))
 
