@@ -40,6 +40,9 @@ from .capabilities import Target
 FORMAT = "ernie-ir-artifact"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+FORMATS = ("fastdeploy",)
+"""Emitters that write a format another program loads (the manifest's "formats"), not a backend
+`ernie-ir run --backend` offers ("backends")."""
 
 
 class ArtifactError(ErnieIRError):
@@ -162,7 +165,8 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
 
     `emitters`: backend name -> fn(graph, executable folder) that writes that backend's files
     (e.g. "onnxruntime" -> `inference/onnx/`); the manifest's "backends" lists "interpreter"
-    and these names, and every file they write is hashed like the others.
+    and these names (those in FORMATS, e.g. "fastdeploy", go to "formats" instead), and every
+    file they write is hashed like the others.
     `progress(stage, done, total)` reports weights written and executables emitted.
     """
     from ernie_ir import __version__
@@ -239,7 +243,8 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
                          "mapping": layout.model_dump(mode="json")},
             "kernel_plan": {"kernels": dict(sorted(kernels.items())), "fallbacks": plan.get("fallbacks", [])},
             **(extra or {}),
-            "backends": ["interpreter", *(emitters or {})],
+            "backends": ["interpreter", *(b for b in emitters or {} if b not in FORMATS)],
+            **({"formats": formats} if (formats := [b for b in emitters or {} if b in FORMATS]) else {}),
             "rank_files": rank_files,
             "files": files,
         }

@@ -26,6 +26,7 @@ from ernie_ir.passes.split import mapping_for
 from .artifact import check_out, sha256_file, write_artifact
 from .capabilities import Target
 from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
+from .fastdeploy import fastdeploy_emitters
 from .registry import TargetError, get_target
 
 MODES = ("inference", "training")
@@ -256,6 +257,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                     **paddle_emitters(tgt, mode, first, warnings)}
     else:
         emitters = parallel_emitters(tgt, mode, first, mapping, warnings)
+    emitters.update(fastdeploy_emitters(tgt.name, mode, model, ranks, mapping, arch, warnings))
     numerics = onnx_numerics if "onnxruntime" in emitters else None
     extra: dict[str, Any] = {"params_before": before, "params_after": after}
     if numerics is not None:

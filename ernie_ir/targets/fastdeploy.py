@@ -1,0 +1,330 @@
+"""FastDeploy pre-quantized, pre-sharded checkpoints (REFERENCE.md section 8).
+
+A cuda inference artifact of an ERNIE 4.5 model is also a folder FastDeploy
+serves as a pre-quantized, pre-sharded checkpoint:
+
+    python -m fastdeploy.entrypoints.openai.api_server --model ARTIFACT --tensor-parallel-size N
+
+    config.json                the source config.json + `quantization_config`
+                               ({quantization, dense_quant_type, moe_quant_type, is_quantized: true,
+                               is_permuted: true}) and `ernie_ir` {cuda_arch, format}
+    tokenizer files            copied from the source folder when present
+    rank{r}/model.safetensors  a relative symlink to rank{r}/weights.safetensors: the rank
+                               weights already hold FastDeploy's key names, dtypes and per-rank
+                               shapes (`<layer>.quant_weight` int8 [out, in] / [out/2, in] in
+                               Paddle's arch-permuted layout, `<layer>.weight_scale` [out] bf16,
+                               per-expert keys), so the bytes are stored once
+
+The writer refuses (compile warns, writes no FastDeploy files) where the rank
+weights are not what FastDeploy reads: a quantized weight left unpacked (its
+shape has no layout for the arch), float linears FastDeploy would expect
+quantized, LoRA/QAT/FP8 params, grouped scales, expert parallelism, or an
+unquantized model (FastDeploy serves the source checkpoint itself).
+
+`load_fastdeploy_checkpoint(folder)` reads such a folder back (any writer):
+each rank's tensors dequantized to float32 in the IR's logical layout, and
+`merge_ranks` joins them into the published (unsharded) layout, following the
+cuts FastDeploy's split functions make (REFERENCE.md section 5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.ir.mapping import Mapping
+from ernie_ir.ir.storage import WEIGHTS_FILE
+from ernie_ir.ops.cuda_layout import DEFAULT_CUDA_ARCH, unpack
+
+FD_WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+ARCHITECTURES = ("Ernie4_5_ForCausalLM", "Ernie4_5_MoeForCausalLM")
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "generation_config.json", "vocab.json", "vocab.txt", "merges.txt",
+                   "chat_template.json", "chat_template.jinja")
+_LINEAR = re.compile(r".*\.(self_attn\.(qkv|o)_proj|mlp\.(up_gate|down)_proj|"
+                     r"mlp\.shared_experts\.(up_gate|down)_proj|mlp\.experts\.\d+\.(up_gate|down)_proj)$")
+_EXPERT = re.compile(r".*\.mlp\.experts\.\d+\.")
+_QUANT_TYPE = {8: "wint8", 4: "wint4"}
+_BITS = {"wint8": 8, "wint4": 4}
+
+
+class FastDeployError(ErnieIRError):
+    """A folder that is not a FastDeploy pre-quantized checkpoint ernie-ir can read."""
+
+
+def is_ernie45(graph: Graph) -> bool:
+    return graph.metadata.get("architecture") in ARCHITECTURES
+
+
+def quantization_config(ranks: Sequence[Graph], mapping: Mapping | None = None) -> dict[str, Any]:
+    """FastDeploy's `quantization_config` for these rank graphs; FastDeployError (one line) naming
+    the first thing FastDeploy would not load."""
+    if mapping is not None and mapping.ep > 1:
+        raise FastDeployError(f"expert parallelism (ep {mapping.ep}): FastDeploy's pre-sharded loader "
+                              "reads TP-only rank folders (compile with --tp N alone)")
+    dense: set[int] = set()
+    moe: set[int] = set()
+    floats: list[str] = []
+    for g in ranks:
+        for p in g.params.values():
+            name = p.name
+            if name.endswith(".quant_weight"):
+                layout = p.annotations.get("cuda_layout")
+                if layout is None:
+                    raise FastDeployError(f"{name} {list(p.type.shape)} is not in Paddle's packed cuda "
+                                          "layout (its shape has none for this arch), which FastDeploy's "
+                                          "weight_only_linear reads: use --cuda-arch 70 or sizes that are "
+                                          "multiples of 64")
+                group = (p.annotations.get("quant") or {}).get("group_size", -1)
+                if group not in (-1, None):
+                    raise FastDeployError(f"{name}: group-wise scales (group {group}); FastDeploy's "
+                                          "wint8/wint4 checkpoints are per output channel")
+                (moe if _EXPERT.match(name) else dense).add(int(layout["bits"]))
+            elif name.endswith(".weight_scale"):
+                continue
+            elif name.endswith((".weight", ".bias", ".e_score_correction_bias")):
+                if name.endswith(".weight") and _LINEAR.match(name[: -len(".weight")]):
+                    floats.append(name)
+            else:
+                raise FastDeployError(f"{name} is not a weight FastDeploy loads (LoRA, QAT or FP8 "
+                                      "params): compile without them")
+    if not dense and not moe:
+        raise FastDeployError("the model is not quantized: FastDeploy serves the source checkpoint "
+                              "itself (quantizing and splitting at load)")
+    if floats:
+        raise FastDeployError(f"{floats[0]} stays float while FastDeploy quantizes every linear of a "
+                              "quantized model: use --quant wint8, wint4 or wint8mix")
+    if len(dense) > 1 or len(moe) > 1:
+        raise FastDeployError("mixed int4/int8 dense (or expert) weights: FastDeploy takes one type "
+                              "for dense linears and one for experts")
+    d = _QUANT_TYPE[next(iter(dense))] if dense else None
+    m = _QUANT_TYPE[next(iter(moe))] if moe else None
+    if m is None or (d == m and m == "wint8"):
+        kind = d or m or ""
+        return {"quantization": kind, "is_quantized": True, "is_permuted": True}
+    # any int4 experts: mix_quant, both types explicit (FastDeploy turns a bare wint4 on ERNIE MoE
+    # into dense wint8 + experts wint4)
+    return {"quantization": "mix_quant", "dense_quant_type": d or m, "moe_quant_type": m,
+            "is_quantized": True, "is_permuted": True}
+
+
+def source_config(model: str, graph: Graph) -> dict[str, Any]:
+    """The source model's config.json (a folder's file as written; a built-in: the resolved config)."""
+    path = Path(model) / CONFIG
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            data = None
+        if isinstance(data, dict):
+            return data
+    return dict(graph.metadata.get("config") or {})
+
+
+def write_fastdeploy(root: Path, ranks: Sequence[Graph], config: dict[str, Any], quant: dict[str, Any],
+                     arch: int, source_folder: Path | None = None) -> list[str]:
+    """Write the FastDeploy files into the artifact folder `root` (its rank{r}/weights.safetensors
+    already written); returns the files written."""
+    cfg = {k: v for k, v in config.items() if k != "quantization_config"}
+    cfg["quantization_config"] = quant
+    cfg["ernie_ir"] = {"format": "fastdeploy-prequantized", "cuda_arch": arch,
+                       "tensor_parallel_size": len(ranks)}
+    (root / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    written = [CONFIG]
+    if source_folder is not None and source_folder.is_dir():
+        for name in TOKENIZER_FILES:
+            f = source_folder / name
+            if f.is_file():
+                shutil.copyfile(f, root / name)
+                written.append(name)
+    for r in range(len(ranks)):
+        link = root / f"rank{r}" / FD_WEIGHTS
+        if not (root / f"rank{r}" / WEIGHTS_FILE).is_file():
+            raise FastDeployError(f"rank{r}/{WEIGHTS_FILE} is missing: no weights to serve")
+        os.symlink(WEIGHTS_FILE, link)
+        written.append(f"rank{r}/{FD_WEIGHTS}")
+    return written
+
+
+def fastdeploy_emitters(target: str, mode: str, model: str, ranks: Sequence[Graph], mapping: Mapping,
+                        arch: int | None, warnings: list[str]) -> dict[str, Callable[[Graph, Path], Any]]:
+    """The FastDeploy writer for a cuda inference artifact of ERNIE 4.5 (other models and targets:
+    none); a warning says why an ERNIE 4.5 cuda artifact gets none."""
+    if target != "cuda" or mode != "inference" or not ranks or not is_ernie45(ranks[0]):
+        return {}
+    if any(p.source is None for g in ranks for p in g.params.values()):
+        return {}
+    try:
+        quant = quantization_config(ranks, mapping)
+    except FastDeployError as e:
+        warnings.append(f"not a FastDeploy checkpoint: {e}")
+        return {}
+    config = source_config(model, ranks[0])
+    folder = Path(model) if Path(model).is_dir() else None
+    cuda_arch = arch if arch is not None else DEFAULT_CUDA_ARCH
+
+    def emit(_graph: Graph, exe: Path) -> None:
+        write_fastdeploy(exe.parent, ranks, config, quant, cuda_arch, folder)
+
+    return {"fastdeploy": emit}
+
+
+# -- reading a FastDeploy checkpoint back ----------------------------------------------------------
+
+@dataclass
+class FastDeployCheckpoint:
+    """A pre-quantized, pre-sharded FastDeploy folder, dequantized.
+
+    `ranks[r]`: name -> array in the IR's logical layout: a quantized linear's `<layer>.weight`
+    [in, out] float32 = unpacked int values x scale (exact in float32, as Paddle's dequantize);
+    every other tensor as stored (bf16 as ml_dtypes.bfloat16, the router float32)."""
+
+    config: dict[str, Any]
+    quantization: dict[str, Any]
+    ranks: list[dict[str, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def tp(self) -> int:
+        return len(self.ranks)
+
+
+def rank_folders(folder: Path) -> list[Path]:
+    """rank0 .. rank{N-1}: the tensor-parallel degree is their number (FastDeploy's rule)."""
+    found = sorted((p for p in folder.glob("rank*") if p.is_dir() and p.name[4:].isdigit()),
+                   key=lambda p: int(p.name[4:]))
+    if [p.name for p in found] != [f"rank{r}" for r in range(len(found))]:
+        raise FastDeployError(f"{folder}: rank folders {[p.name for p in found]} are not rank0..rank{{N-1}}")
+    return found
+
+
+def load_fastdeploy_checkpoint(folder: str | os.PathLike[str], *, cuda_arch: int | None = None,
+                               expert_dtype: str = "float32") -> FastDeployCheckpoint:
+    """Read `folder` as FastDeploy does (config.json, rank{r}/model.safetensors) and dequantize.
+
+    `cuda_arch`: the layout of the packed bytes (default: config.json's `ernie_ir.cuda_arch`, else 80).
+    `expert_dtype` "bf16": routed experts' dequantized weights rounded to bfloat16, as the
+    artifact's portable MoE path does (it dequantizes expert stacks to the activation dtype), so
+    the rebuilt float model reproduces the artifact's logits; "float32": exact q x scale.
+    """
+    if expert_dtype not in ("float32", "bf16"):
+        raise FastDeployError(f"expert_dtype {expert_dtype!r}: choose float32 or bf16")
+    from ernie_ir.ir.weights import SafetensorsFile
+
+    root = Path(folder)
+    cfg_path = root / CONFIG
+    if not cfg_path.is_file():
+        raise FastDeployError(f"{root} has no {CONFIG}: not a FastDeploy checkpoint")
+    try:
+        config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise FastDeployError(f"{cfg_path} is not valid JSON") from None
+    quant = config.get("quantization_config") or {}
+    if not quant.get("is_quantized"):
+        raise FastDeployError(f"{cfg_path}: quantization_config.is_quantized is not true: not pre-quantized")
+    kind = quant.get("quantization")
+    if kind == "mix_quant":
+        dense, moe = quant.get("dense_quant_type"), quant.get("moe_quant_type")
+    else:
+        dense = moe = kind
+    if dense not in _BITS or moe not in _BITS:
+        raise FastDeployError(f"{cfg_path}: quantization {kind!r} ({dense}/{moe}) is not weight-only "
+                              "wint8/wint4: ernie-ir reads only those")
+    arch = cuda_arch or int((config.get("ernie_ir") or {}).get("cuda_arch", DEFAULT_CUDA_ARCH))
+    folders = rank_folders(root)
+    if not folders:
+        raise FastDeployError(f"{root} has no rank0/ folder: not pre-sharded")
+    out = FastDeployCheckpoint(config=config, quantization=quant)
+    for rdir in folders:
+        path = rdir / FD_WEIGHTS
+        if not path.is_file():
+            raise FastDeployError(f"{rdir}/{FD_WEIGHTS} is missing")
+        tensors: dict[str, np.ndarray] = {}
+        f = SafetensorsFile(path)
+        keys = set(f.keys())
+        for key in sorted(keys):
+            if key.endswith(".weight_scale"):
+                continue
+            if key.endswith(".quant_weight"):
+                prefix = key[: -len(".quant_weight")]
+                scale_key = prefix + ".weight_scale"
+                if scale_key not in keys:
+                    raise FastDeployError(f"{path}: {key} has no {scale_key}")
+                bits = _BITS[moe if _EXPERT.match(key) else dense]
+                packed = f.read(key)
+                scale = np.asarray(f.read(scale_key), dtype=np.float32)
+                n = packed.shape[0] * (1 if bits == 8 else 2)
+                k = packed.shape[1]
+                if packed.dtype != np.int8 or scale.shape != (n,):
+                    raise FastDeployError(f"{path}: {key} {packed.dtype}{list(packed.shape)} with "
+                                          f"{scale_key} {list(scale.shape)} is not int8 [out(/2), in] "
+                                          f"with [out] scales")
+                w = unpack(packed, k, n, bits, arch).astype(np.float32) * scale[None, :]
+                if expert_dtype == "bf16" and _EXPERT.match(key):
+                    w = w.astype(ml_dtypes.bfloat16).astype(np.float32)
+                tensors[prefix + ".weight"] = w
+            else:
+                tensors[key] = np.asarray(f.read(key))
+        out.ranks.append(tensors)
+    return out
+
+
+def merge_ranks(ckpt: FastDeployCheckpoint) -> dict[str, np.ndarray]:
+    """The published (unsharded, [in, out]) tensors of a checkpoint's ranks.
+
+    Inverse of FastDeploy's cuts (REFERENCE.md 5): qkv columns [Q_r | K_r | V_r] per rank (KV heads
+    replicated in groups of tp / nkv when nkv < tp), up_gate [gate_r | up_r] (naive 2-fuse, also per
+    expert and for shared experts), row-parallel o_proj / down_proj rows, vocabulary rows of the
+    embedding, lm_head columns; norms, router and correction bias from rank 0."""
+    cfg, tp = ckpt.config, ckpt.tp
+    nh = int(cfg["num_attention_heads"])
+    nkv = int(cfg.get("num_key_value_heads") or nh)
+    hd = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // nh)
+    first = ckpt.ranks[0]
+    merged: dict[str, np.ndarray] = {}
+    for name in first:
+        parts = [r[name] for r in ckpt.ranks]
+        if tp == 1:
+            merged[name] = parts[0]
+        elif name.endswith("self_attn.qkv_proj.weight"):
+            q_r = nh // tp * hd
+            kv_r = (nkv // tp if nkv >= tp else 1) * hd
+            qs = [p[:, :q_r] for p in parts]
+            ks = [p[:, q_r:q_r + kv_r] for p in parts]
+            vs = [p[:, q_r + kv_r:] for p in parts]
+            group = 1 if nkv >= tp else tp // nkv
+            merged[name] = np.concatenate(qs + ks[::group] + vs[::group], axis=1)
+        elif name.endswith("up_gate_proj.weight"):
+            half = parts[0].shape[1] // 2
+            merged[name] = np.concatenate([p[:, :half] for p in parts] + [p[:, half:] for p in parts], axis=1)
+        elif name.endswith(("o_proj.weight", "down_proj.weight", "embed_tokens.weight")):
+            merged[name] = np.concatenate(parts, axis=0)
+        elif name.endswith("lm_head.weight"):
+            merged[name] = np.concatenate(parts, axis=1)
+        else:
+            merged[name] = parts[0]
+    return merged
+
+
+def write_float_checkpoint(ckpt: FastDeployCheckpoint, out: str | os.PathLike[str]) -> Path:
+    """A checkpoint folder (config.json without quantization_config + model.safetensors in the
+    published layout: dequantized linears float32, the rest as stored) of the merged weights:
+    `ernie-ir run OUT` runs it."""
+    from ernie_ir.ir.weights import write_safetensors
+
+    dest = Path(out)
+    dest.mkdir(parents=True, exist_ok=True)
+    cfg = {k: v for k, v in ckpt.config.items() if k not in ("quantization_config", "ernie_ir")}
+    (dest / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    write_safetensors(dest / FD_WEIGHTS, merge_ranks(ckpt).items())
+    return dest
