@@ -233,12 +233,13 @@ def run_distributed(artifact: Path, input_ids: np.ndarray, world: int, *,
 
 
 def train_distributed(artifact: Path, world: int, steps: int, batches: list[tuple[np.ndarray, np.ndarray]],
-                      *, lr: float | None = None, seed: int = 0, save: bool = True,
+                      *, options: Any = None, save: bool = True,
                       on_step: Callable[[int, float], Any] | None = None,
                       timeout_s: float = TRAIN_TIMEOUT_S) -> list[float]:
     """Train a multi-rank training artifact on `world` gloo processes; the loss of each step.
 
-    Every rank takes `batches` (cycled). `on_step(step, loss)` is called as rank 0 reports
+    Every rank takes `batches` (cycled) and the same `options` (a TrainOptions, or a dict of
+    its names; None: the recipe's). `on_step(step, loss)` is called as rank 0 reports
     each step. With `save`, rank 0 writes `training/checkpoints/run-K-step-N/` (every rank's
     trainable params and their merge to global names and shapes) and lists it in the manifest;
     a failed run leaves no checkpoint.
@@ -254,10 +255,12 @@ def train_distributed(artifact: Path, world: int, steps: int, batches: list[tupl
         np.savez(workdir / "batches.npz", **arrays)
         losses_file = workdir / "losses.jsonl"
         losses: list[float] = []
-        args = ["--steps", str(steps), "--batches", str(workdir / "batches.npz"), "--seed", str(seed),
+        args = ["--steps", str(steps), "--batches", str(workdir / "batches.npz"),
                 "--losses", str(losses_file)]
-        if lr is not None:
-            args += ["--lr", repr(float(lr))]
+        if options is not None:
+            values = options if isinstance(options, dict) else options.model_dump()
+            (workdir / "options.json").write_text(json.dumps(values), encoding="utf-8")
+            args += ["--options", str(workdir / "options.json")]
         if save:
             args.append("--save")
 

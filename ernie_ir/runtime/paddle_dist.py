@@ -294,13 +294,15 @@ def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float
 
 
 def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.ndarray]] | None = None,
-               data: Path | None = None, lr: float | None = None, seed: int = 0, save: bool = False,
+               data: Path | None = None, lr: float | None = None, seed: int | None = None,
+               options: dict[str, Any] | None = None, save: bool = False,
                losses_file: Path | None = None, device: str = "cpu",
                on_step: Callable[[int, float], Any] | None = None) -> list[float]:
     """This rank's part of training: the same loop as the one-rank `train_artifact`, with
-    exact tensor-parallel gradients; returns the (replicated) loss of every step."""
+    exact tensor-parallel gradients; returns the (replicated) loss of every step. Settings:
+    the recipe's, replaced by `options` (TrainOptions names or aliases), `lr` and `seed`."""
     from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
-    from ernie_ir.runtime.training import RECIPE, make_optimizer, run_steps, training_batches
+    from ernie_ir.runtime.training import RECIPE, make_optimizer, resolve_options, run_steps, training_batches
 
     paddle = require_paddle()
     rank, world = world_from_env()
@@ -311,9 +313,11 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
         raise WorkerError(f"artifact {root}: {RECIPE.as_posix()} was modified (sha256 does not match the "
                           "manifest)")
     recipe = json.loads((root / RECIPE).read_text(encoding="utf-8"))
+    given = {k: v for k, v in (("lr", lr), ("seed", seed)) if v is not None}
+    opts = resolve_options(recipe, {**(options or {}), **given})  # an absent flag keeps the file's value
     if batches is None:
-        batches = training_batches(recipe, graph, data, seed)
-    paddle.seed(seed)
+        batches = training_batches(recipe, graph, data, options=opts)
+    paddle.seed(opts.seed)
     layer = build_layer(graph, device=device_for(device), grad_sync=True)
     layer.train()
     layer.track_state = True
@@ -321,12 +325,13 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     if not params:
         raise WorkerError(f"{root}: rank {rank}'s graph has no trainable params")
     init_process_group(rank, world)
-    clip = recipe.get("optimizer", {}).get("grad_clip_norm")
+    clip = opts.clip()
     if world > 1:
-        grad_clip = tensor_parallel_clip(paddle, layer, graph, float(clip) if clip else None)
+        grad_clip = tensor_parallel_clip(paddle, layer, graph, clip)
     else:
         grad_clip = paddle.nn.ClipGradByGlobalNorm(clip) if clip else None
-    optimizer = make_optimizer(paddle, params, recipe, lr, grad_clip)
+    optimizer = make_optimizer(paddle, params, opts, grad_clip)
+
     def report(step: int, loss: float) -> None:
         if rank == 0 and losses_file is not None:
             norm = getattr(grad_clip, "last_norm", None)
@@ -335,7 +340,7 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
         if on_step is not None:
             on_step(step, loss)
 
-    losses = run_steps(paddle, layer, optimizer, batches, steps, report)
+    losses = run_steps(paddle, layer, optimizer, batches, steps, report, options=opts)
     if save:
         names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
         save_rank_checkpoint(root, layer, names, steps, rank, world)
@@ -460,7 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--data", type=Path, default=None)
     train.add_argument("--batches", type=Path, default=None, help=".npz of ids{i}/labels{i} (the launcher's)")
     train.add_argument("--lr", type=float, default=None)
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=None)
+    train.add_argument("--options", type=Path, default=None,
+                       help="JSON object of training options (ernie-ir train's names or ERNIEKit's)")
     train.add_argument("--losses", type=Path, default=None, help="rank 0 appends one JSON line per step")
     train.add_argument("--save", action="store_true", help="write the checkpoint (rank files + merged)")
     for p in (run, train):
@@ -486,9 +493,14 @@ def main(argv: list[str] | None = None) -> int:
                 if rank == 0:
                     print(f"step {step:4d}  loss {loss:.6f}", flush=True)
 
+            options = None
+            if args.options is not None:
+                from ernie_ir.runtime.training import read_config
+
+                options = read_config(args.options)
             train_rank(args.artifact, args.steps, batches=batches, data=args.data, lr=args.lr,
-                       seed=args.seed, save=args.save, losses_file=args.losses, device=args.device,
-                       on_step=report)
+                       seed=args.seed, options=options, save=args.save, losses_file=args.losses,
+                       device=args.device, on_step=report)
     except ErnieIRError as e:
         _write_error(rank, str(e))
         print(f"error: rank {rank}: {e}", file=sys.stderr, flush=True)

@@ -29,6 +29,10 @@ MODEL_STEM = "model"
 TRAIN_RECIPE = "train.json"
 OPTIMIZER_DEFAULTS = {"name": "AdamW", "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999,
                       "epsilon": 1e-8, "weight_decay": 0.0, "grad_clip_norm": 1.0}
+SCHEDULE_DEFAULTS = {"name": "constant", "warmup_steps": 0}
+BATCH_DEFAULTS = {"batch_size": 4, "gradient_accumulation_steps": 1, "seq_len": 16, "synthetic_seed": 0}
+PADDING_DEFAULTS = {"pad_id": 0, "ignore_index": -100}
+"""The run's defaults in `train.json`; every `ernie-ir train` option overrides one of them."""
 
 
 class TrainingModeError(ErnieIRError):
@@ -108,8 +112,10 @@ def training_recipe(graph: Graph, target: Target, mapping: Mapping | None = None
         kind = target.paddle_device.split(":")[0]
         device_cmd = (f'{target.visible_devices_env}={devices} python -m paddle.distributed.launch '
                       f'--nproc_per_node {world} {target.launch_flag} {devices} "$({WORKER_LOOKUP})" train '
-                      f"<artifact> --device {kind} --save --steps N [--data FILE.jsonl]")
-        cpu_cmd = (f"ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--lr X]   ({world} gloo "
+                      f"<artifact> --device {kind} --save --steps N [--data FILE.jsonl] "
+                      "[--options OPTIONS.json]")
+        cpu_cmd = (f"ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--config train.yaml] "
+                   f"[--lr X ...]   ({world} gloo "
                    "processes, one per rank)")
         checkpoints = ("training/checkpoints/run-K-step-N/rank{r}.safetensors (each rank's trainable "
                        "params) + merged.safetensors (global names and shapes, merged by the shard "
@@ -118,7 +124,7 @@ def training_recipe(graph: Graph, target: Target, mapping: Mapping | None = None
         device_cmd = (f"{target.visible_devices_env}=0 python -m paddle.distributed.launch "
                       f'{target.launch_flag} 0 "$(command -v ernie-ir)" train <artifact> --steps N '
                       "[--data FILE.jsonl]")
-        cpu_cmd = "ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--lr X]"
+        cpu_cmd = "ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--config train.yaml] [--lr X ...]"
         checkpoints = ("training/checkpoints/run-K-step-N.safetensors (trainable params + QAT state); "
                        "rank0/ is never modified")
     return {
@@ -127,9 +133,13 @@ def training_recipe(graph: Graph, target: Target, mapping: Mapping | None = None
         "world_size": world,
         "trainable": trainable, "learning_rate_multipliers": lr_mult, "qat_state": state,
         "frozen_count": len(frozen),
-        "loss": "next-token cross-entropy on logits[:, :-1] vs input_ids[:, 1:] (padding ignored)",
+        "loss": ("next-token cross-entropy on logits[:, :-1] vs labels[:, 1:], the mean over the real "
+                 "target tokens of the step (labels equal to padding.ignore_index neither counted nor "
+                 "averaged over; accumulated batches weighted by their token counts)"),
         "optimizer": dict(OPTIMIZER_DEFAULTS),
-        "batch": {"batch_size": 4, "seq_len": 16, "synthetic_seed": 0},
+        "schedule": dict(SCHEDULE_DEFAULTS),
+        "batch": dict(BATCH_DEFAULTS),
+        "padding": dict(PADDING_DEFAULTS),
         "vocab_size": vocab,
         "data": 'jsonl, one {"input_ids": [...]} per line',
         "checkpoints": checkpoints,
