@@ -491,28 +491,98 @@ def compile(
 @app.command()
 def train(
     artifact: Annotated[Path, typer.Argument(help="An artifact compiled with --mode training.")],
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")],
+    steps: Annotated[int, typer.Option("--steps", "--max-steps", min=1, help="Optimizer steps.")],
     data: Annotated[
         Path | None, typer.Option("--data", help='JSON lines {"input_ids": [...]}; default: a fixed batch.')
     ] = None,
-    lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 1e-3,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for data order and dropout.")] = 0,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="YAML or JSON of training options (these names or ERNIEKit's: "
+                     "learning_rate, per_device_train_batch_size, gradient_accumulation_steps, "
+                     "max_grad_norm, weight_decay, adam_beta1/2, adam_epsilon, warmup_steps, "
+                     "lr_scheduler_type, seed); flags given override it."),
+    ] = None,
+    lr: Annotated[float | None, typer.Option("--lr", "--learning-rate",
+                                             help="AdamW peak learning rate (recipe: 1e-3).")] = None,
+    batch_size: Annotated[int | None, typer.Option(
+        "--batch-size", "--per-device-train-batch-size", help="Sequences per batch (recipe: 4).")] = None,
+    grad_accum: Annotated[int | None, typer.Option(
+        "--grad-accum", "--gradient-accumulation-steps",
+        help="Batches per optimizer step, weighted by their token counts (recipe: 1).")] = None,
+    clip_norm: Annotated[float | None, typer.Option(
+        "--clip-norm", "--max-grad-norm", help="Global gradient-norm clip, 0 = none (recipe: 1.0).")] = None,
+    weight_decay: Annotated[float | None, typer.Option(
+        "--weight-decay", help="AdamW decoupled weight decay (recipe: 0).")] = None,
+    beta1: Annotated[float | None, typer.Option(
+        "--beta1", "--adam-beta1", help="AdamW beta1 (0.9).")] = None,
+    beta2: Annotated[float | None, typer.Option(
+        "--beta2", "--adam-beta2", help="AdamW beta2 (0.999).")] = None,
+    eps: Annotated[float | None, typer.Option(
+        "--eps", "--adam-epsilon", help="AdamW epsilon (1e-8).")] = None,
+    warmup_steps: Annotated[int | None, typer.Option(
+        "--warmup-steps", help="Steps of linear warmup from 0 (recipe: 0).")] = None,
+    schedule: Annotated[str | None, typer.Option(
+        "--schedule", "--lr-scheduler-type",
+        help="After warmup: constant, linear or cosine (decay to 0 at --steps; recipe: constant).")] = None,
+    seed: Annotated[int | None, typer.Option(
+        "--seed", help="Seed of dropout and the synthetic batch (recipe: 0).")] = None,
+    pad_id: Annotated[int | None, typer.Option(
+        "--pad-id", help="Token that fills input_ids past a sequence's end (recipe: 0).")] = None,
+    ignore_index: Annotated[int | None, typer.Option(
+        "--ignore-index", help="Label of padded positions, skipped by the loss (recipe: -100).")] = None,
+    progress: Annotated[bool | None, typer.Option(
+        "--progress/--no-progress", help="Draw a progress bar on stderr (default: when it is a terminal).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the losses as JSON.")] = False,
     timeout: TimeoutOpt = None,
 ) -> None:
     """Train the trainable params (LoRA, QAT) of a training artifact with AdamW on CPU
-    (a multi-rank artifact: one paddle.distributed gloo process per rank)."""
+    (a multi-rank artifact: one paddle.distributed gloo process per rank). Every option
+    defaults to the artifact's recipe (training/train.json), then --config, then the flag."""
     import json
 
-    from ernie_ir.runtime.training import train_artifact
+    from ernie_ir.runtime.training import read_config, resolve_options, train_artifact
 
-    with _rank_log_on_error():
-        losses = train_artifact(artifact, steps, data, lr, seed=seed, timeout_s=timeout)
+    flags = {"lr": lr, "batch_size": batch_size, "grad_accum": grad_accum, "clip_norm": clip_norm,
+             "weight_decay": weight_decay, "beta1": beta1, "beta2": beta2, "eps": eps,
+             "warmup_steps": warmup_steps, "schedule": schedule, "seed": seed, "pad_id": pad_id,
+             "ignore_index": ignore_index}
+    options = {**(read_config(config) if config is not None else {}),
+               **{k: v for k, v in flags.items() if v is not None}}
+    resolve_options({}, options)  # a bad value is refused before the artifact is read
+    draw = err.is_terminal if progress is None else progress
+    with _rank_log_on_error(), _train_progress(draw, steps) as on_progress:
+        losses = train_artifact(artifact, steps, data, options=options, on_progress=on_progress,
+                                timeout_s=timeout)
     if json_out:
         print(json.dumps({"artifact": str(artifact), "steps": steps, "losses": losses}))
         return
     for i, loss in enumerate(losses, 1):
         out.print(f"step {i:4d}  loss {loss:.6f}", markup=False)
+
+
+@contextmanager
+def _train_progress(draw: bool, steps: int) -> Iterator[object]:
+    """A rich progress bar on stderr (loss, tokens/s, ETA) fed by train_artifact's on_progress."""
+    if not draw:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ernie_ir.runtime.training import StepProgress
+
+    bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[status]}"), TextColumn("ETA"), TimeRemainingColumn(),
+                   console=err, transient=False)
+    task = bar.add_task("train", total=steps, status="")
+
+    def on_progress(p: StepProgress) -> None:
+        bar.update(task, completed=p.step,
+                   status=f"loss {p.loss:.4f}  lr {p.lr:.2e}  {p.tokens_per_s:,.0f} tok/s  "
+                          f"eta {p.eta_s:.0f}s")
+
+    with bar:
+        yield on_progress
 
 
 @app.command("verify")
