@@ -15,7 +15,16 @@ Settings (each a separate session on the same file):
          MatMulNBits that quantises activations to int8 (numerics change)
   nbits  the "matmulnbits" export form (accuracy_level 0, exact) under ORT_ENABLE_BASIC
 
+MoE (--moe, on by default): an ERNIE-4.5-MoE-shaped model (ernie-4.5-21b-a3b's config: 64
+experts top-6, 2 shared experts, every layer MoE) at --moe-hidden / --moe-inter widths (default
+1024 / 768: 600 MB of float32 expert weights per layer, so the expert matmuls dominate), --moe-layers
+layers, vocab --moe-vocab. Dense MoE (every expert on every token: `emit_onnx` under `dense_moe()`,
+the Paddle layer with `moe_dense`) against sparse MoE (the default: only the routed experts run),
+for float32 and wint8mix exact / fast ONNX sessions and the eager Paddle layer (float32), per
+--moe-tokens-token forward. Goal: sparse >= 5x faster than dense at E=64, k=6.
+
     python benchmarks/decode_latency.py [--layers 2] [--vocab 103424] [--threads 2] [--repeat 20]
+                                        [--no-moe] [--moe-only] [--moe-tokens 1]
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from ernie_ir.passes.base import graph_properties
 from ernie_ir.passes.pipeline import load_pipeline
 from ernie_ir.passes.quant_cli import pipeline_for
 from ernie_ir.runtime.onnx_backend import session
-from ernie_ir.targets.emit_onnx import emit_onnx
+from ernie_ir.targets.emit_onnx import dense_moe, emit_onnx
 
 
 def build(layers: int, vocab: int, quant: str | None) -> Graph:
@@ -53,9 +62,89 @@ def build(layers: int, vocab: int, quant: str | None) -> Graph:
     return graph
 
 
-def latency(path: Path, *, fast: bool, threads: int, repeat: int) -> tuple[float, np.ndarray]:
+def build_moe(layers: int, vocab: int, hidden: int, inter: int, quant: str | None) -> Graph:
+    """ernie-4.5-21b-a3b's shape (64 experts, top-6, 2 shared) at the given widths, all layers MoE."""
+    config = builtin_config("ernie-4.5-21b-a3b", "meta")
+    config.update({"num_hidden_layers": layers, "vocab_size": vocab, "hidden_size": hidden,
+                   "num_attention_heads": hidden // 128, "num_key_value_heads": max(1, hidden // 512),
+                   "head_dim": 128, "moe_intermediate_size": inter, "intermediate_size": 4 * hidden,
+                   "moe_layer_start_index": 0, "moe_layer_end_index": layers - 1,
+                   "num_nextn_predict_layers": 0})
+    cfg = parse_config(config, "decode_latency-moe")
+    graph = _finish(build_graph(cfg, GeneratedWeights(TINY_SEED), name="ernie-4.5-moe-e64k6"), cfg,
+                    {"source": "decode_latency", "weights": "generated"})
+    quant_text = pipeline_for(quant, None, None, None, None, None)
+    parts = [p for p in (quant_text, "legalize-cuda{cuda_arch=80}") if p]
+    run_pipeline(graph, load_pipeline(",".join(parts), initial=graph_properties(graph)))
+    return graph
+
+
+def paddle_latency(graph: Graph, *, dense: bool, ids: np.ndarray, repeat: int) -> tuple[float, np.ndarray]:
+    import paddle
+
+    from ernie_ir.runtime.paddle_layer import build_layer
+
+    layer = build_layer(graph, device="cpu")
+    layer.moe_dense = dense
+    layer.eval()
+    x = paddle.to_tensor(ids)
+    with paddle.no_grad():
+        out = layer(x).numpy()
+        for _ in range(2):
+            layer(x)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            layer(x).numpy()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3, out
+
+
+def moe_rows(args: argparse.Namespace, tmp: str) -> dict[str, object]:
+    ids = (np.arange(args.moe_tokens, dtype=np.int64)[None, :] * 37 + 17) % args.moe_vocab
+    ms: dict[str, float] = {}
+    outs: dict[str, np.ndarray] = {}
+    for quant in (None, "wint8mix"):
+        graph = build_moe(args.moe_layers, args.moe_vocab, args.moe_hidden, args.moe_inter, quant)
+        label = quant or "float32"
+        for form in ("dense", "sparse"):
+            folder = Path(tmp) / f"moe-{label}-{form}"
+            if form == "dense":
+                with dense_moe():
+                    path, _ = emit_onnx(graph, folder)
+            else:
+                path, _ = emit_onnx(graph, folder)
+            settings = (("exact", False), ("fast", True)) if quant else (("exact", False),)
+            for setting, fast in settings:
+                key = f"onnx {label} {setting} {form}"
+                ms[key], outs[key] = latency(path, fast=fast, threads=args.threads, repeat=args.moe_repeat,
+                                             ids=ids)
+                print(f"{key:34s} {ms[key]:9.2f} ms/forward", flush=True)
+            for p in folder.iterdir():
+                p.unlink()  # free the disk before the next export
+        if quant is None and not args.no_paddle:
+            for form in ("dense", "sparse"):
+                key = f"paddle float32 {form}"
+                ms[key], outs[key] = paddle_latency(graph, dense=form == "dense", ids=ids,
+                                                    repeat=args.moe_repeat)
+                print(f"{key:34s} {ms[key]:9.2f} ms/forward", flush=True)
+        del graph
+    speedup = {k.removesuffix(" sparse"): ms[k.replace(" sparse", " dense")] / ms[k]
+               for k in ms if k.endswith(" sparse")}
+    agree = {k.removesuffix(" sparse"): float(np.abs(outs[k] - outs[k.replace(" sparse", " dense")]).max())
+             for k in outs if k.endswith(" sparse")}
+    return {"ms_per_forward": ms, "speedup_sparse_over_dense": speedup,
+            "max_abs_logit_diff_sparse_vs_dense": agree,
+            "logit_scale": float(np.abs(outs["onnx float32 exact dense"]).max()),
+            "goal_sparse_5x_met": all(v >= 5.0 for v in speedup.values()),
+            "experts": 64, "top_k": 6, "hidden": args.moe_hidden, "moe_intermediate": args.moe_inter,
+            "layers": args.moe_layers, "tokens": args.moe_tokens}
+
+
+def latency(path: Path, *, fast: bool, threads: int, repeat: int,
+            ids: np.ndarray | None = None) -> tuple[float, np.ndarray]:
     sess = session(path, fast=fast, threads=threads)
-    feed = {sess.get_inputs()[0].name: np.array([[17]], dtype=np.int64)}
+    feed = {sess.get_inputs()[0].name: np.array([[17]], dtype=np.int64) if ids is None else ids}
     out = sess.run(None, feed)[0]
     for _ in range(3):
         sess.run(None, feed)
@@ -73,7 +162,20 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=103424)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--no-moe", action="store_true", help="skip the dense vs sparse MoE comparison")
+    ap.add_argument("--moe-only", action="store_true", help="only the dense vs sparse MoE comparison")
+    ap.add_argument("--moe-layers", type=int, default=2)
+    ap.add_argument("--moe-hidden", type=int, default=1024)
+    ap.add_argument("--moe-inter", type=int, default=768)
+    ap.add_argument("--moe-vocab", type=int, default=8192)
+    ap.add_argument("--moe-tokens", type=int, default=1)
+    ap.add_argument("--moe-repeat", type=int, default=10)
+    ap.add_argument("--no-paddle", action="store_true", help="MoE: skip the Paddle layer rows")
     args = ap.parse_args()
+    if args.moe_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps({"moe": moe_rows(args, tmp)}, indent=2))
+        return
     rows: dict[str, float] = {}
     outs: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,6 +206,9 @@ def main() -> None:
         "logit_scale": scale,
         "threads": args.threads, "layers": args.layers, "vocab": args.vocab,
     }
+    if not args.no_moe:
+        with tempfile.TemporaryDirectory() as tmp:
+            report["moe"] = moe_rows(args, tmp)
     print(json.dumps(report, indent=2))
 
 

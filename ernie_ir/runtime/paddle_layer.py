@@ -314,6 +314,8 @@ def _dequantize(L: Any, n: Node, a: list[Any]) -> list[Any]:
     P = L.P
     if n.inputs[0] is not None and n.inputs[0].type.dtype in (DType.F8E4M3, DType.F8E5M2):
         w = q * s.reshape(list(s.shape) + [1] * (len(q.shape) - len(s.shape)))
+    elif id(n) in getattr(L, "_expert_stacks", ()):  # read by MoE experts only: dequantized per expert
+        return [_ExpertStack(P, q, s, n.attrs.group_size, n.attrs.dtype)]
     else:
         w = P.cast(q, "float32") * _expand_scale(P, s, q.shape[-2], n.attrs.group_size)
     return [_round_to(P, w, n.attrs.dtype)]
@@ -471,9 +473,75 @@ def _moe_gate(L: Any, n: Node, a: list[Any]) -> list[Any]:
     return [w, idx]
 
 
+class _ExpertStack:
+    """A stacked int8/int4 expert weight [E, K, N] whose `dequantize` is deferred to the MoE op,
+    so that only the experts a call routes to are dequantized (`stack[e]`); `full()` is all."""
+
+    def __init__(self, P: Any, q: Any, s: Any, group_size: int, dtype: DType) -> None:
+        self.P, self.q, self.s, self.group_size, self.dtype = P, q, s, group_size, dtype
+        self.shape = q.shape
+
+    def __getitem__(self, e: int) -> Any:
+        s = self.s if len(self.s.shape) == 0 else self.s[e]
+        w = self.P.cast(self.q[e], "float32") * _expand_scale(self.P, s, self.q.shape[-2], self.group_size)
+        return _round_to(self.P, w, self.dtype)
+
+    def full(self) -> Any:
+        w = self.P.cast(self.q, "float32") * _expand_scale(self.P, self.s, self.q.shape[-2], self.group_size)
+        return _round_to(self.P, w, self.dtype)
+
+
+def _whole(w: Any) -> Any:
+    return w.full() if isinstance(w, _ExpertStack) else w
+
+
 def _moe(L: Any, n: Node, a: list[Any], lora: bool) -> list[Any]:
-    """Dense formulation: every expert runs on every token; the routing weights (zero for the
-    experts a token did not choose) combine them. Same math as the grouped kernel."""
+    """The grouped (sparse) experts unless the layer's `moe_dense` is set: each expert runs on the
+    rows routed to it only."""
+    if getattr(L, "moe_dense", False):
+        return _moe_dense(L, n, [_whole(v) for v in a], lora)
+    return _moe_sparse(L, n, a, lora)
+
+
+def _moe_sparse(L: Any, n: Node, a: list[Any], lora: bool) -> list[Any]:
+    """Grouped by expert: for each expert a call routes to, gather its (row, slot) pairs
+    (nonzero), run its FFN on those rows alone with its weights (sliced, and dequantized, for
+    it only), and index_add the weighted rows back. Slots of weight 0 (experts another rank
+    holds, moe_local_experts) are skipped; the dense form adds 0 for them. Eager runs visit
+    only the routed experts; a traced program (no data-dependent loop) visits every expert
+    with its (possibly empty) row set. Differentiable (gather / index_add)."""
+    P = L.P
+    x, wts, idx, ug, dn = a[:5]
+    e, inter, hidden = int(ug.shape[0]), int(dn.shape[1]), int(x.shape[-1])
+    k = int(wts.shape[-1])
+    xt = P.reshape(x, [-1, hidden])
+    flat_w = P.reshape(wts, [-1, k])
+    masked = P.where(flat_w != 0, P.reshape(idx, [-1, k]).astype("int64"),
+                     P.full_like(P.reshape(idx, [-1, k]), -1, dtype="int64"))
+    scale = n.attrs.scale if lora else 0.0
+    pad = list(a) + [None] * (9 - len(a))
+    dynamic = P.in_dynamic_mode()
+    experts = [int(v) for v in np.unique(masked.numpy()) if v >= 0] if dynamic else list(range(e))
+    out = P.zeros_like(xt)
+    for ex in experts:
+        hits = P.nonzero(masked == ex)  # [n, 2]: (row, slot)
+        rows = hits[:, 0]
+        v = P.gather(xt, rows, axis=0)
+        h = P.matmul(v, ug[ex])
+        if lora and pad[5] is not None:
+            h = h + P.matmul(P.matmul(_drop(L, n, v), pad[5][ex]), pad[6][ex]) * scale
+        act = L.F.silu(h[:, :inter]) * h[:, inter:]
+        y = P.matmul(act, dn[ex])
+        if lora and pad[7] is not None:
+            y = y + P.matmul(P.matmul(_drop(L, n, act), pad[7][ex]), pad[8][ex]) * scale
+        y = y * P.gather_nd(flat_w, hits).unsqueeze(-1)
+        out = P.index_add(out, rows, 0, y)
+    return [P.reshape(out, P.shape(x))]
+
+
+def _moe_dense(L: Any, n: Node, a: list[Any], lora: bool) -> list[Any]:
+    """Dense formulation (checking form): every expert runs on every token; the routing weights
+    (zero for the experts a token did not choose) combine them. Same math as the grouped kernel."""
     P = L.P
     x, wts, idx, ug, dn = a[:5]
     e, inter, hidden = int(ug.shape[0]), int(dn.shape[1]), int(x.shape[-1])
@@ -695,6 +763,9 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
     layer.kernels = {}
     layer._device_weights = {}
     layer._node_consts = {}
+    layer.moe_dense = False  # True: MoE experts run densely (every expert on every token), for checking
+    # deferred per-expert dequantize (not when rank-varying reads go through the "f" function)
+    layer._expert_stacks = set() if sync else {id(n) for n in graph if _feeds_experts_only(n)}
     consts: dict[int, np.ndarray] = {}  # folded values (unpack_weight of params), by value id
 
     def value_array(v: Value) -> np.ndarray | None:
@@ -772,6 +843,15 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
     layer.output_names = list(graph.output_names)
     layer.device = dev
     return layer
+
+
+def _feeds_experts_only(n: Node) -> bool:
+    """A stacked int `dequantize` read only as the expert weights of MoE ops (deferred per expert)."""
+    if n.op != "dequantize" or n.inputs[0] is None or n.inputs[0].type.dtype not in (DType.I8, DType.I4):
+        return False
+    uses = n.outputs[0].uses
+    return bool(uses) and n.outputs[0].type.rank == 3 and all(
+        u.op in ("moe_experts", "moe_experts_lora") and i in (3, 4) for u, i in uses)
 
 
 def _plan_weight_only(layer: Any, paddle: Any, node: Node, arch: int | None,

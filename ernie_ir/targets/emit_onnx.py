@@ -33,11 +33,12 @@ The choice is recorded in the model's metadata (`ernie_ir.onnx_numerics`,
 
 Packed cuda weights (`weight_only_linear_packed`, `unpack_weight`) are
 unpacked back to their logical int values at export: ONNX has its own layout.
-MoE experts (`moe_experts`, `moe_experts_lora`) are lowered sparsely: a Loop over
-the distinct experts a call routes to gathers each expert's rows (NonZero,
-Gather), runs that expert's FFN on them alone with its weights sliced (and, for
-a stacked int8/int4 `dequantize` read only by the experts, dequantized) for it
-only, and adds the weighted rows back (ScatterND add). Zero-weight slots
+MoE experts (`moe_experts`, `moe_experts_lora`) are lowered sparsely: one `If`
+per expert, taken only when the call routes a token to it, gathers the expert's
+rows (NonZero, Gather), runs its FFN on them alone with its weights read from
+initializers of its own (views of the stack's bytes in the data file; a stacked
+int8/int4 `dequantize` read only by the experts is dequantized per expert, in
+the branch) and adds the weighted rows back (ScatterND add). Zero-weight slots
 (experts another rank holds) are skipped. `with dense_moe(): ...` exports the
 dense form instead (every expert on every token, weighted by a [T, E] routing
 matrix), the checking form.
@@ -607,12 +608,50 @@ class _Emitter:
         out = self.op("ReduceSum", [self.op("Mul", [y, r]), self.const([0])], keepdims=0)  # [T, H]
         return self.op("Reshape", [out, self.op("Shape", [x])])
 
-    def _expert_slicer(self, v: Value) -> Callable[[str], str]:
-        """A function of an expert id (scalar int64 name) -> that expert's float32 weight [K, N].
+    def _expert_views(self, name: str) -> list[str]:
+        """One initializer per expert of a stacked initializer [E, ...] over the same bytes (each
+        expert's slice is contiguous): external data entries at the expert's offset, or the
+        expert's slice of the raw data. No byte is written twice."""
+        t = self.inits[name]
+        e, inner = t.dims[0], math.prod(t.dims[1:])
+        if t.data_type == TensorProto.INT4:
+            if inner % 2:
+                raise self.fail(f"int4 expert stack {name} has an odd expert size")
+            per = inner // 2
+        else:
+            per = inner * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        ext = {x.key: x.value for x in t.external_data} if t.data_location == TensorProto.EXTERNAL else None
+        views = []
+        for i in range(e):
+            u = onnx.TensorProto()
+            u.name, u.data_type = f"{name}[{i}]", t.data_type
+            u.dims.extend(t.dims[1:])
+            if ext is not None:
+                u.data_location = TensorProto.EXTERNAL
+                offset = int(ext.get("offset", "0")) + i * per
+                for k, val in (("location", ext["location"]), ("offset", str(offset)), ("length", str(per))):
+                    entry = u.external_data.add()
+                    entry.key, entry.value = k, val
+            else:
+                u.raw_data = t.raw_data[i * per:(i + 1) * per]
+            self.inits[u.name] = u
+            views.append(u.name)
+        return views
 
-        A stack dequantized here (a `dequantize` read only by this node) is sliced before the
-        DequantizeLinear, so only the experts a call routes to are dequantized; the stacked
-        DequantizeLinear (and its rounding Casts) is then dropped from the graph."""
+    def _drop_unread(self, names: list[str]) -> None:
+        """Forget initializers no node reads any more (their bytes are still the experts' views)."""
+        read = {i for nd in self.nodes for i in nd.input}
+        for n in names:
+            if n not in read:
+                self.inits.pop(n, None)
+
+    def _expert_weights(self, v: Value) -> Callable[[int], str]:
+        """A function of an expert index -> that expert's float32 weight [K, N], read from an
+        initializer of its own (a view of the stack's bytes).
+
+        A stack dequantized here (a `dequantize` read only by this node) is viewed before the
+        DequantizeLinear, so a call dequantizes only the experts it routes to; the stacked
+        DequantizeLinear (and its rounding Casts) is dropped from the graph."""
         stacked = self.name(v)
         by_out = {o: nd for nd in self.nodes for o in nd.output}
         casts: list[int] = []
@@ -626,114 +665,78 @@ class _Emitter:
                    and cur is not None and cur.op_type == "DequantizeLinear" and len(cur.input) == 2
                    and cur.input[0] in self.inits and cur.input[1] in self.inits)
         if not fusable:
-            return lambda ex: self.op("Gather", [stacked, ex], axis=0)
+            if stacked in self.inits and v.num_uses() == 1:  # a float param stack: view it per expert
+                views = self._expert_views(stacked)
+                self._drop_unread([stacked])
+                return lambda i: views[i]
+            return lambda i: self.op("Gather", [stacked, self.const(i)], axis=0)
         assert cur is not None
         dq = cur
         chain.append(dq)
-        used = {i for nd in self.nodes if nd not in chain for i in nd.input}
-        if any(o in used for nd in chain for o in nd.output):
-            return lambda ex: self.op("Gather", [stacked, ex], axis=0)
-        if self.inits[dq.input[0]].data_type == TensorProto.INT4 and self.inits[dq.input[0]].dims[-1] % 2:
-            return lambda ex: self.op("Gather", [stacked, ex], axis=0)
         for nd in chain:
             self.nodes.remove(nd)
         attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
         qn, sn = dq.input[0], dq.input[1]
+        q_views = self._expert_views(qn)
         per_tensor = len(self.inits[sn].dims) == 0
+        s_views = [sn] * len(q_views) if per_tensor else self._expert_views(sn)
+        self._drop_unread([qn, sn])
+        kw: dict[str, int] = {}
+        if not per_tensor:
+            kw["axis"] = int(attrs.get("axis", 1)) - 1
+            if "block_size" in attrs:
+                kw["block_size"] = int(attrs["block_size"])
 
-        q_init = self.inits[qn]
-        packed4 = q_init.data_type == TensorProto.INT4
-        if packed4:  # Gather takes no int4: read the same bytes as uint8 pairs, unpacked per expert
-            qn = self._int4_as_uint8(qn)
-
-        def slicer(ex: str) -> str:
-            q = self.op("Gather", [qn, ex], axis=0)
-            if packed4:
-                q = self._unpack_int4(q)
-            if per_tensor:
-                w = self.op("DequantizeLinear", [q, sn])
-            else:
-                kw = {"axis": int(attrs.get("axis", 1)) - 1}
-                if "block_size" in attrs:
-                    kw["block_size"] = int(attrs["block_size"])
-                w = self.op("DequantizeLinear", [q, self.op("Gather", [sn, ex], axis=0)], **kw)
+        def weight(i: int) -> str:
+            w = self.op("DequantizeLinear", [q_views[i], s_views[i]], **kw)
             for to in reversed(casts):
                 w = self.op("Cast", [w], to=to)
             return w
 
-        return slicer
-
-    def _int4_as_uint8(self, name: str) -> str:
-        """Re-declare an INT4 initializer [..., N] (N even) as UINT8 [..., N/2] over the same bytes
-        (ONNX packs int4 pairs low nibble first); no byte is written twice."""
-        t = self.inits[name]
-        u = onnx.TensorProto()
-        u.name, u.data_type = name, TensorProto.UINT8
-        u.dims.extend([*t.dims[:-1], t.dims[-1] // 2])
-        if t.data_location == TensorProto.EXTERNAL:
-            u.data_location = TensorProto.EXTERNAL
-            for entry in t.external_data:
-                new = u.external_data.add()
-                new.key, new.value = entry.key, entry.value
-        else:
-            u.raw_data = t.raw_data
-        self.inits[name] = u
-        return name
-
-    def _unpack_int4(self, b: str) -> str:
-        """uint8 [K, N/2] of int4 pairs (low nibble first) -> int8 [K, N] of their signed values."""
-        wide = self.op("Cast", [b], to=TensorProto.INT32)
-        hi = self.op("Div", [wide, self.const(16, np.int32)])
-        lo = self.op("Sub", [wide, self.op("Mul", [hi, self.const(16, np.int32)])])
-
-        def signed(t: str) -> str:
-            neg = self.op("GreaterOrEqual", [t, self.const(8, np.int32)])
-            t = self.op("Where", [neg, self.op("Sub", [t, self.const(16, np.int32)]), t])
-            return self.op("Unsqueeze", [t, self.const([-1])])
-
-        pairs = self.op("Concat", [signed(lo), signed(hi)], axis=-1)  # [K, N/2, 2]
-        flat = self.op("Reshape", [pairs, self.const([0, -1])])
-        return self.op("Cast", [flat], to=TensorProto.INT8)
+        return weight
 
     def _moe_sparse(self, node: Node, x: str, tokens: str, flat_w: str, flat_i: str, inter: int,
                     adapters: list[tuple[str, str] | None], scale: float) -> str:
-        """Grouped by expert: a Loop over the distinct experts the call routes to; each iteration
-        gathers that expert's rows (NonZero / Gather), runs its FFN on them alone (its weights
-        sliced, and dequantized, for it only) and adds the weighted rows back (ScatterND add).
-        Slots of weight 0 (experts another rank holds) are skipped: dense adds 0 for them."""
-        ug_of, dn_of = self._expert_slicer(node.inputs[3]), self._expert_slicer(node.inputs[4])
+        """Grouped by expert: one `If` per expert, taken only when the call routes a token to it;
+        its branch gathers the expert's (row, slot) pairs (NonZero / Gather), runs the expert's
+        FFN on those rows alone, reading its weights from initializers of its own (dequantized
+        there, so only routed experts are dequantized), and adds the weighted rows to the
+        output (ScatterND add). Slots of weight 0 (experts another rank holds) are skipped:
+        dense adds 0 for them."""
+        e = node.inputs[3].type.shape[0]
+        ug_of, dn_of = self._expert_weights(node.inputs[3]), self._expert_weights(node.inputs[4])
         routed = self.op("Not", [self.op("Equal", [flat_w, self.f32(0.0)])])
         masked = self.op("Where", [routed, flat_i, self.const(-1)])  # [T, k], -1 where skipped
-        uniq = self.op("Unique", [self.op("Reshape", [masked, self.const([-1])])], sorted=1)
-        uniq = self.op("Compress", [uniq, self.op("GreaterOrEqual", [uniq, self.const(0)])], axis=0)
-        trips = self.op("Squeeze", [self.op("Shape", [uniq]), self.const([0])])
-        acc0 = self.op("Mul", [tokens, self.f32(0.0)])
-        outer = self.nodes
-        self.nodes = []
-        it, cond_in, acc = self.fresh("moe_iter"), self.fresh("moe_cond"), self.fresh("moe_acc")
-        ex = self.op("Gather", [uniq, it], axis=0)  # this iteration's expert id (scalar)
-        hits = self.op("NonZero", [self.op("Equal", [masked, ex])])  # [2, n]: (row, slot)
-        rows = self.op("Gather", [hits, self.const(0)], axis=0)  # [n]
-        wr = self.op("GatherND", [flat_w, self.op("Transpose", [hits], perm=[1, 0])])  # [n]
-        xr = self.op("Gather", [tokens, rows], axis=0)  # [n, H]
-        y = self._moe_ffn(xr, ug_of(ex), dn_of(ex), inter,
-                          [None if ad is None else (self.op("Gather", [ad[0], ex], axis=0),
-                                                    self.op("Gather", [ad[1], ex], axis=0))
-                           for ad in adapters], scale)
-        y = self.op("Mul", [y, self.op("Unsqueeze", [wr, self.const([-1])])])
-        acc_out = self.op("ScatterND", [acc, self.op("Unsqueeze", [rows, self.const([-1])]), y],
-                          reduction="add")
-        cond_out = self.op("Identity", [cond_in])
-        body_nodes, self.nodes = self.nodes, outer
-        body = helper.make_graph(
-            body_nodes, self.fresh("moe_body"),
-            [helper.make_tensor_value_info(it, TensorProto.INT64, []),
-             helper.make_tensor_value_info(cond_in, TensorProto.BOOL, []),
-             helper.make_tensor_value_info(acc, TensorProto.FLOAT, None)],
-            [helper.make_tensor_value_info(cond_out, TensorProto.BOOL, []),
-             helper.make_tensor_value_info(acc_out, TensorProto.FLOAT, None)])
-        out = self.op("Loop", [trips, "", acc0], body=body)
-        return self.op("Reshape", [out, self.op("Shape", [x])])
+        hit = self.op("Equal", [self.op("Unsqueeze", [masked, self.const([-1])]), self.const(np.arange(e))])
+        present = self.op("Cast", [self.op("ReduceMax", [self.op("Cast", [hit], to=TensorProto.INT32),
+                                                         self.const([0, 1])], keepdims=0)],
+                          to=TensorProto.BOOL)  # [E]: is expert e routed to in this call
+        acc = self.op("Mul", [tokens, self.f32(0.0)])
+        for i in range(e):
+            outer = self.nodes
+            self.nodes = []
+            hits = self.op("NonZero", [self.op("Equal", [masked, self.const(i)])])  # [2, n]: (row, slot)
+            rows = self.op("Gather", [hits, self.const(0)], axis=0)  # [n]
+            wr = self.op("GatherND", [flat_w, self.op("Transpose", [hits], perm=[1, 0])])  # [n]
+            xr = self.op("Gather", [tokens, rows], axis=0)  # [n, H]
+            y = self._moe_ffn(xr, ug_of(i), dn_of(i), inter,
+                              [None if ad is None else (self.op("Gather", [ad[0], self.const(i)], axis=0),
+                                                        self.op("Gather", [ad[1], self.const(i)], axis=0))
+                               for ad in adapters], scale)
+            y = self.op("Mul", [y, self.op("Unsqueeze", [wr, self.const([-1])])])
+            taken = self.op("ScatterND", [acc, self.op("Unsqueeze", [rows, self.const([-1])]), y],
+                            reduction="add")
+            then_nodes, self.nodes = self.nodes, []
+            kept = self.op("Identity", [acc])
+            else_nodes, self.nodes = self.nodes, outer
+            branch = self.fresh(f"moe_expert{i}")
+            then_g = helper.make_graph(then_nodes, f"{branch}_then", [],
+                                       [helper.make_tensor_value_info(taken, TensorProto.FLOAT, None)])
+            else_g = helper.make_graph(else_nodes, f"{branch}_else", [],
+                                       [helper.make_tensor_value_info(kept, TensorProto.FLOAT, None)])
+            cond = self.op("Gather", [present, self.const(i)], axis=0)
+            acc = self.op("If", [cond], then_branch=then_g, else_branch=else_g)
+        return self.op("Reshape", [acc, self.op("Shape", [x])])
 
 @contextmanager
 def dense_moe() -> Iterator[None]:

@@ -1,7 +1,8 @@
 """Sparse MoE in model.onnx: only the routed experts run, equal to the interpreter and the dense form.
 
-Each MoE layer is a Loop over the distinct experts a call routes to (NonZero / Gather rows, that
-expert's weights sliced and dequantized for it alone, ScatterND add); checked in a bare
+Each MoE layer is one `If` per expert, taken only when the call routes a token to it (NonZero /
+Gather rows, that expert's weights read from initializers of its own and dequantized there,
+ScatterND add); checked in a bare
 `onnxruntime.InferenceSession` for float, wint8, wint4, cuda-arch 70 packed and LoRA experts,
 and a 64-expert variant of the tiny ERNIE 4.5 MoE (packed at the default sm80).
 """
@@ -54,12 +55,13 @@ def logits_of(path: Path) -> np.ndarray:
     return bare_session(path).run(None, {"input_ids": IDS})[0]
 
 
-def moe_loops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    return [n for n in model.graph.node if n.op_type == "Loop"]
+def expert_branches(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type == "If"]
 
 
-def body_ops(loop: onnx.NodeProto) -> list[str]:
-    return [n.op_type for n in onnx.helper.get_attribute_value(loop.attribute[0]).node]
+def branch_ops(node: onnx.NodeProto, which: str = "then_branch") -> list[str]:
+    attr = next(a for a in node.attribute if a.name == which)
+    return [n.op_type for n in onnx.helper.get_attribute_value(attr).node]
 
 
 EXPERTS64 = {"moe_num_experts": 64, "hidden_size": 128, "moe_intermediate_size": 64, "head_dim": 8}
@@ -89,22 +91,24 @@ def test_sparse_onnx_equals_interpreter_and_dense(case: str, tmp_path: Path) -> 
     assert np.abs(got - ref).max() <= tol
     assert np.abs(got - got_dense).max() <= tol
     model = onnx.load(str(sparse), load_external_data=False)
-    loops = moe_loops(model)
-    assert len(loops) == len(experts)  # one expert loop per MoE layer
+    branches = expert_branches(model)
+    num_experts = experts[0].inputs[3].type.shape[0]
+    assert len(branches) == num_experts * len(experts)  # one If per expert per MoE layer
     lora = "lora" in case
-    for loop in loops:  # per iteration: one expert's up_gate and down matmuls (+ its LoRA pairs)
-        ops = body_ops(loop)
+    for br in branches:  # taken: that expert's up_gate and down matmuls (+ its LoRA pairs); else: none
+        ops = branch_ops(br)
         assert ops.count("MatMul") == (6 if lora else 2)
         assert {"NonZero", "Gather", "ScatterND"} <= set(ops)
+        assert branch_ops(br, "else_branch") == ["Identity"]
     # no expert stack is dequantized or multiplied whole at the top level
     inits = {i.name: list(i.dims) for i in model.graph.initializer}
     for n in model.graph.node:
         if n.op_type in ("DequantizeLinear", "MatMul"):
             assert not any(len(inits.get(i, [])) == 3 for i in n.input), n
-    if "wint" in case:
-        assert any("DequantizeLinear" in body_ops(lp) for lp in loops)
+    if "wint" in case:  # each expert dequantized in its own branch, from its own initializers
+        assert all(branch_ops(br).count("DequantizeLinear") == 2 for br in branches)
     dense_model = onnx.load(str(dense), load_external_data=False)
-    assert not moe_loops(dense_model)
+    assert not expert_branches(dense_model)
 
 
 def test_64_experts_packed_at_sm80_sparse(tmp_path: Path) -> None:
@@ -124,7 +128,8 @@ def test_int4_experts_keep_their_bytes_once(tmp_path: Path) -> None:
     ends = [(int(e["offset"]), int(e["length"]))
             for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
             for e in [{x.key: x.value for x in t.external_data}]]
-    assert sum(length for _, length in ends) <= data.stat().st_size  # nothing referenced twice...
+    assert sum(length for _, length in ends) <= data.stat().st_size  # nothing referenced twice
     assert len(set(ends)) == len(ends)
-    stacks = [t for t in model.graph.initializer if len(t.dims) == 3 and "experts" in t.name]
-    assert stacks and all(t.data_type in (onnx.TensorProto.UINT8, onnx.TensorProto.FLOAT) for t in stacks)
+    views = [t for t in model.graph.initializer if "experts" in t.name and t.name.endswith("]")]
+    assert views and any(t.data_type == onnx.TensorProto.INT4 for t in views)
+    assert not [t for t in model.graph.initializer if len(t.dims) == 3 and ".mlp.experts." in t.name]
