@@ -39,7 +39,7 @@ EXACT_TOL = 2e-5
 """Exact mode: max |logit error| <= EXACT_TOL x max |logit| (float32 reduction-order noise)."""
 FAST_TOL = 5e-2
 """Fast mode (int8 activations): max |logit error| <= FAST_TOL x max |logit|. Measured on these
-tiny models (hidden 64): 0.28-0.63 on logits of scale ~55, i.e. <= 1.2e-2 relative."""
+tiny models (hidden 64, 2 x 7 tokens): 0.37-0.85 on logits of scale 55-58, <= 1.5e-2 relative."""
 IDS = np.array([[1, 2, 3, 400, 5, 77, 8], [9, 8, 7, 6, 5, 4, 1000]])
 BOUND = {8: 127, 4: 7}
 
