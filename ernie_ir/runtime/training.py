@@ -13,7 +13,8 @@ replaces only the ones given (by name or by their ERNIEKit alias: `learning_rate
 `per_device_train_batch_size`, `gradient_accumulation_steps`, `max_grad_norm`, `weight_decay`,
 `adam_beta1`, `adam_beta2`, `adam_epsilon`, `warmup_steps`, `lr_scheduler_type`).
 
-Data: a jsonl file of `{"input_ids": [...]}` lines, cut into batches of `batch_size` (input ids
+Data: a jsonl file of `{"input_ids": [...]}` lines (optionally `"labels"`, `ignore_index`
+where no loss is wanted), cut into batches of `batch_size` (input ids
 padded with `pad_id`, labels there `ignore_index`), taken in order and cycled; without data,
 one fixed synthetic batch (seeded) is used on every step. One optimizer step takes
 `gradient_accumulation_steps` consecutive batches. The loss is the mean cross-entropy over the
@@ -57,8 +58,16 @@ RECIPE = Path("training") / "train.json"
 IGNORE = -100
 
 
-def _read_data(path: Path, vocab: int, max_len: int | None = None) -> list[list[int]]:
-    seqs: list[list[int]] = []
+Sequence = tuple[list[int], list[int]]
+"""(input_ids, labels) of one line of training data."""
+
+
+def _read_data(path: Path, vocab: int, max_len: int | None = None,
+               ignore_index: int = IGNORE) -> list[Sequence]:
+    """The lines of a jsonl file: `{"input_ids": [...]}`, optionally with `"labels"` of the same
+    length (ERNIEKit's SFT convention: `ignore_index` where no loss is wanted, e.g. the prompt);
+    without labels every token is a target."""
+    seqs: list[Sequence] = []
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as e:
@@ -70,32 +79,41 @@ def _read_data(path: Path, vocab: int, max_len: int | None = None) -> list[list[
         if not line.strip():
             continue
         try:
-            ids = json.loads(line)["input_ids"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+            row = json.loads(line)
+            ids = row["input_ids"]
+            labels = row.get("labels", ids)
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise ErnieIRError(f'{path}:{i}: expected a JSON object {{"input_ids": [...]}}') from None
         if (not isinstance(ids, list) or len(ids) < 2
                 or not all(isinstance(t, int) and 0 <= t < vocab for t in ids)):
             raise ErnieIRError(f"{path}:{i}: input_ids must be a list of >= 2 token ids in [0, {vocab})")
+        if (not isinstance(labels, list) or len(labels) != len(ids)
+                or not all(isinstance(t, int) and (0 <= t < vocab or t == ignore_index) for t in labels)):
+            raise ErnieIRError(f"{path}:{i}: labels must be a list as long as input_ids of token ids in "
+                               f"[0, {vocab}) or the ignore index {ignore_index}")
+        if all(t == ignore_index for t in labels[1:]):
+            raise ErnieIRError(f"{path}:{i}: every label after the first is the ignore index "
+                               f"{ignore_index}: the line has nothing to learn")
         if max_len is not None and len(ids) > max_len:
             raise ErnieIRError(f"{path}:{i}: {len(ids)} tokens, but the model has {max_len} positions: "
                                "split the sequence")
-        seqs.append(ids)
+        seqs.append((ids, labels))
     if not seqs:
         raise ErnieIRError(f"{path} holds no sequences")
     return seqs
 
 
-def _batches(seqs: list[list[int]], size: int, pad_id: int = 0,
+def _batches(seqs: list[Sequence], size: int, pad_id: int = 0,
              ignore_index: int = IGNORE) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for i in range(0, len(seqs), size):
         chunk = seqs[i:i + size]
-        width = max(len(s) for s in chunk)
+        width = max(len(s) for s, _ in chunk)
         ids = np.full((len(chunk), width), pad_id, np.int64)
         labels = np.full((len(chunk), width), ignore_index, np.int64)
-        for r, s in enumerate(chunk):
+        for r, (s, lab) in enumerate(chunk):
             ids[r, :len(s)] = s
-            labels[r, :len(s)] = s
+            labels[r, :len(s)] = lab
         out.append((ids, labels))
     return out
 
@@ -320,8 +338,8 @@ def training_batches(recipe: dict[str, Any], graph: Any, data: Path | None, seed
         limits = [n.attrs.limit for n in graph.nodes
                   if n.op == "position_ids" and getattr(n.attrs, "limit", None) is not None]
         max_len = min(limits) if limits else None
-        return _batches(_read_data(Path(data), vocab, max_len), opts.batch_size, opts.pad_id,
-                        opts.ignore_index)
+        return _batches(_read_data(Path(data), vocab, max_len, opts.ignore_index), opts.batch_size,
+                        opts.pad_id, opts.ignore_index)
     rng = np.random.default_rng(opts.seed)
     seq_len = int(recipe.get("batch", {}).get("seq_len", 16))
     ids = rng.integers(0, vocab, size=(opts.batch_size, seq_len))

@@ -278,3 +278,35 @@ def test_bad_config_files(art: Path, tmp_path: Path, capsys) -> None:
         train_artifact(art, 1, lr=float("inf"))
     with pytest.raises(ErnieIRError, match="unknown training option"):
         train_artifact(art, 1, options={"lerning_rate": 1e-3})
+
+
+def test_labels_in_the_data_mask_the_prompt(art: Path, data: Path, tmp_path: Path) -> None:
+    """ERNIEKit's SFT convention: `labels` with the ignore index over the prompt; the loss is
+    the mean over the remaining targets only."""
+    seqs = _seqs(data)
+    graph = load_artifact(art)
+    total, count = 0.0, 0
+    rows = []
+    for s in seqs:
+        prompt = len(s) // 2
+        labels = [-7] * prompt + s[prompt:]
+        rows.append(json.dumps({"input_ids": s, "labels": labels}))
+        lp = _log_softmax(run_graph(graph, {"input_ids": np.array([s], np.int64)})["logits"][0][:-1])
+        for t in range(1, len(s)):
+            if labels[t] != -7:
+                total -= float(lp[t - 1, labels[t]])
+                count += 1
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text("\n".join(rows) + "\n")
+    seen: list[StepProgress] = []
+    got = train_artifact(art, 1, data=sft, save=False, options={"ignore_index": -7},
+                         on_progress=seen.append)[0]
+    assert got == pytest.approx(total / count, rel=1e-5) and seen[0].tokens == count
+    with pytest.raises(ErnieIRError, match="labels must be a list as long as input_ids"):
+        train_artifact(art, 1, data=sft, save=False)  # -7 is not the ignore index -100
+    sft.write_text(json.dumps({"input_ids": [1, 2, 3], "labels": [1, 2]}) + "\n")
+    with pytest.raises(ErnieIRError, match="as long as input_ids"):
+        train_artifact(art, 1, data=sft, save=False)
+    sft.write_text(json.dumps({"input_ids": [1, 2, 3], "labels": [1, -100, -100]}) + "\n")
+    with pytest.raises(ErnieIRError, match="nothing to learn"):
+        train_artifact(art, 1, data=sft, save=False)
