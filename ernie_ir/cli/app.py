@@ -555,7 +555,10 @@ def train(
         losses = train_artifact(artifact, steps, data, options=options, on_progress=on_progress,
                                 timeout_s=timeout)
     if json_out:
-        print(json.dumps({"artifact": str(artifact), "steps": steps, "losses": losses}))
+        from ernie_ir.runtime.training import read_training_artifact
+
+        used = resolve_options(read_training_artifact(artifact)[1], options).model_dump()
+        print(json.dumps({"artifact": str(artifact), "steps": steps, "losses": losses, "options": used}))
         return
     for i, loss in enumerate(losses, 1):
         out.print(f"step {i:4d}  loss {loss:.6f}", markup=False)

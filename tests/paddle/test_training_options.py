@@ -219,6 +219,8 @@ def test_the_recipe_is_the_default_and_a_flag_overrides_it(tmp_path: Path, capsy
     want = train_artifact(out, 2, save=False, lr=5e-3)
     code, stdout, _ = cli(capsys, "train", str(out), "--steps", "2", "--json")  # no --lr: the recipe's
     assert code == 0 and json.loads(stdout)["losses"] == want
+    used = json.loads(stdout)["options"]
+    assert (used["lr"], used["weight_decay"], used["batch_size"], used["clip_norm"]) == (5e-3, 0.1, 2, 1.0)
     code, stdout, _ = cli(capsys, "train", str(out), "--steps", "2", "--json", "--lr", "2e-2")
     assert json.loads(stdout)["losses"] == train_artifact(out, 2, save=False, lr=2e-2) != want
 
