@@ -64,6 +64,15 @@ def _quant_dequant(w: np.ndarray, bits: int) -> np.ndarray:
     return q.astype(np.float64) * scale.astype(np.float64)
 
 
+def _dq_feeding_matmul(graph: onnx.GraphProto) -> int:
+    """DequantizeLinear outputs read directly by a MatMul (what the default optimizer would fuse
+    into an accuracy_level 4 MatMulNBits), counted in `graph` and its subgraphs."""
+    dq = {o for nd in graph.node if nd.op_type == "DequantizeLinear" for o in nd.output}
+    count = sum(1 for nd in graph.node if nd.op_type == "MatMul" for i in nd.input if i in dq)
+    return count + sum(_dq_feeding_matmul(a.g) for nd in graph.node for a in nd.attribute
+                       if a.type == onnx.AttributeProto.GRAPH)
+
+
 def _decode_nbits(node: onnx.NodeProto, inits: dict[str, np.ndarray]) -> np.ndarray:
     """The float64 weight [K, N] one MatMulNBits node reads (its spec: B [N, blocks, block*bits/8]
     uint8, 4-bit low nibble first; scales [N * blocks]; zero points packed, default 2^(bits-1))."""
@@ -101,6 +110,7 @@ def test_exact_artifact_in_a_bare_default_session(exact: dict, case: tuple[str, 
     levels = [a.i for nd in model.graph.node if nd.op_type == "MatMulNBits" for a in nd.attribute
               if a.name == "accuracy_level"]
     assert levels and set(levels) == {1}
+    assert _dq_feeding_matmul(model.graph) == 0
     ref = _reference(art)
     got = _bare(path)
     assert got.shape == ref.shape and np.isfinite(got).all()
