@@ -466,8 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--batches", type=Path, default=None, help=".npz of ids{i}/labels{i} (the launcher's)")
     train.add_argument("--lr", type=float, default=None)
     train.add_argument("--seed", type=int, default=None)
-    train.add_argument("--options", type=Path, default=None,
-                       help="JSON object of training options (ernie-ir train's names or ERNIEKit's)")
+    train.add_argument("--options", "--config", dest="options", type=Path, default=None,
+                       help="YAML or JSON of training options (ernie-ir train's names or ERNIEKit's), "
+                            "as `ernie-ir train --config`")
     train.add_argument("--losses", type=Path, default=None, help="rank 0 appends one JSON line per step")
     train.add_argument("--save", action="store_true", help="write the checkpoint (rank files + merged)")
     for p in (run, train):

@@ -113,7 +113,7 @@ def training_recipe(graph: Graph, target: Target, mapping: Mapping | None = None
         device_cmd = (f'{target.visible_devices_env}={devices} python -m paddle.distributed.launch '
                       f'--nproc_per_node {world} {target.launch_flag} {devices} "$({WORKER_LOOKUP})" train '
                       f"<artifact> --device {kind} --save --steps N [--data FILE.jsonl] "
-                      "[--options OPTIONS.json]")
+                      "[--config train.yaml|json]")
         cpu_cmd = (f"ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--config train.yaml] "
                    f"[--lr X ...]   ({world} gloo "
                    "processes, one per rank)")

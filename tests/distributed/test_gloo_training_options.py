@@ -1,6 +1,7 @@
 """Training options on real paddle.distributed processes: a tp 2 run with padded data,
 gradient accumulation, weight decay, a clip, warmup + cosine and another padding convention
-equals the one-rank run with the same options, step for step."""
+equals the one-rank run with the same options, step for step; so does the rank worker started
+as a device launch (`launch.sh`) starts it, with `--config train.yaml`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from _dist_testkit import compile_art, leftover_processes
 from safetensors.numpy import load_file
 
+from ernie_ir.runtime.launcher import RankProcesses
 from ernie_ir.runtime.training import StepProgress, train_artifact
 
 MODEL = "ernie-4.5-0.3b@tiny"
@@ -41,4 +43,18 @@ def test_tp2_with_every_option_equals_one_rank(tmp_path: Path) -> None:
     merged = load_file(str(tp2_art / "training/checkpoints/run-001-step-3/merged.safetensors"))
     for name, want in ref.items():
         np.testing.assert_allclose(merged[name], want, rtol=1e-4, atol=5e-5, err_msg=name)
+    assert not leftover_processes()
+    # the device launch path: the rank worker started as launch.sh starts it, with --config
+    config = tmp_path / "train.yaml"
+    config.write_text("learning_rate: 0.01\nweight_decay: 0.1\nlr_scheduler_type: linear\n"
+                      "per_device_train_batch_size: 2\nseed: 3\n")
+    want = train_artifact(one_art, 2, save=False, options={
+        "lr": 1e-2, "weight_decay": 0.1, "schedule": "linear", "batch_size": 2, "seed": 3})
+    losses = tmp_path / "losses.jsonl"
+    args = ["--steps", "2", "--config", str(config), "--losses", str(losses)]
+    ranks = RankProcesses(tp2_art, "train", args, 2, tmp_path)
+    ranks.start()
+    ranks.wait(120)
+    got = [json.loads(line)["loss"] for line in losses.read_text().splitlines()]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
     assert not leftover_processes()
