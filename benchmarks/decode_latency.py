@@ -20,9 +20,9 @@ MoE (--moe, on by default): an ERNIE-4.5-MoE-shaped model (ernie-4.5-21b-a3b's c
 experts top-6, 2 shared experts, every layer MoE) at --moe-hidden / --moe-inter widths (default
 1024 / 768: 600 MB of float32 expert weights per layer, so the expert matmuls dominate), --moe-layers
 layers (default 4), vocab --moe-vocab. Dense MoE (every expert on every token: `emit_onnx`
-under `dense_moe()`, the Paddle layer with `moe_dense`) against sparse MoE (the default: only the routed experts run),
-for float32 and wint8mix exact / fast ONNX sessions and the eager Paddle layer (float32), per
---moe-tokens-token forward. Goal: sparse >= 5x faster than dense at E=64, k=6.
+under `dense_moe()`, the Paddle layer with `moe_dense`) against sparse MoE (the default: only
+the routed experts run), for float32 and wint8mix exact / fast ONNX sessions and the eager
+Paddle layer (float32), per --moe-tokens-token forward. Goal: sparse >= 5x faster than dense at E=64, k=6.
 
 Measured (2 shared cores under a load of about 3, 1 token, 4 layers, medians, 2026-12-01):
   onnx float32 exact   dense  293 ms  sparse  65 ms  (4.5x)
