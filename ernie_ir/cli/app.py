@@ -461,6 +461,8 @@ def compile(
     if report.parallel:
         out.print(f"layout: {report.parallel}", markup=False)
     out.print(f"pipeline: {report.pipeline}", markup=False)
+    if report.onnx_numerics is not None:
+        out.print(f"onnx numerics: {report.onnx_numerics}", markup=False)
     t = Table(title="params by dtype")
     t.add_column("dtype")
     t.add_column("before", justify="right")
