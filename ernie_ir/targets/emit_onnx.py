@@ -135,6 +135,7 @@ class _Emitter:
         self.node: Node | None = None
         self.const_names: dict[tuple[Any, ...], str] = {}
         self.derived_names: dict[tuple[int, str], str] = {}
+        self.float_views: set[str] = set()  # per-expert float weight views (initializers of a branch)
 
     moe_form = "sparse"
     """"sparse" (default): MoE experts run on the rows routed to them only; "dense": every expert
@@ -667,6 +668,7 @@ class _Emitter:
         if not fusable:
             if stacked in self.inits and v.num_uses() == 1:  # a float param stack: view it per expert
                 views = self._expert_views(stacked)
+                self.float_views.update(views)
                 self._drop_unread([stacked])
                 return lambda i: views[i]
             return lambda i: self.op("Gather", [stacked, self.const(i)], axis=0)
@@ -730,8 +732,12 @@ class _Emitter:
             kept = self.op("Identity", [acc])
             else_nodes, self.nodes = self.nodes, outer
             branch = self.fresh(f"moe_expert{i}")
+            # the expert's float weight views live in its branch, where onnxruntime pre-packs them
+            own = [self.inits.pop(n) for n in dict.fromkeys(i for nd in then_nodes for i in nd.input)
+                   if n in self.float_views]
             then_g = helper.make_graph(then_nodes, f"{branch}_then", [],
-                                       [helper.make_tensor_value_info(taken, TensorProto.FLOAT, None)])
+                                       [helper.make_tensor_value_info(taken, TensorProto.FLOAT, None)],
+                                       initializer=own)
             else_g = helper.make_graph(else_nodes, f"{branch}_else", [],
                                        [helper.make_tensor_value_info(kept, TensorProto.FLOAT, None)])
             cond = self.op("Gather", [present, self.const(i)], axis=0)
