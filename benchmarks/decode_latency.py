@@ -24,11 +24,12 @@ under `dense_moe()`, the Paddle layer with `moe_dense`) against sparse MoE (the 
 the routed experts run), for float32 and wint8mix exact / fast ONNX sessions and the eager
 Paddle layer (float32), per --moe-tokens-token forward. Goal: sparse >= 5x faster than dense at E=64, k=6.
 
-Measured (2 shared cores under a load of about 3, 1 token, 4 layers, medians, 2026-12-01):
-  onnx float32 exact   dense  293 ms  sparse  65 ms  (4.5x)
-  paddle float32       dense  196 ms  sparse  46 ms  (4.3x)
-  onnx wint8mix exact  dense 2346 ms  sparse 387 ms  (6.1x)
-  onnx wint8mix fast   dense 2300 ms  sparse 234 ms  (9.8x)
+Measured (2 shared cores, load about 1.5, 1 token, 4 layers, medians, 2026-12-01, --moe-only):
+  onnx float32 exact   dense   86 ms  sparse  16 ms  (5.4x)
+  paddle float32       dense  168 ms  sparse  35 ms  (4.7x, eager: per-op overhead)
+  onnx wint8mix exact  dense 2082 ms  sparse 242 ms  (8.6x)
+  onnx wint8mix fast   dense 2274 ms  sparse 152 ms  (15.0x)
+  (at a load of about 3 the float32 ONNX ratio fell to 2.9-4.5x: the figures move with the load)
 Float32 is bound by weight reads: sparse reads 6 of 64 experts plus what every token reads
 (2 shared experts, attention, lm_head), an ideal ratio of about 6.7x at these widths; an
 expert's If/NonZero/Gather overhead is under 1 us. Sparse wint8mix exact spends most of its
