@@ -60,15 +60,20 @@ WORKER_LOOKUP = "python -c 'import ernie_ir.runtime.paddle_dist as w; print(w.__
 def launch_recipe(target: Target, mode: str, tp: int = 1) -> dict[str, Any]:
     """How the artifact is started on its devices (`tp`: the number of processes, one per rank).
 
-    One rank: `ernie-ir run|train <artifact>` under the launcher. Several: the launcher starts
-    the rank worker once per device; each process builds its Paddle Layer from `rank{r}/` and
-    its collectives run on the target's backend (nccl, xccl, bkcl; gloo on a CPU, where
-    `ernie-ir run|train <artifact> --backend paddle` starts the processes itself).
+    The launcher starts the rank worker once per device (one rank too): each process checks and
+    loads its `rank{r}/`, builds its Paddle Layer for the device (the device's weight-only
+    kernels where the kernel plan names them) and runs it; collectives run on the target's
+    backend (nccl, xccl, bkcl). On a CPU, `ernie-ir run|train <artifact> --backend paddle`
+    starts the same worker over gloo itself.
     """
     devices = ",".join(str(i) for i in range(tp))
     env = {target.visible_devices_env: devices, **target.extra_env}
     command = "train" if mode == "training" else "run"
-    recipe: dict[str, Any] = {
+    kind = target.paddle_device.split(":")[0]
+    extra = " --save" if mode == "training" else ""
+    cpu = ("ernie-ir train <artifact> --steps N" if mode == "training" else
+           "ernie-ir run <artifact> --tokens 1,2,3 --backend paddle")
+    return {
         "target": target.name,
         "launcher": "python -m paddle.distributed.launch",
         "flag": target.launch_flag,
@@ -78,25 +83,14 @@ def launch_recipe(target: Target, mode: str, tp: int = 1) -> dict[str, Any]:
         "env": env,
         "paddle_device": target.paddle_device,
         "inference_config": target.inference_config,
-        "entry": f"ernie-ir {command} <artifact>",
-        "note": "the device-side Paddle executable is not emitted yet; the entry runs the "
-                "artifact in the CPU interpreter",
+        "entry": f"<worker> {command} <artifact> --device {kind}{extra}",
+        "worker": WORKER_LOOKUP,
+        "note": (f"{tp} process(es), one per rank: each checks and loads rank{{r}}/, builds its Paddle "
+                 "Layer for the device (collectives are paddle.distributed calls) and rank 0 reports"),
+        "cpu": {"collective_backend": "gloo", "command": cpu,
+                "note": "one gloo process per rank on this machine's CPU"},
         "mode": mode,
     }
-    if tp > 1:
-        kind = target.paddle_device.split(":")[0]
-        extra = " --save" if mode == "training" else ""
-        recipe.update({
-            "entry": f"<worker> {command} <artifact> --device {kind}{extra}",
-            "worker": WORKER_LOOKUP,
-            "note": f"{tp} processes, one per rank: each checks and loads rank{{r}}/, builds its Paddle "
-                    "Layer (collectives are paddle.distributed calls) and rank 0 reports",
-            "cpu": {"collective_backend": "gloo",
-                    "command": ("ernie-ir train <artifact> --steps N" if mode == "training" else
-                                "ernie-ir run <artifact> --tokens 1,2,3 --backend paddle"),
-                    "note": "one gloo process per rank on this machine's CPU"},
-        })
-    return recipe
 
 
 def launch_script(recipe: dict[str, Any]) -> str:
@@ -108,17 +102,14 @@ def launch_script(recipe: dict[str, Any]) -> str:
         lines.append(f'export {k}="${{{k}:-{v}}}"')
     vis = next(iter(recipe["env"]))
     command = "train" if recipe.get("mode") == "training" else "run"
-    if recipe["nproc"] > 1:
-        # The rank worker, not `ernie-ir run`: that would run every rank in each process.
-        kind = recipe["paddle_device"].split(":")[0]
-        extra = " --save" if command == "train" else ""
-        lines.append("# on a CPU instead: " + recipe["cpu"]["command"].replace("<artifact>", '"$ARTIFACT"'))
-        lines.append(f'WORKER="$({recipe["worker"]})" || exit 1')
-        lines.append(f'exec {recipe["launcher"]} --nproc_per_node {recipe["nproc"]} {recipe["flag"]} '
-                     f'"${{{vis}}}" "$WORKER" {command} "$ARTIFACT" --device {kind}{extra} "$@"')
-    else:
-        lines.append(f'exec {recipe["launcher"]} {recipe["flag"]} "${{{vis}}}" '
-                     f'"$(command -v ernie-ir)" {command} "$ARTIFACT" "$@"')
+    # The rank worker, not `ernie-ir run`: that would run the CPU interpreter (every rank of it
+    # in each process, for several ranks).
+    kind = recipe["paddle_device"].split(":")[0]
+    extra = " --save" if command == "train" else ""
+    lines.append("# on a CPU instead: " + recipe["cpu"]["command"].replace("<artifact>", '"$ARTIFACT"'))
+    lines.append(f'WORKER="$({recipe["worker"]})" || exit 1')
+    lines.append(f'exec {recipe["launcher"]} --nproc_per_node {recipe["nproc"]} {recipe["flag"]} '
+                 f'"${{{vis}}}" "$WORKER" {command} "$ARTIFACT" --device {kind}{extra} "$@"')
     return "\n".join(lines) + "\n"
 
 

@@ -106,14 +106,16 @@ def training_recipe(graph: Graph, target: Target, mapping: Mapping | None = None
     vocab = graph.outputs[0].type.shape[-1] if graph.outputs else None
     world = 1 if mapping is None else mapping.world_size
     devices = ",".join(str(i) for i in range(world))
-    if world > 1:
-        from .artifact import WORKER_LOOKUP
+    from .artifact import WORKER_LOOKUP
 
-        kind = target.paddle_device.split(":")[0]
-        device_cmd = (f'{target.visible_devices_env}={devices} python -m paddle.distributed.launch '
-                      f'--nproc_per_node {world} {target.launch_flag} {devices} "$({WORKER_LOOKUP})" train '
-                      f"<artifact> --device {kind} --save --steps N [--data FILE.jsonl] "
-                      "[--config train.yaml|json]")
+    # On the device, the rank worker trains each rank's Layer with the device's kernels (one
+    # rank too): never the CPU path of `ernie-ir train`.
+    kind = target.paddle_device.split(":")[0]
+    device_cmd = (f'{target.visible_devices_env}={devices} python -m paddle.distributed.launch '
+                  f'--nproc_per_node {world} {target.launch_flag} {devices} "$({WORKER_LOOKUP})" train '
+                  f"<artifact> --device {kind} --save --steps N [--data FILE.jsonl] "
+                  "[--config train.yaml|json]")
+    if world > 1:
         cpu_cmd = (f"ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--config train.yaml] "
                    f"[--lr X ...]   ({world} gloo "
                    "processes, one per rank)")
@@ -121,11 +123,9 @@ def training_recipe(graph: Graph, target: Target, mapping: Mapping | None = None
                        "params) + merged.safetensors (global names and shapes, merged by the shard "
                        "annotations); rank{r}/ is never modified")
     else:
-        device_cmd = (f"{target.visible_devices_env}=0 python -m paddle.distributed.launch "
-                      f'{target.launch_flag} 0 "$(command -v ernie-ir)" train <artifact> --steps N '
-                      "[--data FILE.jsonl]")
         cpu_cmd = "ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--config train.yaml] [--lr X ...]"
-        checkpoints = ("training/checkpoints/run-K-step-N.safetensors (trainable params + QAT state); "
+        checkpoints = ("training/checkpoints/run-K-step-N.safetensors (trainable params + QAT state; "
+                       "the device launch writes run-K-step-N/rank0.safetensors + merged.safetensors); "
                        "rank0/ is never modified")
     return {
         "format": "ernie-ir-training", "version": 1,

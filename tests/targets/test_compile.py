@@ -77,7 +77,12 @@ def test_compile_load_run_within_budget(tmp_path: Path, model: str, quant: str, 
     recipe = json.loads((out / "inference/launch.json").read_text())
     tgt = get_target(target)
     assert recipe["flag"] == tgt.launch_flag and tgt.visible_devices_env in recipe["env"]
-    assert f"paddle.distributed.launch {tgt.launch_flag}" in (out / "inference/launch.sh").read_text()
+    script = (out / "inference/launch.sh").read_text()
+    # the rank worker on the device (its Paddle Layer), never `ernie-ir run`'s CPU interpreter
+    device, visible = tgt.paddle_device.split(":")[0], tgt.visible_devices_env
+    assert (f'paddle.distributed.launch --nproc_per_node 1 {tgt.launch_flag} "${{{visible}}}" '
+            f'"$WORKER" run "$ARTIFACT" --device {device}') in script
+    assert "command -v ernie-ir" not in script
     g = load_artifact(out)
     y = logits(g)
     cmp = compare_logits(y, reference(model, "none"))
