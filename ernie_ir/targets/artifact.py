@@ -301,10 +301,14 @@ def verify_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
     root = Path(path)
     manifest = read_manifest(root)
     listed: dict[str, str] = manifest["files"]
+    inside = root.resolve()
     for name, digest in listed.items():
         f = root / name
         if not f.is_file():
             raise ArtifactError(f"artifact {root}: {name} is missing (listed in {MANIFEST})")
+        if inside not in f.resolve().parents:  # e.g. a link swapped for one that leaves the folder
+            raise ArtifactError(f"artifact {root}: {name} resolves outside the artifact "
+                                f"({f.resolve()}): the artifact was tampered with; recompile it")
         actual = sha256_file(f)
         if actual != digest:
             raise ArtifactError(f"artifact {root}: {name} was modified (sha256 {actual[:16]}..., "

@@ -106,3 +106,14 @@ def test_folder_read_with_meta_opens_no_weight_file(tmp_path: Path) -> None:
     with pytest.raises(ErnieIRError):
         load_input(str(folder))  # without --meta the damaged weights are refused
     json.loads((folder / "config.json").read_text())
+
+
+def test_verify_refuses_a_file_that_resolves_outside_the_artifact(tmp_path: Path) -> None:
+    compile_model("ernie-4.5-0.3b@tiny", "ascend", out=tmp_path / "a")
+    outside = tmp_path / "elsewhere.ir"
+    graph_ir = tmp_path / "a" / "rank0" / "graph.ir"
+    outside.write_bytes(graph_ir.read_bytes())  # same bytes, so only the location can give it away
+    graph_ir.unlink()
+    graph_ir.symlink_to(outside)
+    with pytest.raises(ErnieIRError, match="resolves outside the artifact"):
+        verify_artifact(tmp_path / "a")
