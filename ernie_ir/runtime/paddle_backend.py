@@ -1,9 +1,12 @@
-"""Run an artifact's Paddle executable on this machine's CPU.
+"""Run an artifact's Paddle executable on this machine: its target's device where Paddle has it, else CPU.
 
 `run_paddle(artifact, input_ids)`: inference artifacts load `inference/paddle/model.json` +
 `model.pdiparams` with Paddle Inference (`Config(...).disable_gpu()`); artifacts without that
 model (training artifacts) get their Layer built from `rank0/` (the portable form) and run in
-dygraph. The Paddle files' sha256 are checked against the manifest first.
+dygraph. Where this Paddle has the artifact's target device (ernie_ir.runtime.devices: a cuda
+artifact on paddlepaddle-gpu with a GPU, ascend with the npu plugin, kunlun on an XPU build),
+the Layer is built from `rank0/` on that device instead, with the device kernels the kernel
+plan names. The Paddle files' sha256 are checked against the manifest first.
 """
 
 from __future__ import annotations
@@ -36,25 +39,31 @@ def _check_files(root: Path, names: list[Path]) -> None:
             raise ErnieIRError(f"artifact {root}: {key} was modified (sha256 does not match the manifest)")
 
 
+def paddle_device_for(root: Path) -> str:
+    """Where `run_paddle` runs the artifact: its target's device when this Paddle has it, else "cpu"."""
+    from .devices import run_device
+
+    mf = root / "manifest.json"
+    if not mf.is_file():
+        return "cpu"
+    target = json.loads(mf.read_text(encoding="utf-8")).get("target")
+    return run_device(target) if isinstance(target, str) else "cpu"
+
+
 def run_paddle(artifact: Path, input_ids: np.ndarray) -> np.ndarray:
-    """Logits [B, S, V] of the artifact's Paddle executable on CPU, for int token ids [B, S]."""
+    """Logits [B, S, V] of the artifact's Paddle executable, for int token ids [B, S].
+
+    On a machine whose Paddle has the target's device (`paddle_device_for`), the Layer is built
+    from `rank0/` on that device with the device kernels; elsewhere the CPU executable runs.
+    """
     paddle = require_paddle()
     root = Path(artifact)
     ids = np.ascontiguousarray(np.asarray(input_ids), dtype=np.int64)
     if ids.ndim != 2:
         raise ErnieIRError(f"input_ids must be [batch, seq], got shape {list(ids.shape)}")
-    if not (root / MODEL).is_file():
-        from ernie_ir.ir.storage import load_graph
-
-        from .paddle_layer import build_layer
-
-        if not (root / "rank0").is_dir():
-            raise ErnieIRError(f"{root} has no Paddle model ({MODEL}) and no rank0/ graph")
-        _check_files(root, [Path("rank0/graph.ir"), Path("rank0/weights.safetensors")])
-        layer = build_layer(load_graph(root / "rank0"), device="cpu")
-        layer.eval()
-        with paddle.no_grad():
-            return np.asarray(layer(paddle.to_tensor(ids)).numpy())
+    device = paddle_device_for(root)
+    if device != "cpu" or not (root / MODEL).is_file():
+        return _run_layer(paddle, root, ids, device)
     _check_files(root, [MODEL, PARAMS])
     from paddle import inference
 
@@ -70,3 +79,18 @@ def run_paddle(artifact: Path, input_ids: np.ndarray) -> np.ndarray:
     handle.copy_from_cpu(ids)
     predictor.run()
     return np.asarray(predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu())
+
+
+def _run_layer(paddle: object, root: Path, ids: np.ndarray, device: str) -> np.ndarray:
+    """The Layer built from `rank0/` on `device` (device kernels there, the portable form on CPU)."""
+    from ernie_ir.ir.storage import load_graph
+
+    from .paddle_layer import build_layer
+
+    if not (root / "rank0").is_dir():
+        raise ErnieIRError(f"{root} has no Paddle model ({MODEL}) and no rank0/ graph")
+    _check_files(root, [Path("rank0/graph.ir"), Path("rank0/weights.safetensors")])
+    layer = build_layer(load_graph(root / "rank0"), device=device)
+    layer.eval()
+    with paddle.no_grad():  # type: ignore[attr-defined]
+        return np.asarray(layer(paddle.to_tensor(ids)).numpy())  # type: ignore[attr-defined]

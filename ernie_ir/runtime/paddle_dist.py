@@ -123,10 +123,9 @@ def _watch_parent() -> None:
 
 def device_for(kind: str) -> str:
     """The Paddle device of this rank: "cpu", or `kind`:N with N what the launcher selected."""
-    if kind == "cpu":
-        return "cpu"
-    selected = os.environ.get(f"FLAGS_selected_{kind}s", "0").split(",")[0] or "0"
-    return f"{kind}:{selected}"
+    from ernie_ir.runtime.devices import set_device_string
+
+    return set_device_string(kind)
 
 
 # -- loading -----------------------------------------------------------------------------------

@@ -46,6 +46,8 @@ from ernie_ir.ops.cuda_layout import pack, packable, unpack
 from ernie_ir.ops.quant_numerics import FP8_MAX
 from ernie_ir.ops.rope import rope_angles
 
+from . import devices
+
 PADDLE_HINT = "install ernie-ir[paddle] or paddlepaddle-gpu"
 
 
@@ -646,10 +648,8 @@ def _param_array(p: Param) -> np.ndarray:
 
 
 def device_arch(paddle: Any) -> int:
-    """The CUDA arch Paddle's weight-only kernel takes for the current GPU (70, 75, 80, 86, 89, 90)."""
-    major, minor = paddle.device.cuda.get_device_capability()
-    cc = major * 10 + minor
-    return max(a for a in (70, 75, 80, 86, 89, 90) if a <= max(cc, 70))
+    """The CUDA arch Paddle's weight-only kernel takes for the current GPU (ernie_ir.runtime.devices)."""
+    return devices.cuda_arch()
 
 
 _LAYER_CLASS: type | None = None
@@ -734,11 +734,10 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
     unknown = sorted({n.op for n in graph if n.op not in OPS and n.op not in _FOLDED})
     if unknown:
         raise PaddleEmitError(f"the Paddle emitter has no lowering for op(s) {', '.join(unknown)}")
-    dev = device or paddle.get_device()
-    use_kernels = dev.startswith("gpu") and not portable
-    arch = device_arch(paddle) if use_kernels else None
+    dev = device or devices.current_device()
+    arch = devices.cuda_arch() if devices.device_kind(dev) == "gpu" and not portable else None
     if device is not None:
-        paddle.set_device(device)
+        devices.set_device(device)
     cls = _layer_class()
     layer = cls()
     layer.P, layer.F = paddle, paddle.nn.functional
@@ -822,7 +821,8 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
             if isinstance(v, Param):
                 add_param(v)
         if node.op in ("weight_only_linear", "weight_only_linear_packed"):
-            _plan_weight_only(layer, paddle, node, arch, logical_packed, value_array)
+            _plan_weight_only(layer, paddle, node, dev, bool(portable), arch, logical_packed,
+                              value_array)
         ins: list[int | None] = [None if v is None else slot(v) for v in node.inputs]
         if sync and node.op not in COLLECTIVE_OPS and any(id(o) in varying for o in node.outputs):
             for i, v in enumerate(node.inputs):
@@ -854,16 +854,19 @@ def _feeds_experts_only(n: Node) -> bool:
         u.op in ("moe_experts", "moe_experts_lora") and i in (3, 4) for u, i in uses)
 
 
-def _plan_weight_only(layer: Any, paddle: Any, node: Node, arch: int | None,
-                      logical_packed: Callable[[Node], np.ndarray],
+def _plan_weight_only(layer: Any, paddle: Any, node: Node, device: str, portable: bool,
+                      arch: int | None, logical_packed: Callable[[Node], np.ndarray],
                       value_array: Callable[[Value], np.ndarray | None]) -> None:
-    """Choose Paddle's device kernel or the portable form for one weight-only linear."""
+    """Choose Paddle's device kernel or the portable form for one weight-only linear
+    (ernie_ir.runtime.devices.weight_only_kernel decides; the Layer calls the GPU kernel)."""
     packed = node.op == "weight_only_linear_packed"
     q = logical_packed(node) if packed else None
     where = node.scope or node.outputs[0].name or "?"
-    if arch is not None:
-        w = node.inputs[1]
-        bits = node.attrs.bits if packed else (4 if w is not None and w.type.dtype == DType.I4 else 8)
+    w = node.inputs[1]
+    bits = node.attrs.bits if packed else (4 if w is not None and w.type.dtype == DType.I4 else 8)
+    choice = devices.weight_only_kernel(device, bits, arch, portable=portable)
+    if choice.device_kernel:
+        arch = choice.arch
         logical = q if q is not None else np.asarray(value_array(w)).astype(np.int8)  # type: ignore[arg-type]
         k, n = logical.shape
         if packable(k, n, bits, arch) is None and node.inputs[2] is not None:
@@ -880,10 +883,11 @@ def _plan_weight_only(layer: Any, paddle: Any, node: Node, arch: int | None,
             layer._device_weights[id(node)] = {
                 "weight": wa, "scale": sa, "dtype": sdt, "arch": arch,
                 "weight_dtype": "int8" if bits == 8 else "int4", "group_size": node.attrs.group_size}
-            layer.kernels[where] = "paddle.nn.quant.weight_only_linear"
+            layer.kernels[where] = choice.kernel
             return
     if q is not None:
         attr = f"u{len(layer._node_consts)}"
         layer.register_buffer(attr, paddle.to_tensor(q), persistable=True)
         layer._node_consts[id(node)] = attr
-    layer.kernels[where] = "portable (int values * scale, matmul)"
+    wired = choice.kernel in (devices.PORTABLE, devices.GPU_KERNEL)
+    layer.kernels[where] = devices.PORTABLE if wired else f"{devices.PORTABLE}; {choice.kernel} not called"
