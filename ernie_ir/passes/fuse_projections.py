@@ -194,7 +194,27 @@ def check_adapters_read(pieces: Sequence[Piece], x: Value, what: str) -> None:
 # -- rules -----------------------------------------------------------------------------------------
 
 
-class FuseQkv(DataflowRule):
+class _FuseRule(DataflowRule):
+    """A rule whose plan is a `ColumnFusion` (plan.data["fusion"]) applied in one edit."""
+
+    def apply_plan(self, graph: Graph, plan: Plan) -> list[Node]:
+        edit = Edit(graph)
+        plan.data["fusion"].apply(graph, edit)
+        edit.finish()
+        return []
+
+
+class _UnfuseRule(DataflowRule):
+    """A rule whose plan is a `ColumnSplit` (plan.data["unfuse"]) applied in one edit."""
+
+    def apply_plan(self, graph: Graph, plan: Plan) -> list[Node]:
+        edit = Edit(graph)
+        plan.data["unfuse"].apply(graph, edit, plan.data["scopes"])
+        edit.finish()
+        return []
+
+
+class FuseQkv(_FuseRule):
     """q, k, v projections of one attention -> one projection over [Q | K | V] (or per head)."""
 
     name = "fuse-qkv"
@@ -227,14 +247,8 @@ class FuseQkv(DataflowRule):
         steps.passed()
         return Plan([n for p in parts for n in p.nodes] + [r for r, _, _ in heads], {"fusion": fusion})
 
-    def apply_plan(self, graph: Graph, plan: Plan) -> list[Node]:
-        edit = Edit(graph)
-        plan.data["fusion"].apply(graph, edit)
-        edit.finish()
-        return []
 
-
-class UnfuseQkv(DataflowRule):
+class UnfuseQkv(_UnfuseRule):
     """One projection over [Q | K | V] (or per head) -> separate q, k, v projections."""
 
     name = "unfuse-qkv"
@@ -279,12 +293,6 @@ class UnfuseQkv(DataflowRule):
         steps.passed()
         return Plan([*fused.nodes, *glue], {"unfuse": unfuse, "scopes": linear_scopes(fused, modules)})
 
-    def apply_plan(self, graph: Graph, plan: Plan) -> list[Node]:
-        edit = Edit(graph)
-        plan.data["unfuse"].apply(graph, edit, plan.data["scopes"])
-        edit.finish()
-        return []
-
 
 def gated_operands(mul: Node) -> list[tuple[Node, Value, Value]]:
     """(act, gate operand, up operand) readings of `mul` as act(gate) * up, in both orders."""
@@ -299,7 +307,7 @@ def gated_operands(mul: Node) -> list[tuple[Node, Value, Value]]:
     return out
 
 
-class FuseGateUp(DataflowRule):
+class FuseGateUp(_FuseRule):
     """act(gate(x)) * up(x) -> act(g) * u with g, u = split(x @ [Wg | Wu])."""
 
     name = "fuse-gate-up"
@@ -327,14 +335,8 @@ class FuseGateUp(DataflowRule):
         assert last is not None
         raise last
 
-    def apply_plan(self, graph: Graph, plan: Plan) -> list[Node]:
-        edit = Edit(graph)
-        plan.data["fusion"].apply(graph, edit)
-        edit.finish()
-        return []
 
-
-class UnfuseGateUp(DataflowRule):
+class UnfuseGateUp(_UnfuseRule):
     """act(g) * u with g, u = split(x @ [Wg | Wu]) -> act(gate(x)) * up(x)."""
 
     name = "unfuse-gate-up"
@@ -368,12 +370,6 @@ class UnfuseGateUp(DataflowRule):
                                                      "scopes": linear_scopes(fused, modules)})
         assert last is not None
         raise last
-
-    def apply_plan(self, graph: Graph, plan: Plan) -> list[Node]:
-        edit = Edit(graph)
-        plan.data["unfuse"].apply(graph, edit, plan.data["scopes"])
-        edit.finish()
-        return []
 
 
 # -- passes ------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from ernie_ir.ir.weights import ArraySource
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
 from ernie_ir.runtime import run_graph
+from ernie_ir.testing.models import randomize_lora_b
 
 FAMILIES = ("ernie-4.5-0.3b", "ernie-4.5-21b-a3b", "ernie-4.5-300b-a47b", "ernie-3.5-se-3b", "gpt-345m")
 IDS = np.array([[1, 5, 900, 77, 3, 1000, 42, 7]], dtype=np.int64)
@@ -27,16 +28,6 @@ FUSE = "fuse-parallel-block,fuse-qkv,fuse-gate-up"
 WINT8MIX = "quant-annotate{preset=wint8mix},weight-only-quant"
 VARIANTS = {"float": "", "wint8mix": WINT8MIX, "lora": "lora{rank=4}",
             "wint8mix+lora": WINT8MIX + ",lora{rank=4}"}
-
-
-def randomize_lora_b(graph: Graph, seed: int = 0) -> int:
-    n = 0
-    for name, p in graph.params.items():
-        if name.endswith("lora_B"):
-            rng = np.random.default_rng(seed + n)
-            p.set_data((rng.standard_normal(p.type.shape) * 0.05).astype(p.type.dtype.numpy))
-            n += 1
-    return n
 
 
 def tiny(name: str, pipeline: str = "") -> Graph:

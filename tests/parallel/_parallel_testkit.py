@@ -30,6 +30,7 @@ from ernie_ir.ir import Graph
 from ernie_ir.ir.weights import write_safetensors
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
+from ernie_ir.testing.models import randomize_lora_b
 
 BF16 = ml_dtypes.bfloat16
 IDS = np.array([[1, 5, 900, 77, 3, 1000]], dtype=np.int64)
@@ -47,17 +48,6 @@ def tp_fits(name: str, tp: int) -> bool:
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads") or nh
     return nh % tp == 0 and (nkv % tp == 0 or tp % nkv == 0)
-
-
-def randomize_lora_b(graph: Graph, seed: int = 0) -> int:
-    """Give every `*lora_B` param deterministic random values; returns how many there were."""
-    n = 0
-    for name, p in graph.params.items():
-        if name.endswith("lora_B"):
-            rng = np.random.default_rng(seed + n)
-            p.set_data(rng.standard_normal(p.type.shape).astype(p.type.dtype.numpy) * 0.05)
-            n += 1
-    return n
 
 
 def tiny(name: str, pipeline: str = "") -> Graph:
