@@ -7,7 +7,8 @@ under a temp dir that is deleted after) and, for each, in one run:
 - `cp -r` of the folder (the peer): run once untimed to warm the page cache, then `sync`
   (untimed) and the best of 3 timed copies (/usr/bin/time %M for its peak RSS);
 - `ernie-ir compile DIR --target cuda --quant wint8mix` and `--target ascend --quant wint8mix`
-  (single rank: the rank weights, and the ONNX (cuda) and Paddle executables), the CLI in its
+  (single rank, the default executables, which read the rank weights; `--targets cuda+onnx`
+  adds `--emit onnx`, `ascend+paddle-inference` `--emit paddle-inference`), the CLI in its
   own process under `/usr/bin/time -f "%e %M"` (peak RSS), with its RssAnon / RssFile sampled
   every 10 ms from /proc/PID/status; `sync` (untimed) before each; best of --repeat (default 2);
 - `plan_memory(DIR, target, quant="wint8mix")` in its own process: the planner's rank 0
@@ -17,9 +18,9 @@ under a temp dir that is deleted after) and, for each, in one run:
 
 Reported: seconds and compile / cp; peak RSS, over the baseline (a process that imports what
 the CLI's compile imports, Paddle included) and per checkpoint byte; the bytes written per
-executable (rank0 weights, inference/onnx, inference/paddle) and their ratio to the rank weight
-bytes. --profile: cProfile one more cuda compile of the largest checkpoint (compile_model in its
-own process: top 25 by cumulative time).
+executable (rank0 weights, inference/onnx, inference/paddle; links are not counted) and their
+ratio to the rank weight bytes. --profile: cProfile one more cuda compile of the largest
+checkpoint (compile_model in its own process: top 25 by cumulative time).
 
     python benchmarks/compile_scale.py [--sizes 1,2.5] [--hidden 2048] [--targets cuda,ascend]
                                        [--repeat 2] [--dir DIR] [--profile] [--json]
@@ -175,8 +176,10 @@ def stored_bytes(path: Path) -> tuple[int, int]:
 
 
 def compile_cmd(ckpt: Path, target: str, out: Path) -> list[str]:
-    return [*ernie_ir_cli(), "compile", str(ckpt), "--target", target, "--quant", QUANT, "--out", str(out),
-            "--json"]
+    """`target` is a target name, or `target+executable` for `--emit executable`."""
+    name, _, emit = target.partition("+")
+    return [*ernie_ir_cli(), "compile", str(ckpt), "--target", name, "--quant", QUANT, "--out", str(out),
+            "--json", *(["--emit", emit] if emit else [])]
 
 
 def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repeat: int,
@@ -242,13 +245,14 @@ def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repea
         t = {k: v for k, v in best.items() if k not in ("peak_mb", "peak_anon_mb", "peak_file_mb")}
         for k in ("peak_mb", "peak_anon_mb", "peak_file_mb"):
             t[k] = max(r[k] for r in runs[target])
-        _, _, out = timed_child([sys.executable, __file__, "--measure-plan", str(ckpt), target])
+        _, _, out = timed_child([sys.executable, __file__, "--measure-plan", str(ckpt),
+                                 target.partition("+")[0]])
         t["plan"] = json.loads(out)
         cats = t["plan"]["by_category"]
         t["planned_bytes"] = cats["weights"] + cats["lora"]
         t["plan_equal"] = t["planned_bytes"] == t["written_tensor_bytes"]
         row["targets"][target] = t
-    if profile and "cuda" in targets and "cuda" not in errors:
+    if profile and "cuda" in targets and "cuda" not in errors:  # the default executables
         stats = root / "compile.prof"
         try:
             timed_child([sys.executable, __file__, "--measure-profile", str(ckpt), str(art), str(stats)])
@@ -317,7 +321,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2.5",
                         help="checkpoint sizes in GB, comma-separated (default 1,2.5)")
     parser.add_argument("--hidden", type=int, default=2048, help="hidden size of the dense checkpoints")
-    parser.add_argument("--targets", default=",".join(TARGETS), help="compile targets (default cuda,ascend)")
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help="compile targets (default cuda,ascend); target+executable adds --emit "
+                             "executable, e.g. cuda+onnx")
     parser.add_argument("--repeat", type=int, default=2,
                         help="timed compiles per target and checkpoint (best of; default 2)")
     parser.add_argument("--quick", action="store_true",

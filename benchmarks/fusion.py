@@ -178,7 +178,8 @@ def main() -> None:
             row: dict[str, Any] = structure(graph)
             t0 = time.perf_counter()
             artifact = Path(tmp) / f"artifact-{form}"
-            compile_model(str(ckpt), "cuda", pipeline=pipeline or None, out=artifact)
+            compile_model(str(ckpt), "cuda", pipeline=pipeline or None, out=artifact,
+                          emit="onnx,paddle-inference")
             row["compile_s"] = round(time.perf_counter() - t0, 2)
             onnx[form] = onnx_runner(artifact, ids, args.threads)
             paddle[form] = paddle_runner(artifact, ids, args.threads)

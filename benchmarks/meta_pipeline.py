@@ -116,8 +116,9 @@ def reset_hwm() -> bool:
 
 
 def tree_bytes(folder: Path) -> dict[str, int]:
-    """Bytes of every file under `folder`, by relative path."""
-    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Bytes of every file under `folder`, by relative path (a link is not a second copy)."""
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
 
 
 # -- measurement (child processes) -------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from ernie_ir.targets import compile_model
 
     out = tmp_path_factory.mktemp("review") / "art"
-    compile_model(GPT, "cuda", out=out)
+    compile_model(GPT, "cuda", out=out, emit="onnx")
     return out
 
 

@@ -416,10 +416,15 @@ def compile(
     meta: MetaOpt = False,
     trust_pickle: TrustOpt = False,
     onnx_numerics: Annotated[
-        str, typer.Option("--onnx-numerics", help="cuda inference ONNX model: exact (float32 weight-only "
+        str | None, typer.Option("--onnx-numerics", help="With --emit onnx: exact (float32 weight-only "
                           "matmuls, equal to the interpreter in any onnxruntime session) or fast (int8 "
                           "activations, faster).")
-    ] = "exact",
+    ] = None,
+    emit: Annotated[
+        str | None, typer.Option("--emit", help="Executables to write, comma-separated: paddle, "
+                                 "fastdeploy, onnx, paddle-inference (default: those that read the rank "
+                                 "weights: paddle, plus fastdeploy for cuda inference).")
+    ] = None,
 ) -> None:
     """Compile a model for a target into an artifact folder (written atomically)."""
     import json
@@ -450,7 +455,7 @@ def compile(
                                lora_adapter=lora_adapter, quant_config=quant_config,
                                cuda_arch=arch, tp=tp, ep=ep, out=out_dir, force=force,
                                trust_pickle=trust_pickle, meta=meta, progress=progress,
-                               onnx_numerics=onnx_numerics)
+                               onnx_numerics=onnx_numerics, emit=emit)
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))
@@ -461,6 +466,7 @@ def compile(
     if report.parallel:
         out.print(f"layout: {report.parallel}", markup=False)
     out.print(f"pipeline: {report.pipeline}", markup=False)
+    out.print(f"executables: {', '.join(report.emit) or 'none (graph only)'}", markup=False)
     if report.onnx_numerics is not None:
         out.print(f"onnx numerics: {report.onnx_numerics}", markup=False)
     t = Table(title="params by dtype")

@@ -26,7 +26,7 @@ from ernie_ir.passes.split import mapping_for
 from .artifact import check_out, sha256_file, write_artifact
 from .capabilities import Target
 from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
-from .fastdeploy import fastdeploy_emitters
+from .executables import check_emit, default_emit, parse_emit, select_emitters
 from .registry import TargetError, get_target
 
 MODES = ("inference", "training")
@@ -55,6 +55,8 @@ class CompileReport:
     """The layout (e.g. "world 2, tp 2"); empty for one rank."""
     onnx_numerics: str | None = None
     """"exact" or "fast" where an ONNX model was written, else None."""
+    emit: list[str] = field(default_factory=list)
+    """The executables written (see `executables.EXECUTABLES`)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,38 +94,11 @@ def default_out(model: str, target: str, quant: str | None) -> Path:
     return Path("artifacts") / f"{stem}-{target}{re.sub(r'[^a-z0-9_.-]+', '-', q)}"
 
 
-def onnx_emitters(target: str, mode: str, graph: Graph, numerics: str = "exact") -> dict[str, Any]:
-    """cuda inference artifacts carry `inference/onnx/model.onnx` (+ .data) for onnxruntime
-    (unless the graph holds ops without an ONNX lowering, e.g. fp8 or QAT fake-quant), its
-    weight-only matmuls written for `numerics` ("exact" or "fast", see ONNX_NUMERICS)."""
-    from .emit_onnx import emit_onnx, unsupported_ops
-
-    if target != "cuda" or mode != "inference" or unsupported_ops(graph):
-        return {}
-
-    return {"onnxruntime": lambda graph, exe: emit_onnx(graph, exe / "onnx", numerics=numerics)}
-
-
 def check_onnx_numerics(numerics: str) -> str:
     if numerics not in ONNX_NUMERICS:
         raise TargetError(f"unknown --onnx-numerics {numerics!r}: choose exact (float32, equal to the "
                           "interpreter) or fast (int8 activations, faster)")
     return numerics
-
-
-def paddle_emitters(target: Any, mode: str, graph: Graph, warnings: list[str]) -> dict[str, Any]:
-    """Paddle executables: `inference/paddle/model.json` + `.pdiparams` (jit.save of the portable
-    Layer) or `training/train.json` (the recipe `ernie-ir train` reads). Training needs Paddle only
-    to run; the inference model is skipped, with a warning, where Paddle is not installed."""
-    from .emit_paddle import emit_paddle_inference, emit_paddle_training, paddle_available
-
-    if mode == "training":
-        return {"paddle": lambda graph, exe: emit_paddle_training(graph, exe, target)}
-    if not paddle_available():
-        warnings.append("no Paddle inference model: PaddlePaddle is not installed "
-                        "(install ernie-ir[paddle] or paddlepaddle-gpu)")
-        return {}
-    return {"paddle": lambda graph, exe: emit_paddle_inference(graph, exe / "paddle")}
 
 
 def check_compile_options(target: str, mode: str, quant: str | None, cuda_arch: int, tp: int,
@@ -201,18 +176,30 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   out: str | Path | None = None, force: bool = False,
                   trust_pickle: bool = False, meta: bool = False,
                   progress: Callable[[str, int, int], None] | None = None,
-                  onnx_numerics: str = "exact") -> CompileReport:
+                  onnx_numerics: str | None = None,
+                  emit: str | Sequence[str] | None = None) -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
     `meta`: read a checkpoint folder's config.json alone (no weights): a graph-only artifact.
     `progress(stage, done, total)` is called as passes run, weights are written and
     executables are emitted (the CLI draws it).
-    `onnx_numerics`: "exact" or "fast" weight-only matmuls in the ONNX model (cuda inference),
-    recorded in the model and the manifest (`"onnx_numerics"`).
+    `onnx_numerics`: "exact" (the default) or "fast" weight-only matmuls in the ONNX model,
+    recorded in the model and the manifest (`"onnx_numerics"`); only with "onnx" in `emit`.
+    `emit`: the executables to write ("onnx,paddle", see `executables.EXECUTABLES`); None: the
+    target's default (`executables.default_emit`: those that read the rank bytes, so every
+    weight is stored once). The manifest records them (`"emit"`).
     """
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
-    check_onnx_numerics(onnx_numerics)
+    chosen = parse_emit(emit)
+    emit_names = chosen if chosen is not None else default_emit(tgt.name, mode)
+    if onnx_numerics is not None:
+        check_onnx_numerics(onnx_numerics)
+        if "onnx" not in emit_names:
+            raise TargetError(f"--onnx-numerics {onnx_numerics} applies to the ONNX model, which this "
+                              f"compile does not write: add onnx to --emit (e.g. --emit "
+                              f"{','.join((*emit_names, 'onnx'))})")
+    check_emit(emit_names, tgt.name, mode, max(tp, ep))
     dest = check_out(out if out is not None else default_out(model, tgt.name, quant), force)
     quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter)
 
@@ -250,16 +237,17 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     after = params_by_dtype(first) if len(ranks) == 1 else _rank_params(ranks)
     if any(p.source is None for g in ranks for p in g.params.values()):
         emitters = {}  # executables need weights: a meta model compiles to its rank graphs only
+        emit_names = ()
         warnings.append(f"graph-only artifact: {model} has no weights (a meta model), so no weights or "
                         "executables were written; `ernie-ir show` and `ernie-ir plan` read it")
-    elif mapping.is_single:
-        emitters = {**onnx_emitters(tgt.name, mode, first, onnx_numerics),
-                    **paddle_emitters(tgt, mode, first, warnings)}
     else:
-        emitters = parallel_emitters(tgt, mode, first, mapping, warnings)
-    emitters.update(fastdeploy_emitters(tgt.name, mode, model, ranks, mapping, arch, warnings))
-    numerics = onnx_numerics if "onnxruntime" in emitters else None
-    extra: dict[str, Any] = {"params_before": before, "params_after": after}
+        check_emit(emit_names, tgt.name, mode, mapping.world_size)
+        emitters = select_emitters(emit_names, explicit=chosen is not None, target=tgt, mode=mode,
+                                   model=model, ranks=ranks, mapping=mapping, arch=arch,
+                                   onnx_numerics=onnx_numerics or "exact", warnings=warnings)
+    numerics = (onnx_numerics or "exact") if "onnxruntime" in emitters else None
+    written = [n for n in emit_names if _emitted(n, emitters)]
+    extra: dict[str, Any] = {"params_before": before, "params_after": after, "emit": written}
     if numerics is not None:
         extra["onnx_numerics"] = numerics
     path = write_artifact(ranked.global_graph if len(ranks) > 1 else first, dest, target=tgt, mode=mode,
@@ -271,7 +259,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         passes_run=[p.spec() for p in resolved.passes], params_before=before, params_after=after,
         kernel_plan=list(plan.get("kernels", [])), fallbacks=list(plan.get("fallbacks", [])),
         warnings=warnings, cuda_arch=arch, parallel=mapping.describe() if not mapping.is_single else "",
-        onnx_numerics=numerics,
+        onnx_numerics=numerics, emit=written,
     )
 
 
@@ -286,18 +274,6 @@ def _rank_params(ranks: Sequence[Graph]) -> dict[str, dict[str, int]]:
     return dict(sorted(total.items()))
 
 
-def parallel_emitters(target: Any, mode: str, graph: Graph, mapping: Mapping,
-                      warnings: list[str]) -> dict[str, Any]:
-    """Executables of a multi-rank artifact: Paddle builds each rank's Layer from `rank{r}/` at
-    launch (collectives are paddle.distributed calls); ONNX has no collectives, so none is written."""
-    from .emit_paddle import emit_paddle_training, paddle_available
-
-    if target.name == "cuda" and mode == "inference":
-        warnings.append(f"no ONNX model for {mapping.world_size} ranks: ONNX has no collectives; run "
-                        "the ranks with --backend paddle (paddle.distributed) or --backend interpreter")
-    if mode == "training":
-        return {"paddle": lambda g, exe: emit_paddle_training(g, exe, target, mapping)}
-    if not paddle_available():
-        warnings.append("no Paddle backend: PaddlePaddle is not installed (install ernie-ir[paddle])")
-        return {}
-    return {"paddle": lambda g, exe: None}
+def _emitted(name: str, emitters: dict[str, Any]) -> bool:
+    key = {"onnx": "onnxruntime", "paddle-inference": "paddle"}.get(name, name)
+    return key in emitters

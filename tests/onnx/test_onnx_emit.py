@@ -42,7 +42,8 @@ def _check(ref: np.ndarray, got: np.ndarray) -> float:
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str | None], Path]:
     root = tmp_path_factory.mktemp("onnx")
-    return {(m, q): Path(compile_model(m, "cuda", quant=q, out=root / f"{m}-{q}").out) for m, q in CASES}
+    return {(m, q): Path(compile_model(m, "cuda", quant=q, out=root / f"{m}-{q}", emit="onnx").out)
+            for m, q in CASES}
 
 
 @pytest.mark.parametrize(("model", "quant"), CASES, ids=[f"{m}-{q or 'none'}" for m, q in CASES])
@@ -105,13 +106,32 @@ def test_unknown_form_and_backend(artifacts: dict, tmp_path: Path) -> None:
         run_artifact(art, _ids(1, 3), "tensorrt")
 
 
-def test_non_cuda_artifacts_have_no_onnx(tmp_path: Path) -> None:
-    art = Path(compile_model("ernie-4.5-0.3b@tiny", "ascend", quant="wint8", out=tmp_path / "a").out)
-    assert "onnxruntime" not in read_manifest(art)["backends"]
+def test_default_artifacts_have_no_onnx(tmp_path: Path) -> None:
+    for target in ("cuda", "ascend"):
+        art = Path(compile_model("ernie-4.5-0.3b@tiny", target, quant="wint8", out=tmp_path / target).out)
+        assert "onnxruntime" not in read_manifest(art)["backends"]
+        assert not (art / "inference/onnx").exists()
+
+
+def test_emit_onnx_on_ascend_agrees_with_interpreter(tmp_path: Path) -> None:
+    art = Path(compile_model("ernie-4.5-21b-a3b@tiny", "ascend", quant="wint8mix", out=tmp_path / "a",
+                             emit="onnx").out)
+    assert read_manifest(art)["backends"] == ["interpreter", "onnxruntime"]
+    ids = _ids(2, 5)
+    _check(run_artifact(art, ids, "interpreter"), run_artifact(art, ids, "onnxruntime"))
+
+
+def test_emit_onnx_names_the_ops_it_cannot_lower(tmp_path: Path) -> None:
+    with pytest.raises(ErnieIRError, match=r"--emit onnx: fp8_linear has no ONNX lowering"):
+        compile_model("ernie-4.5-0.3b@tiny", "cuda", quant="fp8", cuda_arch=90, out=tmp_path / "a",
+                      emit="onnx")
+    with pytest.raises(ErnieIRError, match=r"--emit onnx: .*weight_only_linear_xpu"):
+        compile_model("ernie-4.5-0.3b@tiny", "kunlun", quant="wint8", out=tmp_path / "b", emit="onnx")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_tampered_onnx_data_is_detected(tmp_path: Path) -> None:
-    art = Path(compile_model("gpt-345m@tiny", "cuda", out=tmp_path / "a").out)
+    art = Path(compile_model("gpt-345m@tiny", "cuda", out=tmp_path / "a", emit="onnx").out)
     data = art / "inference/onnx/model.onnx.data"
     raw = bytearray(data.read_bytes())
     raw[100] ^= 0xFF

@@ -98,7 +98,7 @@ def _decode_nbits(node: onnx.NodeProto, inits: dict[str, np.ndarray]) -> np.ndar
 def exact(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, int], Path]:
     root = tmp_path_factory.mktemp("numerics")
     return {c: Path(compile_model(c[0], "cuda", quant=c[1], cuda_arch=c[2],
-                                  out=root / "-".join(map(str, c))).out) for c in CASES}
+                                  out=root / "-".join(map(str, c)), emit="onnx").out) for c in CASES}
 
 
 @pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
@@ -142,7 +142,8 @@ def test_exact_weights_equal_an_independent_quantize_dequantize(exact: dict,
 
 @pytest.mark.parametrize("model", MODELS)
 def test_fast_artifact_reports_its_error(tmp_path: Path, model: str) -> None:
-    art = Path(compile_model(model, "cuda", quant="wint8mix", out=tmp_path / "a", onnx_numerics="fast").out)
+    art = Path(compile_model(model, "cuda", quant="wint8mix", out=tmp_path / "a", onnx_numerics="fast",
+                             emit="onnx").out)
     path = art / "inference/onnx/model.onnx"
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["onnx_numerics"] == "fast"
@@ -190,7 +191,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 def test_cli_onnx_numerics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     art = tmp_path / "fast"
     code, out, err = _cli(capsys, "compile", "ernie-4.5-0.3b@tiny", "--target", "cuda", "--quant", "wint8",
-                          "--onnx-numerics", "fast", "--out", str(art))
+                          "--onnx-numerics", "fast", "--emit", "onnx", "--out", str(art))
     assert code == 0 and "onnx numerics: fast" in out, err
     assert read_manifest(art)["onnx_numerics"] == "fast"
     logits = tmp_path / "logits.npy"

@@ -37,7 +37,7 @@ def sha(path: Path) -> str:
 def test_inference_model_loads_in_paddle_inference(tmp_path: Path, model: str, target: str,
                                                    quant: str | None) -> None:
     out = tmp_path / "art"
-    compile_model(model, target, quant=quant, out=out)
+    compile_model(model, target, quant=quant, out=out, emit="paddle-inference")
     manifest = verify_artifact(out)
     assert "paddle" in manifest["backends"]
     assert {"inference/paddle/model.json", "inference/paddle/model.pdiparams"} <= set(manifest["files"])
@@ -53,7 +53,7 @@ def test_inference_model_loads_in_paddle_inference(tmp_path: Path, model: str, t
 
 def test_tampered_paddle_model_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "art"
-    compile_model("ernie-4.5-0.3b@tiny", "kunlun", quant="wint8", out=out)
+    compile_model("ernie-4.5-0.3b@tiny", "kunlun", quant="wint8", out=out, emit="paddle-inference")
     params = out / "inference/paddle/model.pdiparams"
     data = bytearray(params.read_bytes())
     data[-1] ^= 1
@@ -162,11 +162,15 @@ def test_missing_paddle_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "paddle", None)  # `import paddle` now raises ImportError
     with pytest.raises(paddle_layer.PaddleMissingError, match=r"ernie-ir\[paddle\] or paddlepaddle-gpu"):
         paddle_layer.build_layer(graph)
+    # The default Paddle executable is built from rank0/ at load: compile needs no Paddle ...
     report = compile_model("ernie-4.5-0.3b@tiny", "kunlun", out=tmp_path / "a")
-    assert any("PaddlePaddle is not installed" in w for w in report.warnings)
-    assert "paddle" not in verify_artifact(tmp_path / "a")["backends"]
-    with pytest.raises(ErnieIRError, match="paddlepaddle-gpu"):
+    assert report.emit == ["paddle"] and "paddle" in verify_artifact(tmp_path / "a")["backends"]
+    with pytest.raises(ErnieIRError, match="paddlepaddle-gpu"):  # ... running it does
         run_paddle(tmp_path / "a", IDS)
+    # a traced Paddle Inference program does, before anything is written
+    with pytest.raises(ErnieIRError, match=r"--emit paddle-inference needs PaddlePaddle"):
+        compile_model("ernie-4.5-0.3b@tiny", "kunlun", out=tmp_path / "b", emit="paddle-inference")
+    assert not (tmp_path / "b").exists()
 
 
 def test_a_second_training_run_keeps_the_first_checkpoint(tmp_path: Path) -> None:

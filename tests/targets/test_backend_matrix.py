@@ -34,11 +34,12 @@ def float_logits() -> dict[str, np.ndarray]:
 def test_every_backend_agrees(model: str, target: str, quant: str | None, tmp_path: Path,
                               float_logits: dict[str, np.ndarray]) -> None:
     out = tmp_path / "artifact"
-    compile_model(model, target, quant=quant, out=out)
+    # every executable each target can carry: kunlun's packed XPU int8 has no ONNX lowering
+    onnx = target != "kunlun" or quant is None
+    compile_model(model, target, quant=quant, out=out, emit="onnx,paddle" if onnx else "paddle")
     manifest = verify_artifact(out)
     backends = manifest["backends"]
-    assert "interpreter" in backends and "paddle" in backends
-    assert ("onnxruntime" in backends) == (target == "cuda")
+    assert backends == ["interpreter", "onnxruntime", "paddle"] if onnx else ["interpreter", "paddle"]
 
     reference = run_artifact(out, IDS, "interpreter")
     scale = float(np.max(np.abs(reference)))

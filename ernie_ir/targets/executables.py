@@ -1,0 +1,142 @@
+"""Which executables an artifact carries (`compile --emit`), and the writers that make them.
+
+An artifact always holds its rank weights (`rank{r}/weights.safetensors`, the target's packed
+layout) and the interpreter runs them. On top of that, each executable either reads those
+bytes where they are or needs a layout of its own:
+
+- `paddle`: no files for inference (`run --backend paddle` and the launch recipe build each
+  rank's Layer from `rank{r}/` at load, with the device's kernels there); training: train.json.
+- `fastdeploy` (cuda inference, ERNIE 4.5): `config.json` + `rank{r}/model.safetensors`, a link
+  to the rank bytes.
+- `onnx` (one rank, inference): `inference/onnx/model.onnx` + `.data`, in ONNX's own layout
+  (MatMulNBits; float weights as float32).
+- `paddle-inference` (one rank, inference): `inference/paddle/model.json` + `.pdiparams`, the
+  traced program with a float32 copy of the weights (`paddle.jit.save`).
+
+The defaults (`default_emit`) are the executables that share the rank bytes, so an artifact
+holds each weight once: `paddle` everywhere, plus `fastdeploy` for a cuda inference artifact of
+ERNIE 4.5. `onnx` and `paddle-inference` are written when asked for, and each adds its own copy
+in its own layout (ONNX cannot read Paddle's arch-permuted layout; `paddle.jit.save` writes its
+own params file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ernie_ir.ir import Graph
+from ernie_ir.ir.mapping import Mapping
+
+from .capabilities import Target
+from .registry import TargetError
+
+EXECUTABLES: dict[str, str] = {
+    "paddle": "the Paddle Layer, built from rank{r}/ at load (device kernels on the device); "
+              "training: train.json",
+    "fastdeploy": "a FastDeploy pre-quantized, pre-sharded checkpoint over the rank bytes "
+                  "(cuda inference, ERNIE 4.5)",
+    "onnx": "inference/onnx/model.onnx for onnxruntime (one rank, inference; its own weight layout)",
+    "paddle-inference": "inference/paddle/model.json + .pdiparams for paddle.inference (one rank, "
+                        "inference; a float32 copy of the weights)",
+}
+Emitter = Callable[[Graph, Path], Any]
+
+
+def parse_emit(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """`--emit onnx,paddle` -> ("onnx", "paddle"); None stays None (the target's default)."""
+    if text is None:
+        return None
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = tuple(dict.fromkeys(i.strip().lower() for i in items if i.strip()))
+    if not names:
+        raise TargetError("--emit is empty: name one or more of " + ", ".join(EXECUTABLES))
+    for n in names:
+        if n not in EXECUTABLES:
+            raise TargetError(f"unknown executable {n!r} in --emit: choose from {', '.join(EXECUTABLES)}")
+    return names
+
+
+def default_emit(target: str, mode: str) -> tuple[str, ...]:
+    """The executables written when `--emit` is not given: those that read the rank bytes."""
+    if target == "cuda" and mode == "inference":
+        return ("paddle", "fastdeploy")
+    return ("paddle",)
+
+
+def check_emit(emit: Sequence[str], target: str, mode: str, world: int) -> None:
+    """Refuse, before any pass runs, executables this mode or layout cannot have."""
+    for name in emit:
+        if name in ("onnx", "paddle-inference") and mode != "inference":
+            raise TargetError(f"--emit {name} is an inference executable; --mode {mode} writes "
+                              "paddle (train.json): drop it from --emit")
+        if name in ("onnx", "paddle-inference") and world > 1:
+            why = "ONNX has no collectives" if name == "onnx" else "a Paddle Inference program is one rank"
+            raise TargetError(f"--emit {name} needs one rank ({why}); this layout has "
+                              f"{world}: drop --tp/--ep or {name}")
+        if name == "paddle-inference":
+            from .emit_paddle import paddle_available
+
+            if not paddle_available():
+                raise TargetError("--emit paddle-inference needs PaddlePaddle to trace the program: "
+                                  "install ernie-ir[paddle] (or paddlepaddle-gpu), or drop it from --emit")
+        if name == "fastdeploy" and (target != "cuda" or mode != "inference"):
+            raise TargetError(f"--emit fastdeploy is a cuda inference checkpoint; not --target "
+                              f"{target} --mode {mode}: drop it from --emit")
+
+
+def select_emitters(emit: Sequence[str], *, explicit: bool, target: Target, mode: str, model: str,
+                    ranks: Sequence[Graph], mapping: Mapping, arch: int | None, onnx_numerics: str,
+                    warnings: list[str]) -> dict[str, Emitter]:
+    """backend/format name -> writer, for the executables in `emit` (see EXECUTABLES).
+
+    `explicit`: the user named them (`--emit`): one that cannot be made is an error; a default
+    one that does not apply (e.g. fastdeploy for GPT) is left out, with a warning where the
+    model nearly qualified."""
+    from .fastdeploy import fastdeploy_emitters
+
+    first = ranks[0]
+    emitters: dict[str, Emitter] = {}
+    if "onnx" in emit:
+        emitters["onnxruntime"] = _onnx_emitter(first, onnx_numerics)
+    if "paddle-inference" in emit:
+        emitters["paddle"] = _paddle_inference_emitter()
+    elif "paddle" in emit:
+        emitters["paddle"] = _paddle_emitter(target, mode, mapping)
+    if "fastdeploy" in emit:
+        found = fastdeploy_emitters(target.name, mode, model, ranks, mapping, arch, warnings)
+        if not found and explicit:
+            why = next((w.removeprefix("not a FastDeploy checkpoint: ") for w in reversed(warnings)
+                        if w.startswith("not a FastDeploy")), None)
+            raise TargetError(f"--emit fastdeploy: {why}" if why else
+                              f"--emit fastdeploy: {model} is not an ERNIE 4.5 model, the only family "
+                              "FastDeploy checkpoints are written for; drop fastdeploy from --emit")
+        emitters.update(found)
+    return emitters
+
+
+def _onnx_emitter(graph: Graph, numerics: str) -> Emitter:
+    from .emit_onnx import emit_onnx, unsupported_ops
+
+    missing = unsupported_ops(graph)
+    if missing:
+        raise TargetError(f"--emit onnx: {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} "
+                          "no ONNX lowering (e.g. QAT fake-quant, fp8): drop onnx from --emit")
+    return lambda g, exe: emit_onnx(g, exe / "onnx", numerics=numerics)
+
+
+def _paddle_inference_emitter() -> Emitter:
+    from .emit_paddle import emit_paddle_inference
+
+    return lambda g, exe: emit_paddle_inference(g, exe / "paddle")
+
+
+def _paddle_emitter(target: Target, mode: str, mapping: Mapping) -> Emitter:
+    """Training: the recipe. Inference: nothing to write; `run --backend paddle` and the launch
+    recipe build each rank's Layer from `rank{r}/` (the bytes already in the artifact)."""
+    if mode == "training":
+        from .emit_paddle import emit_paddle_training
+
+        return lambda g, exe: emit_paddle_training(g, exe, target, None if mapping.is_single else mapping)
+    return lambda g, exe: None

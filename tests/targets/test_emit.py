@@ -1,0 +1,115 @@
+"""`compile --emit`: which executables an artifact carries, their defaults, and one copy of the weights."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ernie_ir.cli.app import main
+from ernie_ir.ir import ErnieIRError
+from ernie_ir.runtime.artifact_runner import run_artifact
+from ernie_ir.targets import compile_model, verify_artifact
+from ernie_ir.targets.executables import default_emit, parse_emit
+
+IDS = np.array([[1, 5, 9, 2]], dtype=np.int64)
+
+
+def _stored_bytes(root: Path) -> dict[str, int]:
+    """Bytes of every regular file (links are not a second copy)."""
+    return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*")
+            if p.is_file() and not p.is_symlink()}
+
+
+def test_defaults_read_the_rank_bytes() -> None:
+    assert default_emit("cuda", "inference") == ("paddle", "fastdeploy")
+    assert default_emit("ascend", "inference") == default_emit("kunlun", "inference") == ("paddle",)
+    assert default_emit("cuda", "training") == ("paddle",)
+    assert parse_emit(" ONNX, paddle,onnx ") == ("onnx", "paddle")
+    assert parse_emit(None) is None
+
+
+@pytest.mark.parametrize("text,message", [
+    ("tensorrt", "unknown executable 'tensorrt' in --emit: choose from paddle, fastdeploy, onnx"),
+    (" , ", "--emit is empty"),
+])
+def test_bad_names(text: str, message: str) -> None:
+    with pytest.raises(ErnieIRError, match=message):
+        parse_emit(text)
+
+
+def test_default_artifact_stores_each_weight_once(tmp_path: Path) -> None:
+    """cuda sm70 packs every tiny weight, so the FastDeploy checkpoint is written too: it links."""
+    out = tmp_path / "a"
+    report = compile_model("ernie-4.5-21b-a3b@tiny", "cuda", quant="wint8mix", cuda_arch=70, out=out)
+    assert report.emit == ["paddle", "fastdeploy"]
+    manifest = verify_artifact(out)
+    assert manifest["emit"] == ["paddle", "fastdeploy"] and manifest["formats"] == ["fastdeploy"]
+    stored = _stored_bytes(out)
+    weights = stored["rank0/weights.safetensors"]
+    # nothing but the rank weights holds weight bytes: the rest is text (IR, manifest, recipes)
+    assert {n for n, size in stored.items() if size > 0.05 * weights} <= {
+        "rank0/weights.safetensors", "graph.ir", "rank0/graph.ir"}
+    assert os.readlink(out / "rank0/model.safetensors") == "weights.safetensors"
+    # the default paddle executable builds its Layer from rank0/ and equals the interpreter
+    ref = run_artifact(out, IDS, "interpreter")
+    got = run_artifact(out, IDS, "paddle")
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+
+
+def test_each_asked_executable_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "a"
+    report = compile_model("ernie-4.5-0.3b@tiny", "ascend", quant="wint8", out=out,
+                           emit="onnx,paddle-inference")
+    manifest = verify_artifact(out)
+    assert report.emit == manifest["emit"] == ["onnx", "paddle-inference"]
+    assert manifest["backends"] == ["interpreter", "onnxruntime", "paddle"]
+    assert {"inference/onnx/model.onnx", "inference/paddle/model.pdiparams"} <= set(manifest["files"])
+    assert manifest["onnx_numerics"] == "exact"
+    ref = run_artifact(out, IDS, "interpreter")
+    for backend in ("onnxruntime", "paddle"):
+        np.testing.assert_allclose(run_artifact(out, IDS, backend), ref, rtol=1e-5,
+                                   atol=2e-5 * float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"emit": "onnx", "mode": "training", "lora_rank": 2},
+     "--emit onnx is an inference executable; --mode training writes paddle"),
+    ({"emit": "paddle-inference", "tp": 2}, r"--emit paddle-inference needs one rank .* has 2"),
+    ({"emit": "onnx", "tp": 2}, r"--emit onnx needs one rank \(ONNX has no collectives\)"),
+    ({"emit": "fastdeploy", "target": "ascend"}, "--emit fastdeploy is a cuda inference checkpoint"),
+    ({"emit": "fastdeploy", "model": "gpt-345m@tiny"}, "gpt-345m@tiny is not an ERNIE 4.5 model"),
+    ({"emit": "fastdeploy", "quant": "wint8mix"},
+     r"--emit fastdeploy: .* is not in Paddle's packed cuda layout"),
+    ({"emit": "fastdeploy"}, "--emit fastdeploy: the model is not quantized"),
+    ({"onnx_numerics": "fast"}, "--onnx-numerics fast applies to the ONNX model, which this compile "
+                                "does not write: add onnx to --emit"),
+])
+def test_executables_that_cannot_be_made_are_refused(tmp_path: Path, kwargs: dict, message: str) -> None:
+    args = {"model": "ernie-4.5-21b-a3b@tiny", "target": "cuda", **kwargs}
+    with pytest.raises(ErnieIRError, match=message):
+        compile_model(args.pop("model"), args.pop("target"), out=tmp_path / "a", **args)
+    assert not (tmp_path / "a").exists()
+
+
+def test_cli_emit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def cli(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            main(list(argv))
+            code = 0
+        except SystemExit as e:
+            code = int(e.code or 0)
+        got = capsys.readouterr()
+        return code, got.out, got.err
+
+    code, out, err = cli("compile", "ernie-4.5-0.3b@tiny", "--target", "kunlun", "--emit", "paddle,onnx",
+                         "--out", str(tmp_path / "a"))
+    assert code == 0 and "executables: paddle, onnx" in out, err
+    code, out, err = cli("compile", "ernie-4.5-0.3b@tiny", "--target", "kunlun", "--emit", "trt",
+                         "--out", str(tmp_path / "b"))
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and "unknown executable 'trt' in --emit" in lines[0]
+    assert not (tmp_path / "b").exists()
