@@ -89,32 +89,60 @@ def _row_order(bits: int) -> np.ndarray:
     return _perm(_perm(np.arange(64), il), rp)
 
 
-def _stored_order(q: np.ndarray, bits: int, arch: int) -> np.ndarray:
-    """The logical values q [K, N] (int16) in the order Paddle stores their elements.
+_WIDE = {2: np.uint16, 4: np.uint32}
+_BLOCK_ROWS, _BLOCK_COLS = 64, 512  # a source block of 64 x 512 wide elements stays in L1/L2
 
-    The position map above, as reshapes: for arch >= 75 the stored elements run over
-    [N / C, K / 64, C, 64] tiles (n = p C + h, k = 64 t + sigma(j)); for arch 70 over [K, N]
-    with columns permuted in groups of 4 (int8) or 8 (int4). No per-element index array."""
+
+def _transpose(a: np.ndarray) -> np.ndarray:
+    """a.T of a 2-D array, copied block by block: numpy's one-shot transposing copy runs ~10x
+    slower than this for matrices larger than the cache."""
+    rows, cols = a.shape
+    out = np.empty((cols, rows), a.dtype)
+    for r0 in range(0, rows, _BLOCK_ROWS):
+        for c0 in range(0, cols, _BLOCK_COLS):
+            out[c0:c0 + _BLOCK_COLS, r0:r0 + _BLOCK_ROWS] = a[r0:r0 + _BLOCK_ROWS, c0:c0 + _BLOCK_COLS].T
+    return out
+
+
+def _stored_order(q: np.ndarray, bits: int, arch: int) -> np.ndarray:
+    """The logical values q [K, N] (one byte each) in the order Paddle stores their elements.
+
+    The position map above, as copies: for arch >= 75 the stored elements run over
+    [N / C, K / 64, C, 64] tiles (n = p C + h, k = 64 t + sigma(j)). The C columns of a group
+    are adjacent bytes of q, so they move as one uint16/uint32: permute the rows of each tile of
+    64, transpose [K, N / C] of those wide elements (blocked), then split each tile's wide
+    elements into their C bytes ([64, C] -> [C, 64]). For arch 70 over [K, N] with columns
+    permuted in groups of 4 (int8) or 8 (int4). No per-element index array."""
     k, n = q.shape
     if arch == 70:
-        cols = _perm(np.arange(n), _IL8 if bits == 8 else _IL4)
-        return q[:, cols].reshape(-1)
+        il = _IL8 if bits == 8 else _IL4
+        src = np.asarray(q).reshape(k, n // len(il), len(il))
+        out = np.empty_like(src)
+        for i, j in enumerate(il):  # one strided copy per position of the group: no index array
+            out[:, :, i] = src[:, :, j]
+        return out.reshape(-1)
     c = 2 if bits == 8 else 4
-    tiles = q.T.reshape(n // c, c, k // 64, 64)[..., _row_order(bits)]
-    return tiles.transpose(0, 2, 1, 3).reshape(-1)
+    t, p = k // 64, n // c
+    wide = np.ascontiguousarray(q).view(_WIDE[c]).reshape(t, 64, p)[:, _row_order(bits), :]
+    stored = _transpose(wide.reshape(k, p))  # [P, K]: element (p, 64 t + j) = q[64 t + sigma(j), p C:(p+1) C]
+    return np.ascontiguousarray(stored.view(np.uint8).reshape(p * t, 64, c).transpose(0, 2, 1)).reshape(-1)
 
 
 def _logical_from_stored(elems: np.ndarray, k: int, n: int, bits: int, arch: int) -> np.ndarray:
     """Inverse of `_stored_order`: q [K, N] from the stored elements."""
     if arch == 70:
-        q = np.empty((k, n), elems.dtype)
-        q[:, _perm(np.arange(n), _IL8 if bits == 8 else _IL4)] = elems.reshape(k, n)
-        return q
+        il = _IL8 if bits == 8 else _IL4
+        src = elems.reshape(k, n // len(il), len(il))
+        q = np.empty_like(src)
+        for i, j in enumerate(il):
+            q[:, :, j] = src[:, :, i]
+        return q.reshape(k, n)
     c = 2 if bits == 8 else 4
+    t, p = k // 64, n // c
+    tiles = np.ascontiguousarray(elems.reshape(p * t, c, 64).transpose(0, 2, 1))  # [P T, 64, C] bytes
+    rows = _transpose(tiles.view(_WIDE[c]).reshape(p, k)).reshape(t, 64, p)  # stored row j of each tile
     inverse = np.argsort(_row_order(bits))  # logical row m of a tile sits at stored position inverse[m]
-    stored = elems.reshape(n // c, k // 64, c, 64)[..., inverse]  # [P, T, C, 64] in logical row order
-    # [P, T, C, 64] -> q [K, N] with k = 64 t + m, n = p C + h: one transposing copy
-    return stored.transpose(1, 3, 0, 2).reshape(k, n)
+    return rows[:, inverse, :].view(elems.dtype).reshape(k, n)
 
 
 def pack(q: np.ndarray, bits: int, arch: int) -> np.ndarray:
