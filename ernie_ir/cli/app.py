@@ -602,35 +602,11 @@ def verify_cmd(artifact: Annotated[Path, typer.Argument(help="An artifact folder
 
 @app.command()
 def passes() -> None:
-    """List the passes and presets (built-in and plugins), with their options."""
-    from ernie_ir.passes import all_passes, all_presets
-    from ernie_ir.passes.registry import REGISTRY
+    """List the passes and presets (built-in and plugins), with their options' defaults."""
+    from ernie_ir.passes.registry import REGISTRY, pass_listing
 
-    t = Table(title="passes")
-    t.add_column("name")
-    t.add_column("description")
-    t.add_column("options")
-    t.add_column("origin")
-    for name, cls in all_passes().items():
-        opts = []
-        for key, fld in cls.Options.model_fields.items():
-            default = "required" if fld.is_required() else repr(fld.get_default(call_default_factory=True))
-            opts.append(f"{key}={default}")
-        props = []
-        if cls.requires:
-            props.append("requires " + ",".join(sorted(cls.requires)))
-        if cls.produces:
-            props.append("produces " + ",".join(sorted(cls.produces)))
-        desc = cls.description + (f" ({'; '.join(props)})" if props else "")
-        t.add_row(name, desc, ", ".join(opts), REGISTRY.origins.get(name, ""))
-    out.print(t)
-    p = Table(title="presets")
-    p.add_column("name")
-    p.add_column("pipeline")
-    p.add_column("description")
-    for preset in all_presets().values():
-        p.add_row(preset.name, preset.pipeline, preset.description)
-    out.print(p)
+    for line in pass_listing(out.width):
+        out.print(line, markup=False)
     if REGISTRY.broken:
         for b in REGISTRY.broken:
             err.print(f"error: plugin {b.name!r} ({b.target}) failed to load: {b.error}", markup=False)

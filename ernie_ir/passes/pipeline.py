@@ -16,7 +16,9 @@ dump headers; parsing it gives the same pipeline again.
 
 from __future__ import annotations
 
+import enum
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from .registry import REGISTRY
 
 _BARE = re.compile(r"[A-Za-z0-9_.\-/*+]+")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-:.]*")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a mapping key written without quotes
 
 
 @dataclass(frozen=True)
@@ -130,11 +133,39 @@ class _TextReader:
                 items.append(self.value())
             self.i += 1
             return items
+        if ch == "{":
+            return self.mapping()
         m = _BARE.match(self.text, self.i)
         if m is None:
             raise self.fail(f"expected a value, found {ch or 'end of text'!r}")
         self.i = m.end()
         return _bare_value(m.group())
+
+
+    def mapping(self) -> dict[str, Any]:
+        """`{key=value, "any key"=value}` (`:` may stand for `=`); keys are always strings."""
+        self.i += 1
+        out: dict[str, Any] = {}
+        while self.peek() != "}":
+            if out:
+                self.expect(",")
+            if self.peek() == '"':
+                key = self.value()
+            else:
+                m = _BARE.match(self.text, self.i)
+                if m is None:
+                    raise self.fail(f"expected a key, found {self.peek() or 'end of text'!r}")
+                self.i = m.end()
+                key = m.group()
+            if key in out:
+                raise self.fail(f"key {key!r} given twice")
+            if self.peek() == ":":
+                self.i += 1
+            else:
+                self.expect("=")
+            out[key] = self.value()
+        self.i += 1
+        return out
 
 
 def parse_pipeline_text(text: str) -> list[PassSpec]:
@@ -178,22 +209,34 @@ def parse_pipeline_yaml(text: str, source: str = "<yaml>") -> list[PassSpec]:
 
 
 def format_value(v: Any) -> str:
+    """An option value in pipeline syntax; `_TextReader.value` reads it back as the same value
+    (a pydantic model as the mapping of its non-default fields, a tuple as a list, an enum as
+    its value, a path as its text)."""
     if isinstance(v, BaseModel):
-        v = v.model_dump(mode="json")
+        v = v.model_dump(mode="json", exclude_defaults=True)
+    if isinstance(v, enum.Enum):
+        v = v.value
+    if isinstance(v, os.PathLike):
+        v = os.fspath(v)
     if isinstance(v, bool):
         return "true" if v else "false"
     if v is None:
         return "none"
     if isinstance(v, (int, float)):
-        return repr(v)
+        return repr(float(v)) if isinstance(v, float) else str(int(v))
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(format_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return json.dumps(v, sort_keys=True)
-    s = str(getattr(v, "value", v))
+        return "{" + ",".join(f"{_format_key(str(k))}={format_value(v[k])}"
+                              for k in sorted(v, key=str)) + "}"
+    s = str(v)
     if _BARE.fullmatch(s) and isinstance(_bare_value(s), str):
         return s
-    return json.dumps(s)
+    return json.dumps(s, ensure_ascii=False)
+
+
+def _format_key(k: str) -> str:
+    return k if _KEY.fullmatch(k) else json.dumps(k, ensure_ascii=False)
 
 
 def format_pass_spec(name: str, options: BaseModel) -> str:
@@ -218,6 +261,14 @@ class Pipeline:
 
     def __repr__(self) -> str:
         return f"Pipeline({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        """Same passes (by name) with equal options, in the same order."""
+        if not isinstance(other, Pipeline):
+            return NotImplemented
+        return [(p.name, p.options) for p in self.passes] == [(p.name, p.options) for p in other.passes]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: `passes` is a list
 
     def __len__(self) -> int:
         return len(self.passes)
