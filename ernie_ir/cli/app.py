@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
@@ -26,6 +26,9 @@ from ernie_ir.ir.verifier import verify
 from ernie_ir.load import load_input
 
 from .summary import summary_tables
+
+if TYPE_CHECKING:
+    from ernie_ir.passes import Pass
 
 app = typer.Typer(
     name="ernie-ir",
@@ -106,23 +109,54 @@ TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (attent
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (whole routed experts per group).")]
 
 
+DisablePassOpt = Annotated[
+    list[str] | None,
+    typer.Option("--disable-pass", help="Skip pass NAME wherever the pipeline has it (repeatable, or "
+                 "comma-separated): for bisecting."),
+]
+StopAfterOpt = Annotated[
+    str | None,
+    typer.Option("--stop-after", help="End the pipeline after pass NAME (its first occurrence) or after "
+                 "the N-th pass: for bisecting."),
+]
+
+
 def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
 
 def _load_rewritten(model: str, pipeline: str | None, *, trust_pickle: bool, meta: bool = False,
                     print_before: Sequence[str] = (), print_after: Sequence[str] = (),
-                    dump_dir: Path | None = None, timing: bool = False) -> Graph:
+                    dump_dir: Path | None = None, timing: bool = False,
+                    disable_pass: list[str] | None = None, stop_after: str | None = None) -> Graph:
     """MODEL loaded, verified, and rewritten by `pipeline` under the requested instruments."""
     graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
     verify(graph)
     _run_pipeline(graph, pipeline, print_before=list(print_before), print_after=list(print_after),
-                  dump_dir=dump_dir, timing=timing)
+                  dump_dir=dump_dir, timing=timing, disabled=_split(disable_pass), stop_after=stop_after)
     return graph
 
 
+def _bisect_note(full: Sequence[Pass], kept: Sequence[Pass], stop_after: str | None) -> str:
+    """One line saying which passes --disable-pass / --stop-after left out."""
+    kept_ids = {id(p) for p in kept}
+    end = max((i for i, p in enumerate(full, 1) if id(p) in kept_ids), default=0)
+    disabled = [f"{p.spec()} (pass {i})" for i, p in enumerate(full, 1)
+                if id(p) not in kept_ids and (stop_after is None or i <= end)]
+    parts = []
+    if stop_after is not None:
+        rest = ", ".join(p.spec() for p in full[end:]) or "none"
+        parts.append(f"stopped after {full[end - 1].spec()} (pass {end} of {len(full)}); not run: {rest}")
+    if disabled:
+        parts.append(f"disabled {', '.join(disabled)}")
+    if stop_after is None:
+        parts.append(f"ran {','.join(p.spec() for p in kept) or 'nothing'}")
+    return "; ".join(parts)
+
+
 def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str],
-                  print_after: list[str], dump_dir: Path | None, timing: bool) -> None:
+                  print_after: list[str], dump_dir: Path | None, timing: bool,
+                  disabled: list[str] | None = None, stop_after: str | None = None) -> None:
     from ernie_ir.passes import (
         DumpInstrument,
         PrintIRInstrument,
@@ -132,11 +166,17 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
     )
     from ernie_ir.passes.base import graph_properties
 
+    disabled = disabled or []
     if not pipeline:
-        if print_before or print_after or dump_dir or timing:
-            raise ErnieIRError("--print-before/--print-after/--dump-dir/--timing need --pipeline")
+        if print_before or print_after or dump_dir or timing or disabled or stop_after is not None:
+            raise ErnieIRError("--print-before/--print-after/--dump-dir/--timing/--disable-pass/"
+                               "--stop-after need --pipeline")
         return
     pl = load_pipeline(pipeline, initial=graph_properties(graph))
+    if disabled or stop_after is not None:
+        full, pl = pl, pl.restricted(disabled, stop_after)
+        pl.check_order(graph_properties(graph))
+        err.print("note: " + _bisect_note(full.passes, pl.passes, stop_after), markup=False)
     names = {p.name for p in pl}
     for n in [*print_before, *print_after]:
         if n != "*" and n not in names:
@@ -150,12 +190,7 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
         instruments.append(PrintIRInstrument(lambda s: err.print(s, markup=False),
                                              before=print_before, after=print_after))
     if dump_dir is not None:
-        try:
-            dump_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ErnieIRError(f"--dump-dir {dump_dir}: cannot create the folder ({e.strerror or e}): "
-                               "choose a writable folder") from None
-        instruments.append(DumpInstrument(dump_dir))
+        instruments.append(DumpInstrument(dump_dir))  # refuses a non-empty folder
     result = run_pipeline(graph, pl, instruments=instruments)
     for w in result.warnings:
         err.print(f"warning: {w}", markup=False)
@@ -163,14 +198,18 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
         t = Table(title=f"pipeline {pl}")
         t.add_column("#", justify="right")
         t.add_column("pass")
-        t.add_column("ms", justify="right")
+        t.add_column("pass ms", justify="right")
+        t.add_column("verify ms", justify="right")
+        t.add_column("print ms", justify="right")
         t.add_column("changed")
         t.add_column("rewrites")
         for r in tim.rows:
             counts = result.stats.get(f"{r.index}:{r.spec.split('{')[0]}", {})
-            t.add_row(str(r.index), r.spec, f"{r.seconds * 1e3:.2f}", "yes" if r.changed else "no",
+            t.add_row(str(r.index), r.spec, f"{r.seconds * 1e3:.2f}", f"{r.verify_seconds * 1e3:.2f}",
+                      f"{r.instrument_seconds * 1e3:.2f}", "yes" if r.changed else "no",
                       ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-        t.add_row("", "total", f"{tim.total * 1e3:.2f}", "", "", style="bold")
+        t.add_row("", "total", f"{tim.total * 1e3:.2f}", f"{tim.total_verify * 1e3:.2f}",
+                  f"{tim.total_instruments * 1e3:.2f}", "", "", style="bold")
         err.print(t)
 
 
@@ -184,12 +223,17 @@ def show(
         list[str] | None, typer.Option("--print-before", help="Print the IR before PASS (if it changes).")
     ] = None,
     print_after: Annotated[
-        list[str] | None, typer.Option("--print-after", help="Print the IR after PASS (if it changed).")
+        list[str] | None, typer.Option("--print-after", help="Print the IR after PASS (or say that it "
+                                       "left the IR unchanged).")
     ] = None,
     dump_dir: Annotated[
-        Path | None, typer.Option("--dump-dir", help="Write every step to numbered .ir files.")
+        Path | None, typer.Option("--dump-dir", help="Write every step to numbered .ir files in a new "
+                                  "or empty folder.")
     ] = None,
-    timing: Annotated[bool, typer.Option("--timing", help="Print a timing table of the passes.")] = False,
+    timing: Annotated[bool, typer.Option("--timing", help="Print a timing table of the passes (each "
+                                         "pass alone; verification and printing apart).")] = False,
+    disable_pass: DisablePassOpt = None,
+    stop_after: StopAfterOpt = None,
     quant: QuantOpt = None,
     quant_config: QuantConfigOpt = None,
     lora_rank: LoraRankOpt = None,
@@ -211,7 +255,8 @@ def show(
         raise ErnieIRError("--rank needs --tp and/or --ep (a one-rank graph has rank 0 only)")
     graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle, meta=meta,
                             print_before=_split(print_before), print_after=_split(print_after),
-                            dump_dir=dump_dir, timing=timing)
+                            dump_dir=dump_dir, timing=timing, disable_pass=disable_pass,
+                            stop_after=stop_after)
     if summary:
         for table in summary_tables(graph):
             out.print(table)
@@ -323,6 +368,8 @@ def run(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     lora_adapter: LoraAdapterOpt = None,
+    disable_pass: DisablePassOpt = None,
+    stop_after: StopAfterOpt = None,
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Run a model or an artifact on this machine's CPU (float32 where the CPU lacks bf16)."""
@@ -342,6 +389,8 @@ def run(
     if save_logits is not None and not save_logits.parent.is_dir():
         raise ErnieIRError(f"--save-logits {save_logits}: folder {save_logits.parent} does not exist: "
                            "create it or choose another path")
+    if (disable_pass or stop_after is not None) and not pipeline:
+        raise ErnieIRError("--disable-pass/--stop-after need a pipeline (--pipeline, --quant or --lora-*)")
     if backend == "interpreter" and not pipeline and not emulate and _is_multi_rank(model):
         from ernie_ir.runtime.artifact_runner import run_artifact
 
@@ -355,7 +404,8 @@ def run(
         with _rank_log_on_error():
             logits = run_artifact(Path(model), ids, backend, timeout_s=timeout)
     else:
-        graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle)
+        graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle, disable_pass=disable_pass,
+                                stop_after=stop_after)
         logits = _logits(graph, ids, emulate)
     _check_finite(model, logits)
     report: dict[str, object] = {
@@ -420,6 +470,10 @@ def compile(
                           "matmuls, equal to the interpreter in any onnxruntime session) or fast (int8 "
                           "activations, faster).")
     ] = "exact",
+    disable_pass: DisablePassOpt = None,
+    stop_after: Annotated[str | None, typer.Option(
+        "--stop-after", help="End the pipeline after pass NAME or the N-th pass and write the graph "
+        "there to --out as a graph folder, not an artifact: for bisecting.")] = None,
 ) -> None:
     """Compile a model for a target into an artifact folder (written atomically)."""
     import json
@@ -450,13 +504,18 @@ def compile(
                                lora_adapter=lora_adapter, quant_config=quant_config,
                                cuda_arch=arch, tp=tp, ep=ep, out=out_dir, force=force,
                                trust_pickle=trust_pickle, meta=meta, progress=progress,
-                               onnx_numerics=onnx_numerics)
+                               onnx_numerics=onnx_numerics, disabled_passes=_split(disable_pass),
+                               stop_after=stop_after)
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))
         return
     for w in report.warnings:
         err.print(f"warning: {w}", markup=False)
+    if report.stopped:
+        out.print(f"{report.stopped}: wrote the graph folder {report.out} (not an artifact; "
+                  f"`ernie-ir show {report.out}` prints it)", markup=False)
+        return
     out.print(f"compiled {model} for {target} ({mode}) -> {report.out}", markup=False)
     if report.parallel:
         out.print(f"layout: {report.parallel}", markup=False)
@@ -618,6 +677,8 @@ def explain(
     rule: Annotated[str, typer.Argument(help="A rewrite rule name (or a rewrite pass with one rule).")],
     model: ModelArg,
     pipeline: PipelineOpt = None,
+    disable_pass: DisablePassOpt = None,
+    stop_after: StopAfterOpt = None,
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Say where a rewrite rule matches in a model, or why it does not."""
@@ -625,7 +686,8 @@ def explain(
     from ernie_ir.passes.rewrite import RuleSet, find_rule
 
     r = find_rule(rule, all_passes())
-    graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle)
+    graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle, disable_pass=disable_pass,
+                            stop_after=stop_after)
     (trace,) = RuleSet([r]).explain(graph)
     out.print(trace.summary(), markup=False)
     for m in RuleSet([r]).find(graph)[:20]:

@@ -279,6 +279,39 @@ class Pipeline:
     def __add__(self, other: Pipeline) -> Pipeline:
         return Pipeline([*self.passes, *other.passes])
 
+    def restricted(self, disabled: Iterable[str] = (), stop_after: str | int | None = None
+                   ) -> Pipeline:
+        """This pipeline without the passes named in `disabled` (every occurrence) and ending
+        after `stop_after` (a pass name: its first occurrence; or a 1-based position in this
+        pipeline): what bisecting a pipeline needs (TVM's `disabled_pass`, LLVM's
+        `-stop-after`). Unknown names are PipelineErrors; the order is not re-checked here
+        (`check_order` with the graph's properties does that)."""
+        disabled = list(dict.fromkeys(disabled))
+        names = [p.name for p in self.passes]
+        listing = ", ".join(dict.fromkeys(names)) or "empty"
+        for name in disabled:
+            if name not in names:
+                raise PipelineError(f"cannot disable pass {name!r}: it is not in the pipeline "
+                                    f"({listing})")
+        passes = self.passes
+        if stop_after is not None:
+            if isinstance(stop_after, str) and stop_after.strip().isdigit():
+                stop_after = int(stop_after)
+            if isinstance(stop_after, int):
+                if not 1 <= stop_after <= len(passes):
+                    raise PipelineError(f"cannot stop after pass {stop_after}: the pipeline has "
+                                        f"{len(passes)} passes")
+                end = stop_after
+            else:
+                if stop_after not in names:
+                    raise PipelineError(f"cannot stop after pass {stop_after!r}: it is not in the "
+                                        f"pipeline ({listing})")
+                end = names.index(stop_after) + 1
+            if passes[end - 1].name in disabled:
+                raise PipelineError(f"cannot stop after pass {stop_after!r}: it is disabled")
+            passes = passes[:end]
+        return Pipeline([p for p in passes if p.name not in disabled])
+
     def check_order(self, initial: Iterable[str] = ()) -> None:
         """Each pass's `requires` must hold when it runs; PipelineError says which pass fixes it."""
         props = set(initial)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -55,6 +58,9 @@ class CompileReport:
     """The layout (e.g. "world 2, tp 2"); empty for one rank."""
     onnx_numerics: str | None = None
     """"exact" or "fast" where an ONNX model was written, else None."""
+    stopped: str = ""
+    """With `stop_after`: "stopped after P (pass i of N); not run: ..." and `out` is a graph
+    folder (one `rank{r}/` per rank after a split), not an artifact; else empty."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -201,7 +207,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   out: str | Path | None = None, force: bool = False,
                   trust_pickle: bool = False, meta: bool = False,
                   progress: Callable[[str, int, int], None] | None = None,
-                  onnx_numerics: str = "exact") -> CompileReport:
+                  onnx_numerics: str = "exact", disabled_passes: Sequence[str] = (),
+                  stop_after: str | int | None = None) -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
@@ -210,6 +217,9 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     executables are emitted (the CLI draws it).
     `onnx_numerics`: "exact" or "fast" weight-only matmuls in the ONNX model (cuda inference),
     recorded in the model and the manifest (`"onnx_numerics"`).
+    `disabled_passes` / `stop_after` cut the pipeline for bisecting (`Pipeline.restricted`): the
+    manifest records the pipeline that ran; stopping before the target's legalization writes
+    the graph at that point as a graph folder instead of an artifact (as `llc -stop-after`).
     """
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
     check_onnx_numerics(onnx_numerics)
@@ -235,9 +245,25 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     hashing.shutdown(wait=False)
     before = params_by_dtype(graph)
     resolved, mapping = compile_pipeline(graph, tgt, arch, quant_text, pipeline, tp, ep)
+    full = resolved
+    if disabled_passes or stop_after is not None:
+        resolved = resolved.restricted(disabled_passes, stop_after)
+        if any(p.name.startswith("legalize-") for p in full if p.name in disabled_passes):
+            raise TargetError(f"cannot disable {full.passes[-1].name}: compile needs it to write an "
+                              "artifact; use --stop-after to keep the graph before it")
+        resolved.check_order(graph_properties(graph))
+    stopped = _stop_note(full, resolved) if stop_after is not None else ""
     instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
     ranked = run_pipeline_ranks(graph, resolved, instruments=instruments)
     ranks, result = ranked.ranks, ranked.result
+    if stopped:
+        _save_graphs(ranks, dest)
+        return CompileReport(
+            model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(dest),
+            passes_run=[p.spec() for p in resolved.passes], params_before=before,
+            params_after=params_by_dtype(ranks[0]) if len(ranks) == 1 else _rank_params(ranks),
+            kernel_plan=[], fallbacks=[], warnings=list(result.warnings), cuda_arch=arch,
+            stopped=stopped)
     if len(ranks) != mapping.world_size:
         mapping = Mapping.create()  # the split left one rank (tp = ep = 1)
     first = ranks[0]
@@ -273,6 +299,35 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         warnings=warnings, cuda_arch=arch, parallel=mapping.describe() if not mapping.is_single else "",
         onnx_numerics=numerics,
     )
+
+
+def _stop_note(full: Pipeline, kept: Pipeline) -> str:
+    """"stopped after P (pass i of N); not run: ..." or "" when the last pass still runs."""
+    if not kept.passes or kept.passes[-1] is full.passes[-1]:
+        return ""
+    end = next(i for i, p in enumerate(full.passes, 1) if p is kept.passes[-1])
+    rest = ", ".join(p.spec() for p in full.passes[end:])
+    return f"stopped after {kept.passes[-1].spec()} (pass {end} of {len(full)}); not run: {rest}"
+
+
+def _save_graphs(ranks: Sequence[Graph], dest: Path) -> None:
+    """The graphs where compile stopped: `dest` as one graph folder, or `dest/rank{r}` each."""
+    from ernie_ir.ir.storage import save_graph
+
+    if len(ranks) == 1:
+        save_graph(ranks[0], dest, overwrite=True)
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        for r, g in enumerate(ranks):
+            save_graph(g, tmp / f"rank{r}")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _rank_params(ranks: Sequence[Graph]) -> dict[str, dict[str, int]]:
