@@ -762,7 +762,12 @@ def plan(
         out.print(f"plot: {plot}", markup=False)
 
 
-def _golden(paths: list[str] | None, update: bool) -> None:
+StructureOnlyOpt = Annotated[bool, typer.Option(
+    "--structure-only", help="Compare structure only, not param values (goldens record a content "
+    "hash per param).")]
+
+
+def _golden(paths: list[str] | None, update: bool, structure_only: bool = False) -> None:
     from ernie_ir.testing.golden import check_goldens
 
     if not paths:
@@ -771,7 +776,7 @@ def _golden(paths: list[str] | None, update: bool) -> None:
             raise ErnieIRError("no PATHS given and ./tests/golden does not exist: name golden files "
                                "or folders, or run from the project root")
         paths = [str(default)]
-    results = check_goldens(paths, update=update)
+    results = check_goldens(paths, update=update, structure_only=structure_only)
     if not results:
         raise ErnieIRError(f"no golden files (*.ir starting with '// golden case') under "
                            f"{', '.join(paths)}: check the paths")
@@ -793,17 +798,18 @@ def _golden(paths: list[str] | None, update: bool) -> None:
 
 
 @golden_app.command("check")
-def golden_check(paths: Annotated[list[str] | None, typer.Argument(help="Golden files or folders.")] = None
-                 ) -> None:
-    """Check golden files (default: ./tests/golden); exit 1 and show diffs on mismatch."""
-    _golden(paths, update=False)
+def golden_check(paths: Annotated[list[str] | None, typer.Argument(help="Golden files or folders.")] = None,
+                 structure_only: StructureOnlyOpt = False) -> None:
+    """Check golden files (default: ./tests/golden): structure and param values; exit 1 and
+    show diffs on mismatch."""
+    _golden(paths, update=False, structure_only=structure_only)
 
 
 @golden_app.command("update")
-def golden_update(paths: Annotated[list[str] | None, typer.Argument(help="Golden files or folders.")] = None
-                  ) -> None:
-    """Rewrite the golden files that fail (and only those)."""
-    _golden(paths, update=True)
+def golden_update(paths: Annotated[list[str] | None, typer.Argument(help="Golden files or folders.")] = None,
+                  structure_only: StructureOnlyOpt = False) -> None:
+    """Rewrite the golden files that fail (and only those), with a hash per param."""
+    _golden(paths, update=True, structure_only=structure_only)
 
 
 def _usage_error(e: Exception) -> tuple[str, int] | None:
