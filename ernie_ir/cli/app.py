@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import numpy as np
 import typer
@@ -26,9 +26,6 @@ from ernie_ir.ir.verifier import verify
 from ernie_ir.load import load_input
 
 from .summary import summary_tables
-
-if TYPE_CHECKING:
-    from ernie_ir.passes import Pass
 
 app = typer.Typer(
     name="ernie-ir",
@@ -137,23 +134,6 @@ def _load_rewritten(model: str, pipeline: str | None, *, trust_pickle: bool, met
     return graph
 
 
-def _bisect_note(full: Sequence[Pass], kept: Sequence[Pass], stop_after: str | None) -> str:
-    """One line saying which passes --disable-pass / --stop-after left out."""
-    kept_ids = {id(p) for p in kept}
-    end = max((i for i, p in enumerate(full, 1) if id(p) in kept_ids), default=0)
-    disabled = [f"{p.spec()} (pass {i})" for i, p in enumerate(full, 1)
-                if id(p) not in kept_ids and (stop_after is None or i <= end)]
-    parts = []
-    if stop_after is not None:
-        rest = ", ".join(p.spec() for p in full[end:]) or "none"
-        parts.append(f"stopped after {full[end - 1].spec()} (pass {end} of {len(full)}); not run: {rest}")
-    if disabled:
-        parts.append(f"disabled {', '.join(disabled)}")
-    if stop_after is None:
-        parts.append(f"ran {','.join(p.spec() for p in kept) or 'nothing'}")
-    return "; ".join(parts)
-
-
 def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str],
                   print_after: list[str], dump_dir: Path | None, timing: bool,
                   disabled: list[str] | None = None, stop_after: str | None = None) -> None:
@@ -165,6 +145,7 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
         run_pipeline,
     )
     from ernie_ir.passes.base import graph_properties
+    from ernie_ir.passes.pipeline import describe_restriction
 
     disabled = disabled or []
     if not pipeline:
@@ -176,7 +157,8 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
     if disabled or stop_after is not None:
         full, pl = pl, pl.restricted(disabled, stop_after)
         pl.check_order(graph_properties(graph))
-        err.print("note: " + _bisect_note(full.passes, pl.passes, stop_after), markup=False)
+        err.print("note: " + describe_restriction(full, pl, stopped=stop_after is not None),
+                  markup=False)
     names = {p.name for p in pl}
     for n in [*print_before, *print_after]:
         if n != "*" and n not in names:

@@ -329,6 +329,25 @@ class Pipeline:
             props = (props - p.invalidates) | p.produces
 
 
+def describe_restriction(full: Pipeline, kept: Pipeline, *, stopped: bool) -> str:
+    """One line on what `full.restricted(...)` (= `kept`) left out: "stopped after P (pass i
+    of N); not run: ...", "disabled P (pass i), ...", and otherwise what ran."""
+    kept_ids = {id(p) for p in kept.passes}
+    end = max((i for i, p in enumerate(full.passes, 1) if id(p) in kept_ids), default=0)
+    disabled = [f"{p.spec()} (pass {i})" for i, p in enumerate(full.passes, 1)
+                if id(p) not in kept_ids and (not stopped or i <= end)]
+    parts = []
+    if stopped and end:
+        rest = ", ".join(p.spec() for p in full.passes[end:]) or "none"
+        parts.append(f"stopped after {full.passes[end - 1].spec()} (pass {end} of {len(full)}); "
+                     f"not run: {rest}")
+    if disabled:
+        parts.append(f"disabled {', '.join(disabled)}")
+    if not stopped:
+        parts.append(f"ran {kept or 'nothing'}")
+    return "; ".join(parts)
+
+
 def build_pipeline(specs: Sequence[PassSpec], *, initial: Iterable[str] = (),
                    check_order: bool = True, _depth: int = 0) -> Pipeline:
     """Instantiate and validate specs; presets expand in place."""

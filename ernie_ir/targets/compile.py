@@ -21,7 +21,7 @@ from ernie_ir.load import load_input
 from ernie_ir.passes import Pass, PassContext, PassInstrument
 from ernie_ir.passes.base import graph_properties
 from ernie_ir.passes.manager import run_pipeline_ranks
-from ernie_ir.passes.pipeline import Pipeline, load_pipeline
+from ernie_ir.passes.pipeline import Pipeline, describe_restriction, load_pipeline
 from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
 from ernie_ir.passes.quant_config import resolve_quant_name
 from ernie_ir.passes.split import mapping_for
@@ -252,7 +252,9 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
             raise TargetError(f"cannot disable {full.passes[-1].name}: compile needs it to write an "
                               "artifact; use --stop-after to keep the graph before it")
         resolved.check_order(graph_properties(graph))
-    stopped = _stop_note(full, resolved) if stop_after is not None else ""
+    stopped = ""
+    if stop_after is not None and resolved.passes[-1] is not full.passes[-1]:
+        stopped = describe_restriction(full, resolved, stopped=True)
     instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
     ranked = run_pipeline_ranks(graph, resolved, instruments=instruments)
     ranks, result = ranked.ranks, ranked.result
@@ -299,15 +301,6 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         warnings=warnings, cuda_arch=arch, parallel=mapping.describe() if not mapping.is_single else "",
         onnx_numerics=numerics,
     )
-
-
-def _stop_note(full: Pipeline, kept: Pipeline) -> str:
-    """"stopped after P (pass i of N); not run: ..." or "" when the last pass still runs."""
-    if not kept.passes or kept.passes[-1] is full.passes[-1]:
-        return ""
-    end = next(i for i, p in enumerate(full.passes, 1) if p is kept.passes[-1])
-    rest = ", ".join(p.spec() for p in full.passes[end:])
-    return f"stopped after {kept.passes[-1].spec()} (pass {end} of {len(full)}); not run: {rest}"
 
 
 def _save_graphs(ranks: Sequence[Graph], dest: Path) -> None:
