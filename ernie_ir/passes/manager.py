@@ -58,13 +58,13 @@ class PassManager:
                  debug: bool = True, disabled_passes: Iterable[str] = (),
                  stop_after: str | int | None = None) -> None:
         disabled = list(disabled_passes)
-        self.restricted = bool(disabled) or stop_after is not None
-        self.pipeline = pipeline.restricted(disabled, stop_after) if self.restricted else pipeline
+        self._cut = bool(disabled) or stop_after is not None
+        self.pipeline = pipeline.restricted(disabled, stop_after) if self._cut else pipeline
         self.instruments = list(instruments)
         self.debug = debug
 
     def _enter(self, graph: Graph) -> None:
-        if self.restricted:  # a cut pipeline may lose a pass that a later one requires
+        if self._cut:  # a cut pipeline may lose a pass that a later one requires
             self.pipeline.check_order(graph_properties(graph))
         for inst in self.instruments:
             inst.enter_pipeline(self.pipeline, graph)
