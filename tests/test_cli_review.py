@@ -236,7 +236,7 @@ def test_binary_quant_config(tmp_path: Path, capsys):
 def test_dump_dir_that_is_a_file(tmp_path: Path, capsys):
     (tmp_path / "d").write_text("x")
     line = user_error(capsys, "show", GPT, "--pipeline", "cse", "--dump-dir", str(tmp_path / "d"))
-    assert "cannot create the folder" in line
+    assert "is a file, not a folder" in line
 
 
 def test_golden_check_of_a_folder_without_goldens_fails(tmp_path: Path, capsys):

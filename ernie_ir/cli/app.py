@@ -106,23 +106,37 @@ TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (attent
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (whole routed experts per group).")]
 
 
+DisablePassOpt = Annotated[
+    list[str] | None,
+    typer.Option("--disable-pass", help="Skip pass NAME wherever the pipeline has it (repeatable, or "
+                 "comma-separated): for bisecting."),
+]
+StopAfterOpt = Annotated[
+    str | None,
+    typer.Option("--stop-after", help="End the pipeline after pass NAME (its first occurrence) or after "
+                 "the N-th pass: for bisecting."),
+]
+
+
 def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
 
 def _load_rewritten(model: str, pipeline: str | None, *, trust_pickle: bool, meta: bool = False,
                     print_before: Sequence[str] = (), print_after: Sequence[str] = (),
-                    dump_dir: Path | None = None, timing: bool = False) -> Graph:
+                    dump_dir: Path | None = None, timing: bool = False,
+                    disable_pass: list[str] | None = None, stop_after: str | None = None) -> Graph:
     """MODEL loaded, verified, and rewritten by `pipeline` under the requested instruments."""
     graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
     verify(graph)
     _run_pipeline(graph, pipeline, print_before=list(print_before), print_after=list(print_after),
-                  dump_dir=dump_dir, timing=timing)
+                  dump_dir=dump_dir, timing=timing, disabled=_split(disable_pass), stop_after=stop_after)
     return graph
 
 
 def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str],
-                  print_after: list[str], dump_dir: Path | None, timing: bool) -> None:
+                  print_after: list[str], dump_dir: Path | None, timing: bool,
+                  disabled: list[str] | None = None, stop_after: str | None = None) -> None:
     from ernie_ir.passes import (
         DumpInstrument,
         PrintIRInstrument,
@@ -131,12 +145,20 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
         run_pipeline,
     )
     from ernie_ir.passes.base import graph_properties
+    from ernie_ir.passes.pipeline import describe_restriction
 
+    disabled = disabled or []
     if not pipeline:
-        if print_before or print_after or dump_dir or timing:
-            raise ErnieIRError("--print-before/--print-after/--dump-dir/--timing need --pipeline")
+        if print_before or print_after or dump_dir or timing or disabled or stop_after is not None:
+            raise ErnieIRError("--print-before/--print-after/--dump-dir/--timing/--disable-pass/"
+                               "--stop-after need --pipeline")
         return
     pl = load_pipeline(pipeline, initial=graph_properties(graph))
+    if disabled or stop_after is not None:
+        full, pl = pl, pl.restricted(disabled, stop_after)
+        pl.check_order(graph_properties(graph))
+        err.print("note: " + describe_restriction(full, pl, stopped=stop_after is not None),
+                  markup=False)
     names = {p.name for p in pl}
     for n in [*print_before, *print_after]:
         if n != "*" and n not in names:
@@ -150,12 +172,7 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
         instruments.append(PrintIRInstrument(lambda s: err.print(s, markup=False),
                                              before=print_before, after=print_after))
     if dump_dir is not None:
-        try:
-            dump_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ErnieIRError(f"--dump-dir {dump_dir}: cannot create the folder ({e.strerror or e}): "
-                               "choose a writable folder") from None
-        instruments.append(DumpInstrument(dump_dir))
+        instruments.append(DumpInstrument(dump_dir))  # refuses a non-empty folder
     result = run_pipeline(graph, pl, instruments=instruments)
     for w in result.warnings:
         err.print(f"warning: {w}", markup=False)
@@ -163,14 +180,18 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
         t = Table(title=f"pipeline {pl}")
         t.add_column("#", justify="right")
         t.add_column("pass")
-        t.add_column("ms", justify="right")
+        t.add_column("pass ms", justify="right")
+        t.add_column("verify ms", justify="right")
+        t.add_column("print ms", justify="right")
         t.add_column("changed")
         t.add_column("rewrites")
         for r in tim.rows:
             counts = result.stats.get(f"{r.index}:{r.spec.split('{')[0]}", {})
-            t.add_row(str(r.index), r.spec, f"{r.seconds * 1e3:.2f}", "yes" if r.changed else "no",
+            t.add_row(str(r.index), r.spec, f"{r.seconds * 1e3:.2f}", f"{r.verify_seconds * 1e3:.2f}",
+                      f"{r.instrument_seconds * 1e3:.2f}", "yes" if r.changed else "no",
                       ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-        t.add_row("", "total", f"{tim.total * 1e3:.2f}", "", "", style="bold")
+        t.add_row("", "total", f"{tim.total * 1e3:.2f}", f"{tim.total_verify * 1e3:.2f}",
+                  f"{tim.total_instruments * 1e3:.2f}", "", "", style="bold")
         err.print(t)
 
 
@@ -184,12 +205,17 @@ def show(
         list[str] | None, typer.Option("--print-before", help="Print the IR before PASS (if it changes).")
     ] = None,
     print_after: Annotated[
-        list[str] | None, typer.Option("--print-after", help="Print the IR after PASS (if it changed).")
+        list[str] | None, typer.Option("--print-after", help="Print the IR after PASS (or say that it "
+                                       "left the IR unchanged).")
     ] = None,
     dump_dir: Annotated[
-        Path | None, typer.Option("--dump-dir", help="Write every step to numbered .ir files.")
+        Path | None, typer.Option("--dump-dir", help="Write every step to numbered .ir files in a new "
+                                  "or empty folder.")
     ] = None,
-    timing: Annotated[bool, typer.Option("--timing", help="Print a timing table of the passes.")] = False,
+    timing: Annotated[bool, typer.Option("--timing", help="Print a timing table of the passes (each "
+                                         "pass alone; verification and printing apart).")] = False,
+    disable_pass: DisablePassOpt = None,
+    stop_after: StopAfterOpt = None,
     quant: QuantOpt = None,
     quant_config: QuantConfigOpt = None,
     lora_rank: LoraRankOpt = None,
@@ -211,7 +237,8 @@ def show(
         raise ErnieIRError("--rank needs --tp and/or --ep (a one-rank graph has rank 0 only)")
     graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle, meta=meta,
                             print_before=_split(print_before), print_after=_split(print_after),
-                            dump_dir=dump_dir, timing=timing)
+                            dump_dir=dump_dir, timing=timing, disable_pass=disable_pass,
+                            stop_after=stop_after)
     if summary:
         for table in summary_tables(graph):
             out.print(table)
@@ -323,6 +350,8 @@ def run(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     lora_adapter: LoraAdapterOpt = None,
+    disable_pass: DisablePassOpt = None,
+    stop_after: StopAfterOpt = None,
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Run a model or an artifact on this machine's CPU (float32 where the CPU lacks bf16)."""
@@ -342,6 +371,8 @@ def run(
     if save_logits is not None and not save_logits.parent.is_dir():
         raise ErnieIRError(f"--save-logits {save_logits}: folder {save_logits.parent} does not exist: "
                            "create it or choose another path")
+    if (disable_pass or stop_after is not None) and not pipeline:
+        raise ErnieIRError("--disable-pass/--stop-after need a pipeline (--pipeline, --quant or --lora-*)")
     if backend == "interpreter" and not pipeline and not emulate and _is_multi_rank(model):
         from ernie_ir.runtime.artifact_runner import run_artifact
 
@@ -355,7 +386,8 @@ def run(
         with _rank_log_on_error():
             logits = run_artifact(Path(model), ids, backend, timeout_s=timeout)
     else:
-        graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle)
+        graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle, disable_pass=disable_pass,
+                                stop_after=stop_after)
         logits = _logits(graph, ids, emulate)
     _check_finite(model, logits)
     report: dict[str, object] = {
@@ -425,6 +457,10 @@ def compile(
                                  "fastdeploy, onnx, paddle-inference (default: those that read the rank "
                                  "weights: paddle, plus fastdeploy for cuda inference).")
     ] = None,
+    disable_pass: DisablePassOpt = None,
+    stop_after: Annotated[str | None, typer.Option(
+        "--stop-after", help="End the pipeline after pass NAME or the N-th pass and write the graph "
+        "there to --out as a graph folder, not an artifact: for bisecting.")] = None,
 ) -> None:
     """Compile a model for a target into an artifact folder (written atomically)."""
     import json
@@ -455,13 +491,18 @@ def compile(
                                lora_adapter=lora_adapter, quant_config=quant_config,
                                cuda_arch=arch, tp=tp, ep=ep, out=out_dir, force=force,
                                trust_pickle=trust_pickle, meta=meta, progress=progress,
-                               onnx_numerics=onnx_numerics, emit=emit)
+                               onnx_numerics=onnx_numerics, emit=emit,
+                               disabled_passes=_split(disable_pass), stop_after=stop_after)
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))
         return
     for w in report.warnings:
         err.print(f"warning: {w}", markup=False)
+    if report.stopped:
+        out.print(f"{report.stopped}: wrote the graph folder {report.out} (not an artifact; "
+                  f"`ernie-ir show {report.out}` prints it)", markup=False)
+        return
     out.print(f"compiled {model} for {target} ({mode}) -> {report.out}", markup=False)
     if report.parallel:
         out.print(f"layout: {report.parallel}", markup=False)
@@ -608,35 +649,11 @@ def verify_cmd(artifact: Annotated[Path, typer.Argument(help="An artifact folder
 
 @app.command()
 def passes() -> None:
-    """List the passes and presets (built-in and plugins), with their options."""
-    from ernie_ir.passes import all_passes, all_presets
-    from ernie_ir.passes.registry import REGISTRY
+    """List the passes and presets (built-in and plugins), with their options' defaults."""
+    from ernie_ir.passes.registry import REGISTRY, pass_listing
 
-    t = Table(title="passes")
-    t.add_column("name")
-    t.add_column("description")
-    t.add_column("options")
-    t.add_column("origin")
-    for name, cls in all_passes().items():
-        opts = []
-        for key, fld in cls.Options.model_fields.items():
-            default = "required" if fld.is_required() else repr(fld.get_default(call_default_factory=True))
-            opts.append(f"{key}={default}")
-        props = []
-        if cls.requires:
-            props.append("requires " + ",".join(sorted(cls.requires)))
-        if cls.produces:
-            props.append("produces " + ",".join(sorted(cls.produces)))
-        desc = cls.description + (f" ({'; '.join(props)})" if props else "")
-        t.add_row(name, desc, ", ".join(opts), REGISTRY.origins.get(name, ""))
-    out.print(t)
-    p = Table(title="presets")
-    p.add_column("name")
-    p.add_column("pipeline")
-    p.add_column("description")
-    for preset in all_presets().values():
-        p.add_row(preset.name, preset.pipeline, preset.description)
-    out.print(p)
+    for line in pass_listing(out.width):
+        out.print(line, markup=False)
     if REGISTRY.broken:
         for b in REGISTRY.broken:
             err.print(f"error: plugin {b.name!r} ({b.target}) failed to load: {b.error}", markup=False)
@@ -648,6 +665,8 @@ def explain(
     rule: Annotated[str, typer.Argument(help="A rewrite rule name (or a rewrite pass with one rule).")],
     model: ModelArg,
     pipeline: PipelineOpt = None,
+    disable_pass: DisablePassOpt = None,
+    stop_after: StopAfterOpt = None,
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Say where a rewrite rule matches in a model, or why it does not."""
@@ -655,7 +674,8 @@ def explain(
     from ernie_ir.passes.rewrite import RuleSet, find_rule
 
     r = find_rule(rule, all_passes())
-    graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle)
+    graph = _load_rewritten(model, pipeline, trust_pickle=trust_pickle, disable_pass=disable_pass,
+                            stop_after=stop_after)
     (trace,) = RuleSet([r]).explain(graph)
     out.print(trace.summary(), markup=False)
     for m in RuleSet([r]).find(graph)[:20]:
@@ -730,7 +750,12 @@ def plan(
         out.print(f"plot: {plot}", markup=False)
 
 
-def _golden(paths: list[str] | None, update: bool) -> None:
+StructureOnlyOpt = Annotated[bool, typer.Option(
+    "--structure-only", help="Compare structure only, not param values (goldens record a content "
+    "hash per param).")]
+
+
+def _golden(paths: list[str] | None, update: bool, structure_only: bool = False) -> None:
     from ernie_ir.testing.golden import check_goldens
 
     if not paths:
@@ -739,7 +764,7 @@ def _golden(paths: list[str] | None, update: bool) -> None:
             raise ErnieIRError("no PATHS given and ./tests/golden does not exist: name golden files "
                                "or folders, or run from the project root")
         paths = [str(default)]
-    results = check_goldens(paths, update=update)
+    results = check_goldens(paths, update=update, structure_only=structure_only)
     if not results:
         raise ErnieIRError(f"no golden files (*.ir starting with '// golden case') under "
                            f"{', '.join(paths)}: check the paths")
@@ -761,17 +786,18 @@ def _golden(paths: list[str] | None, update: bool) -> None:
 
 
 @golden_app.command("check")
-def golden_check(paths: Annotated[list[str] | None, typer.Argument(help="Golden files or folders.")] = None
-                 ) -> None:
-    """Check golden files (default: ./tests/golden); exit 1 and show diffs on mismatch."""
-    _golden(paths, update=False)
+def golden_check(paths: Annotated[list[str] | None, typer.Argument(help="Golden files or folders.")] = None,
+                 structure_only: StructureOnlyOpt = False) -> None:
+    """Check golden files (default: ./tests/golden): structure and param values; exit 1 and
+    show diffs on mismatch."""
+    _golden(paths, update=False, structure_only=structure_only)
 
 
 @golden_app.command("update")
-def golden_update(paths: Annotated[list[str] | None, typer.Argument(help="Golden files or folders.")] = None
-                  ) -> None:
-    """Rewrite the golden files that fail (and only those)."""
-    _golden(paths, update=True)
+def golden_update(paths: Annotated[list[str] | None, typer.Argument(help="Golden files or folders.")] = None,
+                  structure_only: StructureOnlyOpt = False) -> None:
+    """Rewrite the golden files that fail (and only those), with a hash per param."""
+    _golden(paths, update=True, structure_only=structure_only)
 
 
 def _usage_error(e: Exception) -> tuple[str, int] | None:

@@ -1,26 +1,45 @@
 """Pass instruments: observers plugged into the pass manager, never into passes.
 
-- `TimingInstrument`: seconds per pass (rows for a table).
+- `TimingInstrument`: seconds per pass (rows for a table): the pass alone, with
+  verification and the instruments' own time (printing, dumping) apart; the
+  manager measures them and hands them over through `pass_timed`.
 - `PrintIRInstrument`: the IR before and/or after chosen passes, only when the
-  pass changed the graph; text goes to a `sink` callable (the CLI prints it).
+  pass changed the graph (after an unchanged pass: one line saying so); text
+  goes to a `sink` callable (the CLI prints it).
 - `DumpInstrument`: every step into numbered `.ir` files whose header records
-  the resolved pipeline and the remaining pipeline to replay from that step.
+  the resolved pipeline and the remaining pipeline to replay from that step;
+  the folder must be new or empty, so that no older step is mistaken for one.
 - `RewriteCountInstrument`: per-rule rewrite counts reported by rewrite passes.
 """
 
 from __future__ import annotations
 
 import shlex
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ernie_ir.ir import Graph
+from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.printer import print_graph
 
 from .base import Pass, PassContext
 from .pipeline import Pipeline
+
+
+class InstrumentError(ErnieIRError):
+    """An instrument that cannot do its job (e.g. a dump folder that already holds files)."""
+
+
+@dataclass
+class PassTimes:
+    """Where one pass's wall time went, in seconds, as the pass manager measured it."""
+
+    seconds: float = 0.0
+    """The pass's `run` (or `fan_out`) alone."""
+    verify_seconds: float = 0.0
+    """Debug-mode checks around it: the verifier and the printed-IR "changed" check."""
+    instrument_seconds: float = 0.0
+    """Every instrument's `before_pass` and `after_pass` (printing and dumping the IR)."""
 
 
 class PassInstrument:
@@ -32,6 +51,9 @@ class PassInstrument:
 
     def after_pass(self, index: int, p: Pass, graph: Graph, changed: bool, ctx: PassContext) -> None: ...
 
+    def pass_timed(self, index: int, p: Pass, times: PassTimes) -> None:
+        """Called after every instrument's `after_pass`, with the time the pass took."""
+
     def exit_pipeline(self, graph: Graph) -> None: ...
 
 
@@ -40,23 +62,39 @@ class TimingRow:
     index: int
     spec: str
     seconds: float
+    """The pass alone."""
     changed: bool
+    verify_seconds: float = 0.0
+    instrument_seconds: float = 0.0
 
 
 class TimingInstrument(PassInstrument):
+    """One row per pass run, from the manager's measurements (not from its own clock, which
+    would also count the verifier and the other instruments)."""
+
     def __init__(self) -> None:
         self.rows: list[TimingRow] = []
-        self._t0 = 0.0
-
-    def before_pass(self, index: int, p: Pass, graph: Graph) -> None:
-        self._t0 = time.perf_counter()
+        self._changed = False
 
     def after_pass(self, index: int, p: Pass, graph: Graph, changed: bool, ctx: PassContext) -> None:
-        self.rows.append(TimingRow(index, p.spec(), time.perf_counter() - self._t0, changed))
+        self._changed = changed
+
+    def pass_timed(self, index: int, p: Pass, times: PassTimes) -> None:
+        self.rows.append(TimingRow(index, p.spec(), times.seconds, self._changed,
+                                   times.verify_seconds, times.instrument_seconds))
 
     @property
     def total(self) -> float:
+        """Seconds in the passes themselves."""
         return sum(r.seconds for r in self.rows)
+
+    @property
+    def total_verify(self) -> float:
+        return sum(r.verify_seconds for r in self.rows)
+
+    @property
+    def total_instruments(self) -> float:
+        return sum(r.instrument_seconds for r in self.rows)
 
 
 class PrintIRInstrument(PassInstrument):
@@ -78,6 +116,8 @@ class PrintIRInstrument(PassInstrument):
 
     def after_pass(self, index: int, p: Pass, graph: Graph, changed: bool, ctx: PassContext) -> None:
         if not changed:
+            if self._wants(self.after, p):  # silence would read as "not run" or "not asked"
+                self.sink(f"// ----- {p.spec()} (pass {index}) left the IR unchanged -----")
             return
         if self._pending is not None:
             self.sink(f"// ----- IR before {p.spec()} (pass {index}) -----\n{self._pending}")
@@ -92,6 +132,16 @@ class DumpInstrument(PassInstrument):
         self.folder = Path(folder)
         self.files: list[Path] = []
         self._pipeline: Pipeline | None = None
+        if self.folder.exists() and not self.folder.is_dir():
+            raise InstrumentError(f"dump folder {self.folder} is a file, not a folder: choose a new "
+                                  "or empty folder")
+        if self.folder.is_dir():
+            entries = sorted(p.name for p in self.folder.iterdir())
+            if entries:
+                raise InstrumentError(
+                    f"dump folder {self.folder} is not empty ({len(entries)} "
+                    f"entr{'y' if len(entries) == 1 else 'ies'}, e.g. {entries[0]}): choose a new or "
+                    "empty folder, so that no older step is taken for one of this run")
 
     def _write(self, step: int, label: str, graph: Graph, rest: list[Pass]) -> None:
         assert self._pipeline is not None
@@ -107,7 +157,11 @@ class DumpInstrument(PassInstrument):
         self.files.append(path)
 
     def enter_pipeline(self, pipeline: Pipeline, graph: Graph) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InstrumentError(f"dump folder {self.folder}: cannot create it ({e.strerror or e}): "
+                                  "choose a writable folder") from None
         self._pipeline = pipeline
         self._write(0, "input", graph, pipeline.passes)
 

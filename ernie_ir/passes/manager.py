@@ -7,12 +7,21 @@ In debug mode (the default, and what tests and CI use) the manager
   modifies the graph but reports no change is caught.
 Required properties are checked against the graph before each pass, and the
 pass's produced properties are recorded on the graph afterwards.
+
+For bisecting, `disabled_passes` (names, as TVM's `PassContext(disabled_pass=...)`) and
+`stop_after` (a name or a 1-based position, as LLVM's `-stop-after`) cut the pipeline
+before anything runs; the cut pipeline's order is checked against the graph first.
+
+The manager times each pass itself, so that `TimingInstrument` reports the pass alone:
+verification and the debug "changed" check, and the time instruments spend in their hooks
+(printing, dumping), are measured apart and handed to instruments as `PassTimes`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ernie_ir.ir import ErnieIRError, Graph
@@ -20,7 +29,7 @@ from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.verifier import verify_problems
 
 from .base import Pass, PassContext, PipelineError, graph_properties, set_graph_properties
-from .instruments import PassInstrument
+from .instruments import PassInstrument, PassTimes
 from .pipeline import Pipeline
 
 
@@ -46,17 +55,25 @@ def _fingerprint(graph: Graph) -> str:
 
 class PassManager:
     def __init__(self, pipeline: Pipeline, *, instruments: Sequence[PassInstrument] = (),
-                 debug: bool = True) -> None:
-        self.pipeline = pipeline
+                 debug: bool = True, disabled_passes: Iterable[str] = (),
+                 stop_after: str | int | None = None) -> None:
+        disabled = list(disabled_passes)
+        self._cut = bool(disabled) or stop_after is not None
+        self.pipeline = pipeline.restricted(disabled, stop_after) if self._cut else pipeline
         self.instruments = list(instruments)
         self.debug = debug
+
+    def _enter(self, graph: Graph) -> None:
+        if self._cut:  # a cut pipeline may lose a pass that a later one requires
+            self.pipeline.check_order(graph_properties(graph))
+        for inst in self.instruments:
+            inst.enter_pipeline(self.pipeline, graph)
 
     def run(self, graph: Graph) -> PipelineResult:
         """Run every pass on `graph` in place (a fan-out pass keeps one of its graphs, see
         `run_ranks` for all of them)."""
         result = PipelineResult(changed=False)
-        for inst in self.instruments:
-            inst.enter_pipeline(self.pipeline, graph)
+        self._enter(graph)
         ran: list[str] = []
         for index, p in enumerate(self.pipeline.passes, 1):
             self._run_pass(index, p, graph, ran, result)
@@ -68,8 +85,7 @@ class PassManager:
         """Run the pipeline, fanning out at a fan-out pass (the split): the passes before it
         rewrite `graph`, the ones after it rewrite each of the graphs it made."""
         result = PipelineResult(changed=False)
-        for inst in self.instruments:
-            inst.enter_pipeline(self.pipeline, graph)
+        self._enter(graph)
         ran: list[str] = []
         graphs = [graph]
         for index, p in enumerate(self.pipeline.passes, 1):
@@ -83,6 +99,13 @@ class PassManager:
         for inst in self.instruments:
             inst.exit_pipeline(graphs[0])
         return RankedResult(graph, graphs, result)
+
+    def _before(self, index: int, p: Pass, graph: Graph) -> float:
+        """Run the instruments' before hooks; the seconds they took."""
+        t0 = time.perf_counter()
+        for inst in self.instruments:
+            inst.before_pass(index, p, graph)
+        return time.perf_counter() - t0
 
     def _check_requires(self, p: Pass, graph: Graph) -> None:
         missing = sorted(p.requires - graph_properties(graph))
@@ -102,13 +125,17 @@ class PassManager:
             )
 
     def _record(self, index: int, p: Pass, graph: Graph, changed: bool, ctx: PassContext,
-                ran: list[str], result: PipelineResult) -> None:
+                ran: list[str], result: PipelineResult, times: PassTimes) -> None:
         # Recorded after the "changed" check: the manager writes these, not the pass, so a
         # pass that only establishes a property (and says "unchanged") keeps its word.
         if p.produces or p.invalidates:
             set_graph_properties(graph, (graph_properties(graph) - p.invalidates) | p.produces)
+        t0 = time.perf_counter()
         for inst in self.instruments:
             inst.after_pass(index, p, graph, changed, ctx)
+        times.instrument_seconds += time.perf_counter() - t0
+        for inst in self.instruments:
+            inst.pass_timed(index, p, times)
         if changed:
             result.changed = True
             result.changed_by.append(p.name)
@@ -119,29 +146,37 @@ class PassManager:
     def _fan_out(self, index: int, p: Pass, graph: Graph, ran: list[str],
                  result: PipelineResult) -> list[Graph]:
         self._check_requires(p, graph)
-        for inst in self.instruments:
-            inst.before_pass(index, p, graph)
+        times = PassTimes(instrument_seconds=self._before(index, p, graph))
         ctx = PassContext(debug=self.debug)
+        t0 = time.perf_counter()
         graphs = p.fan_out(graph, ctx)
+        times.seconds = time.perf_counter() - t0
+        t0 = time.perf_counter()
         for g in graphs:
             if self.debug:
                 self._verify(index, p, g, ran)
             set_graph_properties(g, (graph_properties(graph) - p.invalidates) | p.produces)
+        times.verify_seconds = time.perf_counter() - t0
         ran.append(p.spec())
-        self._record(index, p, graphs[0], graphs != [graph], ctx, [], result)
+        self._record(index, p, graphs[0], graphs != [graph], ctx, [], result, times)
         return graphs
 
     def _run_pass(self, index: int, p: Pass, graph: Graph, ran: list[str],
                   result: PipelineResult) -> None:
         self._check_requires(p, graph)
-        for inst in self.instruments:
-            inst.before_pass(index, p, graph)
+        times = PassTimes(instrument_seconds=self._before(index, p, graph))
+        t0 = time.perf_counter()
         before = _fingerprint(graph) if self.debug else ""
+        times.verify_seconds = time.perf_counter() - t0
         ctx = PassContext(debug=self.debug)
+        t0 = time.perf_counter()
         changed = bool(p.run(graph, ctx))
+        times.seconds = time.perf_counter() - t0
         if self.debug:
+            t0 = time.perf_counter()
             self._verify(index, p, graph, ran)
             really = _fingerprint(graph) != before
+            times.verify_seconds += time.perf_counter() - t0
             if really and not changed:
                 raise PassContractError(
                     f"pass {p.name} changed the graph but returned False (report changes "
@@ -149,7 +184,7 @@ class PassManager:
                 )
             changed = really
         ran.append(p.spec())
-        self._record(index, p, graph, changed, ctx, ran, result)
+        self._record(index, p, graph, changed, ctx, ran, result, times)
 
 
 @dataclass
@@ -164,20 +199,27 @@ class RankedResult:
 
 
 def run_pipeline(graph: Graph, pipeline: Pipeline | str, *,
-                 instruments: Sequence[PassInstrument] = (), debug: bool = True) -> PipelineResult:
-    """Run a pipeline (object or text) on a graph in place."""
+                 instruments: Sequence[PassInstrument] = (), debug: bool = True,
+                 disabled_passes: Iterable[str] = (), stop_after: str | int | None = None
+                 ) -> PipelineResult:
+    """Run a pipeline (object or text) on a graph in place; `disabled_passes` / `stop_after`
+    cut it first (see `Pipeline.restricted`)."""
     if isinstance(pipeline, str):
         from .pipeline import load_pipeline
 
         pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
-    return PassManager(pipeline, instruments=instruments, debug=debug).run(graph)
+    return PassManager(pipeline, instruments=instruments, debug=debug,
+                       disabled_passes=disabled_passes, stop_after=stop_after).run(graph)
 
 
 def run_pipeline_ranks(graph: Graph, pipeline: Pipeline | str, *,
-                       instruments: Sequence[PassInstrument] = (), debug: bool = True) -> RankedResult:
+                       instruments: Sequence[PassInstrument] = (), debug: bool = True,
+                       disabled_passes: Iterable[str] = (), stop_after: str | int | None = None
+                       ) -> RankedResult:
     """Run a pipeline that may split the graph into rank graphs (see `PassManager.run_ranks`)."""
     if isinstance(pipeline, str):
         from .pipeline import load_pipeline
 
         pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
-    return PassManager(pipeline, instruments=instruments, debug=debug).run_ranks(graph)
+    return PassManager(pipeline, instruments=instruments, debug=debug,
+                       disabled_passes=disabled_passes, stop_after=stop_after).run_ranks(graph)

@@ -16,7 +16,9 @@ dump headers; parsing it gives the same pipeline again.
 
 from __future__ import annotations
 
+import enum
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from .registry import REGISTRY
 
 _BARE = re.compile(r"[A-Za-z0-9_.\-/*+]+")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-:.]*")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a mapping key written without quotes
 
 
 @dataclass(frozen=True)
@@ -130,11 +133,39 @@ class _TextReader:
                 items.append(self.value())
             self.i += 1
             return items
+        if ch == "{":
+            return self.mapping()
         m = _BARE.match(self.text, self.i)
         if m is None:
             raise self.fail(f"expected a value, found {ch or 'end of text'!r}")
         self.i = m.end()
         return _bare_value(m.group())
+
+
+    def mapping(self) -> dict[str, Any]:
+        """`{key=value, "any key"=value}` (`:` may stand for `=`); keys are always strings."""
+        self.i += 1
+        out: dict[str, Any] = {}
+        while self.peek() != "}":
+            if out:
+                self.expect(",")
+            if self.peek() == '"':
+                key = self.value()
+            else:
+                m = _BARE.match(self.text, self.i)
+                if m is None:
+                    raise self.fail(f"expected a key, found {self.peek() or 'end of text'!r}")
+                self.i = m.end()
+                key = m.group()
+            if key in out:
+                raise self.fail(f"key {key!r} given twice")
+            if self.peek() == ":":
+                self.i += 1
+            else:
+                self.expect("=")
+            out[key] = self.value()
+        self.i += 1
+        return out
 
 
 def parse_pipeline_text(text: str) -> list[PassSpec]:
@@ -178,22 +209,34 @@ def parse_pipeline_yaml(text: str, source: str = "<yaml>") -> list[PassSpec]:
 
 
 def format_value(v: Any) -> str:
+    """An option value in pipeline syntax; `_TextReader.value` reads it back as the same value
+    (a pydantic model as the mapping of its non-default fields, a tuple as a list, an enum as
+    its value, a path as its text)."""
     if isinstance(v, BaseModel):
-        v = v.model_dump(mode="json")
+        v = v.model_dump(mode="json", exclude_defaults=True)
+    if isinstance(v, enum.Enum):
+        v = v.value
+    if isinstance(v, os.PathLike):
+        v = os.fspath(v)
     if isinstance(v, bool):
         return "true" if v else "false"
     if v is None:
         return "none"
     if isinstance(v, (int, float)):
-        return repr(v)
+        return repr(float(v)) if isinstance(v, float) else str(int(v))
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(format_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return json.dumps(v, sort_keys=True)
-    s = str(getattr(v, "value", v))
+        return "{" + ",".join(f"{_format_key(str(k))}={format_value(v[k])}"
+                              for k in sorted(v, key=str)) + "}"
+    s = str(v)
     if _BARE.fullmatch(s) and isinstance(_bare_value(s), str):
         return s
-    return json.dumps(s)
+    return json.dumps(s, ensure_ascii=False)
+
+
+def _format_key(k: str) -> str:
+    return k if _KEY.fullmatch(k) else json.dumps(k, ensure_ascii=False)
 
 
 def format_pass_spec(name: str, options: BaseModel) -> str:
@@ -219,6 +262,14 @@ class Pipeline:
     def __repr__(self) -> str:
         return f"Pipeline({str(self)!r})"
 
+    def __eq__(self, other: object) -> bool:
+        """Same passes (by name) with equal options, in the same order."""
+        if not isinstance(other, Pipeline):
+            return NotImplemented
+        return [(p.name, p.options) for p in self.passes] == [(p.name, p.options) for p in other.passes]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: `passes` is a list
+
     def __len__(self) -> int:
         return len(self.passes)
 
@@ -227,6 +278,39 @@ class Pipeline:
 
     def __add__(self, other: Pipeline) -> Pipeline:
         return Pipeline([*self.passes, *other.passes])
+
+    def restricted(self, disabled: Iterable[str] = (), stop_after: str | int | None = None
+                   ) -> Pipeline:
+        """This pipeline without the passes named in `disabled` (every occurrence) and ending
+        after `stop_after` (a pass name: its first occurrence; or a 1-based position in this
+        pipeline): what bisecting a pipeline needs (TVM's `disabled_pass`, LLVM's
+        `-stop-after`). Unknown names are PipelineErrors; the order is not re-checked here
+        (`check_order` with the graph's properties does that)."""
+        disabled = list(dict.fromkeys(disabled))
+        names = [p.name for p in self.passes]
+        listing = ", ".join(dict.fromkeys(names)) or "empty"
+        for name in disabled:
+            if name not in names:
+                raise PipelineError(f"cannot disable pass {name!r}: it is not in the pipeline "
+                                    f"({listing})")
+        passes = self.passes
+        if stop_after is not None:
+            if isinstance(stop_after, str) and stop_after.strip().isdigit():
+                stop_after = int(stop_after)
+            if isinstance(stop_after, int):
+                if not 1 <= stop_after <= len(passes):
+                    raise PipelineError(f"cannot stop after pass {stop_after}: the pipeline has "
+                                        f"{len(passes)} passes")
+                end = stop_after
+            else:
+                if stop_after not in names:
+                    raise PipelineError(f"cannot stop after pass {stop_after!r}: it is not in the "
+                                        f"pipeline ({listing})")
+                end = names.index(stop_after) + 1
+            if passes[end - 1].name in disabled:
+                raise PipelineError(f"cannot stop after pass {stop_after!r}: it is disabled")
+            passes = passes[:end]
+        return Pipeline([p for p in passes if p.name not in disabled])
 
     def check_order(self, initial: Iterable[str] = ()) -> None:
         """Each pass's `requires` must hold when it runs; PipelineError says which pass fixes it."""
@@ -243,6 +327,25 @@ class Pipeline:
                     f"pass produces{hint}"
                 )
             props = (props - p.invalidates) | p.produces
+
+
+def describe_restriction(full: Pipeline, kept: Pipeline, *, stopped: bool) -> str:
+    """One line on what `full.restricted(...)` (= `kept`) left out: "stopped after P (pass i
+    of N); not run: ...", "disabled P (pass i), ...", and otherwise what ran."""
+    kept_ids = {id(p) for p in kept.passes}
+    end = max((i for i, p in enumerate(full.passes, 1) if id(p) in kept_ids), default=0)
+    disabled = [f"{p.spec()} (pass {i})" for i, p in enumerate(full.passes, 1)
+                if id(p) not in kept_ids and (not stopped or i <= end)]
+    parts = []
+    if stopped and end:
+        rest = ", ".join(p.spec() for p in full.passes[end:]) or "none"
+        parts.append(f"stopped after {full.passes[end - 1].spec()} (pass {end} of {len(full)}); "
+                     f"not run: {rest}")
+    if disabled:
+        parts.append(f"disabled {', '.join(disabled)}")
+    if not stopped:
+        parts.append(f"ran {kept or 'nothing'}")
+    return "; ".join(parts)
 
 
 def build_pipeline(specs: Sequence[PassSpec], *, initial: Iterable[str] = (),

@@ -18,6 +18,11 @@ nothing, and a mix preset on a model without routed experts.
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
+from pydantic import field_validator
+
 from ernie_ir.ir import Graph
 
 from .base import Pass, PassContext, PassOptions, PipelineError
@@ -30,15 +35,32 @@ ANNOTATION = "quant"
 class QuantAnnotateOptions(PassOptions):
     preset: str | None = None
     """A preset or alias: wint8, wint4, wint8mix, wint8mix-erniekit, qat-int8, fp8 (or wint4/8, ...)."""
-    config: str | None = None
-    """A YAML quant-config file (our rules, ERNIEKit compute_type, FastDeploy mix_quant or PaddleSlim)."""
+    config: str | QuantConfig | None = None
+    """A YAML quant-config file (our rules, ERNIEKit compute_type, FastDeploy mix_quant or
+    PaddleSlim), or the config itself: a `QuantConfig`, or in pipeline text its mapping
+    (`config={name=mine,rules=[{match=".*q_proj",algo=weight_only_int4}]}`)."""
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _config(cls, v: Any) -> Any:
+        if isinstance(v, os.PathLike):
+            return os.fspath(v)
+        if isinstance(v, dict):  # a config written inline (what the pipeline text of an object is)
+            try:
+                return QuantConfig.from_dict(v, "inline quant config")
+            except QuantConfigError as e:
+                raise ValueError(str(e)) from None
+        return v
 
 
 def load_config(options: QuantAnnotateOptions) -> QuantConfig:
     if (options.preset is None) == (options.config is None):
-        raise PipelineError("quant-annotate: give exactly one of preset=NAME or config=FILE.yaml")
+        raise PipelineError("quant-annotate: give exactly one of preset=NAME or config=FILE.yaml "
+                            "(or config=a QuantConfig)")
     if options.preset is not None:
         return QuantConfig.preset(options.preset)
+    if isinstance(options.config, QuantConfig):
+        return options.config
     assert options.config is not None
     return QuantConfig.from_yaml(options.config)
 

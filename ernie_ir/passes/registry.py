@@ -16,6 +16,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -134,3 +136,76 @@ def all_passes() -> dict[str, type[Pass]]:
 def all_presets() -> dict[str, Preset]:
     REGISTRY.ensure_loaded()
     return dict(sorted(REGISTRY.presets.items()))
+
+
+# -- the `ernie-ir passes` listing ---------------------------------------------------------------
+
+def _type_name(annotation: Any) -> str:
+    name = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    return name or str(annotation).replace("typing.", "")
+
+
+def default_spec(cls: type[Pass]) -> list[str]:
+    """`name{option=default,...}` of a pass in pipeline syntax, one item per option; a required
+    option shows its type as `option=<type>`. (Items, so that callers can wrap between them.)"""
+    from .pipeline import format_value
+
+    items = []
+    for key, fld in cls.Options.model_fields.items():
+        if fld.is_required():
+            items.append(f"{key}=<{_type_name(fld.annotation)}>")
+        else:
+            items.append(f"{key}={format_value(fld.get_default(call_default_factory=True))}")
+    return items
+
+
+def _wrap_items(head: str, items: Sequence[str], width: int, sep: str = ",",
+                close: str = "") -> list[str]:
+    """`head` + items joined by `sep` + `close`, broken between items to fit `width`; the
+    continuation lines start under the first item."""
+    lines: list[str] = []
+    indent = " " * len(head)
+    line = head
+    for i, item in enumerate(items):
+        piece = item + (sep if i < len(items) - 1 else close)
+        if line.strip() and len(line) > len(indent) and len(line) + len(piece) > width:
+            lines.append(line.rstrip())
+            line = indent
+        line += piece
+    lines.append(line)
+    return lines
+
+
+def pass_listing(width: int = 80) -> list[str]:
+    """The lines `ernie-ir passes` prints: each pass as `name{option=default,...}` (pipeline
+    syntax, so a line can be pasted into --pipeline), its description and properties, then the
+    presets; wrapped to `width` columns between options and words."""
+    width = max(width, 40)
+    body = textwrap.TextWrapper(width=width, initial_indent="    ", subsequent_indent="    ",
+                                break_on_hyphens=False, break_long_words=False)
+    lines = [*textwrap.wrap("Passes, with their options' defaults in pipeline syntax (built-in "
+                            "unless an origin is given):", width), ""]
+    for name, cls in all_passes().items():
+        items = default_spec(cls)
+        lines.extend(_wrap_items(name + "{", items, width, close="}") if items else [name])
+        lines.extend(body.wrap(cls.description or "(no description)"))
+        props = []
+        if cls.requires:
+            props.append("requires " + ", ".join(sorted(cls.requires)))
+        if cls.produces:
+            props.append("produces " + ", ".join(sorted(cls.produces)))
+        if cls.invalidates:
+            props.append("invalidates " + ", ".join(sorted(cls.invalidates)))
+        if props:
+            lines.extend(body.wrap("; ".join(props)))
+        origin = REGISTRY.origins.get(name, "")
+        if origin and origin != "built-in":
+            lines.extend(body.wrap(f"origin: {origin}"))
+    presets = all_presets()
+    if presets:
+        lines += ["", "Presets (a name that stands for a pipeline):", ""]
+        for preset in presets.values():
+            lines.extend(_wrap_items(f"{preset.name} = ", preset.pipeline.split(","), width))
+            if preset.description:
+                lines.extend(body.wrap(preset.description))
+    return lines

@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -18,7 +21,7 @@ from ernie_ir.load import load_input
 from ernie_ir.passes import Pass, PassContext, PassInstrument
 from ernie_ir.passes.base import graph_properties
 from ernie_ir.passes.manager import run_pipeline_ranks
-from ernie_ir.passes.pipeline import Pipeline, load_pipeline
+from ernie_ir.passes.pipeline import Pipeline, describe_restriction, load_pipeline
 from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
 from ernie_ir.passes.quant_config import resolve_quant_name
 from ernie_ir.passes.split import mapping_for
@@ -57,6 +60,9 @@ class CompileReport:
     """"exact" or "fast" where an ONNX model was written, else None."""
     emit: list[str] = field(default_factory=list)
     """The executables written (see `executables.EXECUTABLES`)."""
+    stopped: str = ""
+    """With `stop_after`: "stopped after P (pass i of N); not run: ..." and `out` is a graph
+    folder (one `rank{r}/` per rank after a split), not an artifact; else empty."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -177,7 +183,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   trust_pickle: bool = False, meta: bool = False,
                   progress: Callable[[str, int, int], None] | None = None,
                   onnx_numerics: str | None = None,
-                  emit: str | Sequence[str] | None = None) -> CompileReport:
+                  emit: str | Sequence[str] | None = None, disabled_passes: Sequence[str] = (),
+                  stop_after: str | int | None = None) -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
@@ -189,6 +196,9 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     `emit`: the executables to write ("onnx,paddle", see `executables.EXECUTABLES`); None: the
     target's default (`executables.default_emit`: those that read the rank bytes, so every
     weight is stored once). The manifest records them (`"emit"`).
+    `disabled_passes` / `stop_after` cut the pipeline for bisecting (`Pipeline.restricted`): the
+    manifest records the pipeline that ran; stopping before the target's legalization writes
+    the graph at that point as a graph folder instead of an artifact (as `llc -stop-after`).
     """
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
     chosen = parse_emit(emit)
@@ -222,9 +232,27 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     hashing.shutdown(wait=False)
     before = params_by_dtype(graph)
     resolved, mapping = compile_pipeline(graph, tgt, arch, quant_text, pipeline, tp, ep)
+    full = resolved
+    if disabled_passes or stop_after is not None:
+        resolved = resolved.restricted(disabled_passes, stop_after)
+        if any(p.name.startswith("legalize-") for p in full if p.name in disabled_passes):
+            raise TargetError(f"cannot disable {full.passes[-1].name}: compile needs it to write an "
+                              "artifact; use --stop-after to keep the graph before it")
+        resolved.check_order(graph_properties(graph))
+    stopped = ""
+    if stop_after is not None and resolved.passes[-1] is not full.passes[-1]:
+        stopped = describe_restriction(full, resolved, stopped=True)
     instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
     ranked = run_pipeline_ranks(graph, resolved, instruments=instruments)
     ranks, result = ranked.ranks, ranked.result
+    if stopped:
+        _save_graphs(ranks, dest)
+        return CompileReport(
+            model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(dest),
+            passes_run=[p.spec() for p in resolved.passes], params_before=before,
+            params_after=params_by_dtype(ranks[0]) if len(ranks) == 1 else _rank_params(ranks),
+            kernel_plan=[], fallbacks=[], warnings=list(result.warnings), cuda_arch=arch,
+            stopped=stopped)
     if len(ranks) != mapping.world_size:
         mapping = Mapping.create()  # the split left one rank (tp = ep = 1)
     first = ranks[0]
@@ -261,6 +289,26 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         warnings=warnings, cuda_arch=arch, parallel=mapping.describe() if not mapping.is_single else "",
         onnx_numerics=numerics, emit=written,
     )
+
+
+def _save_graphs(ranks: Sequence[Graph], dest: Path) -> None:
+    """The graphs where compile stopped: `dest` as one graph folder, or `dest/rank{r}` each."""
+    from ernie_ir.ir.storage import save_graph
+
+    if len(ranks) == 1:
+        save_graph(ranks[0], dest, overwrite=True)
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        for r, g in enumerate(ranks):
+            save_graph(g, tmp / f"rank{r}")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _rank_params(ranks: Sequence[Graph]) -> dict[str, dict[str, int]]:

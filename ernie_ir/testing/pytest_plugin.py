@@ -2,7 +2,10 @@
 as tests, and offers the `golden` fixture for goldens written from test code.
 
 `pytest --update-goldens` (or ERNIE_IR_UPDATE_GOLDENS=1) rewrites failing
-goldens instead of failing; CI only checks.
+goldens instead of failing; CI only checks. Goldens compare param values (a
+content hash per param) as well as structure; `pytest --golden-structure-only`
+compares structure alone (and `golden.check(..., structure_only=True)` does for
+one golden, which it then writes without hashes).
 """
 
 from __future__ import annotations
@@ -12,16 +15,22 @@ from typing import Any
 
 import pytest
 
-from .golden import GoldenCase, _is_golden, _written_by_test, update_requested
+from .golden import STRUCTURE, VALUES, GoldenCase, _is_golden, _written_by_test, update_requested
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-goldens", action="store_true", default=False,
                      help="rewrite failing ernie-ir golden files instead of failing")
+    parser.addoption("--golden-structure-only", action="store_true", default=False,
+                     help="compare ernie-ir goldens by structure only (not param values)")
 
 
 def _updating(config: pytest.Config) -> bool:
     return bool(config.getoption("--update-goldens", default=False)) or update_requested()
+
+
+def _structure_only(config: pytest.Config) -> bool:
+    return bool(config.getoption("--golden-structure-only", default=False))
 
 
 def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:
@@ -43,7 +52,7 @@ class GoldenItem(pytest.Item):
     def runtest(self) -> None:
         case = GoldenCase.read(self.path)
         actual = case.compute()
-        result = case.check(actual)
+        result = case.check(actual, structure_only=_structure_only(self.config))
         if result.ok:
             return
         if _updating(self.config):
@@ -67,10 +76,16 @@ class GoldenFixture:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
 
-    def check(self, graph: Any, path: str | Path, *, input: str = "<test>", pipeline: str = "") -> None:
+    def check(self, graph: Any, path: str | Path, *, input: str = "<test>", pipeline: str = "",
+              structure_only: bool = False) -> None:
+        """Compare `graph` with the golden at `path` (structure and param values, or with
+        `structure_only` structure alone, and a new golden is then written without hashes)."""
         p = Path(path)
-        case = GoldenCase.read(p) if p.exists() else GoldenCase.new(p, input, pipeline)
-        result = case.check(graph)
+        if p.exists():
+            case = GoldenCase.read(p)
+        else:
+            case = GoldenCase.new(p, input, pipeline, compare=STRUCTURE if structure_only else VALUES)
+        result = case.check(graph, structure_only=structure_only or _structure_only(self.config))
         if result.ok:
             return
         if _updating(self.config):

@@ -259,10 +259,12 @@ def test_print_ir_prints_around_the_chosen_passes_only_when_they_change_the_grap
     run_pipeline(ir(GRAPH), "cse,canonicalize,cse,dce",
                  instruments=[snaps, PrintIRInstrument(printed.append, before=["cse"], after=["cse",
                                                                                               "dce"])])
-    # cse #1 changed the graph; cse #3 found nothing more; dce found nothing dead.
+    # cse #1 changed the graph; cse #3 found nothing more; dce found nothing dead (both said so).
     assert printed == [
         f"// ----- IR before cse (pass 1) -----\n{snaps.texts[0]}",
         f"// ----- IR after cse (pass 1) -----\n{snaps.texts[1]}",
+        "// ----- cse (pass 3) left the IR unchanged -----",
+        "// ----- dce (pass 4) left the IR unchanged -----",
     ]
 
 
@@ -271,7 +273,8 @@ def test_print_ir_star_means_every_pass():
     run_pipeline(ir(GRAPH), "canonicalize,dce,cse", instruments=[PrintIRInstrument(printed.append,
                                                                                  after=["*"])])
     assert [text.split("\n", 1)[0] for text in printed] == [
-        "// ----- IR after canonicalize (pass 1) -----", "// ----- IR after cse (pass 3) -----"]
+        "// ----- IR after canonicalize (pass 1) -----", "// ----- dce (pass 2) left the IR unchanged -----",
+        "// ----- IR after cse (pass 3) -----"]
 
 
 def test_dumps_are_numbered_with_a_replay_header_and_parse_back(tmp_path: Path):
