@@ -4,7 +4,10 @@
     files = emit_onnx(graph, Path("out"), form="qdq")   # [out/model.onnx, out/model.onnx.data]
 
 The ONNX graph computes in float32 exactly like the reference interpreter:
-float params (bf16/f16/f32) become f32 initializers (exact widening); a
+bf16/f16 weights are stored as they are (an initializer of that type, then a
+Cast to float32 in the graph: exact widening, folded by onnxruntime when it
+loads; an embedding gathers its rows first), except MoE expert stacks and
+small params, which become f32 initializers (exact widening) like f32 ones; a
 result the IR types bf16/f16 is *not* rounded (the interpreter does not round
 either), except where the IR op itself rounds (`cast` to bf16/f16,
 `dequantize` with a bf16/f16 result): there a Cast to that type and back is
@@ -93,6 +96,7 @@ def _dims(shape: tuple[Any, ...]) -> list[Any]:
 
 
 _CACHED_BYTES = 1 << 20  # params up to this size stay cached while emitting (scales, norms)
+_NARROW_MIN = 4096  # bf16/f16 params of at least this many elements stay bf16/f16 in the file
 
 
 class _ExternalData:
@@ -205,6 +209,11 @@ class _Emitter:
             return ""
         if v in self.names:
             return self.names[v]
+        if isinstance(v, Param) and self._kept_narrow(v):
+            # bf16/f16 weights stay in their own dtype (half the bytes of float32) and widen in
+            # the graph, exactly; onnxruntime folds the Cast of an initializer when it loads.
+            self.names[v] = self.op("Cast", [self.init(v.name, self.array(v))], to=TensorProto.FLOAT)
+            return self.names[v]
         if isinstance(v, Param) or v in self.consts:
             arr = self.array(v)
             if v.type.dtype.is_float:
@@ -215,6 +224,12 @@ class _Emitter:
             self.names[v] = self.init(pname, arr)
             return self.names[v]
         raise self.fail(f"value {v.name} is used before it is defined")
+
+    def _kept_narrow(self, v: Param) -> bool:
+        """A bf16/f16 weight stored as it is: every one but expert stacks (their per-expert views
+        live in If branches) and small ones (norms, biases: not worth a node)."""
+        return (v.type.dtype in _ROUND_TYPES and math.prod(v.type.shape) >= _NARROW_MIN
+                and not any(u.op in ("moe_experts", "moe_experts_lora") for u in v.users))
 
     def shape_of(self, x: str, start: int, end: int) -> str:
         return self.op("Shape", [x], start=start, end=end)
@@ -339,7 +354,12 @@ class _Emitter:
 
     # -- ops -------------------------------------------------------------------------------------
     def op_embedding(self, node: Node) -> list[str]:
-        return [self.op("Gather", [self.name(node.inputs[1]), self.name(node.inputs[0])], axis=0)]
+        table = node.inputs[1]
+        if isinstance(table, Param) and self._kept_narrow(table):  # gather the rows, then widen them
+            rows = self.op("Gather", [self.init(table.name, self.array(table)), self.name(node.inputs[0])],
+                           axis=0)
+            return [self.op("Cast", [rows], to=TensorProto.FLOAT)]
+        return [self.op("Gather", [self.name(table), self.name(node.inputs[0])], axis=0)]
 
     def op_linear(self, node: Node) -> list[str]:
         y = self.op("MatMul", [self.name(node.inputs[0]), self.name(node.inputs[1])])

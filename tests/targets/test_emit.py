@@ -113,3 +113,23 @@ def test_cli_emit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lines = [x for x in err.splitlines() if x.strip()]
     assert code == 2 and len(lines) == 1 and "unknown executable 'trt' in --emit" in lines[0]
     assert not (tmp_path / "b").exists()
+
+
+def test_onnx_keeps_bf16_weights_as_bf16(tmp_path: Path) -> None:
+    """A float model's ONNX copy is no bigger than its rank weights: bf16 stays bf16 (widened in
+    the graph), so a bare onnxruntime session still equals the interpreter."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto
+
+    out = tmp_path / "a"
+    compile_model("ernie-4.5-0.3b@tiny", "cuda", out=out, emit="onnx")
+    model = onnx.load(str(out / "inference/onnx/model.onnx"), load_external_data=False)
+    kinds = {t.name: t.data_type for t in model.graph.initializer}
+    assert kinds["ernie.embed_tokens.weight"] == TensorProto.BFLOAT16
+    assert kinds["ernie.layers.0.mlp.up_gate_proj.weight"] == TensorProto.BFLOAT16
+    stored = _stored_bytes(out)
+    assert stored["inference/onnx/model.onnx.data"] <= 1.05 * stored["rank0/weights.safetensors"]
+    ref = run_artifact(out, IDS, "interpreter")
+    got = ort.InferenceSession(str(out / "inference/onnx/model.onnx")).run(None, {"input_ids": IDS})[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=2e-5 * float(np.abs(ref).max()))
