@@ -156,7 +156,9 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
             raise ErnieIRError(f"--dump-dir {dump_dir}: cannot create the folder ({e.strerror or e}): "
                                "choose a writable folder") from None
         instruments.append(DumpInstrument(dump_dir))
-    result = run_pipeline(graph, pl, instruments=instruments)
+    from ernie_ir.runtime import Interpreter
+
+    result = run_pipeline(graph, pl, instruments=instruments, evaluator=Interpreter)
     for w in result.warnings:
         err.print(f"warning: {w}", markup=False)
     if timing:

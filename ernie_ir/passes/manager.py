@@ -19,7 +19,7 @@ from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.verifier import verify_problems
 
-from .base import Pass, PassContext, PipelineError, graph_properties, set_graph_properties
+from .base import GraphEvaluator, Pass, PassContext, PipelineError, graph_properties, set_graph_properties
 from .instruments import PassInstrument
 from .pipeline import Pipeline
 
@@ -46,10 +46,11 @@ def _fingerprint(graph: Graph) -> str:
 
 class PassManager:
     def __init__(self, pipeline: Pipeline, *, instruments: Sequence[PassInstrument] = (),
-                 debug: bool = True) -> None:
+                 debug: bool = True, evaluator: GraphEvaluator | None = None) -> None:
         self.pipeline = pipeline
         self.instruments = list(instruments)
         self.debug = debug
+        self.evaluator = evaluator  # handed to every pass's context (see PassContext)
 
     def run(self, graph: Graph) -> PipelineResult:
         """Run every pass on `graph` in place (a fan-out pass keeps one of its graphs, see
@@ -121,7 +122,7 @@ class PassManager:
         self._check_requires(p, graph)
         for inst in self.instruments:
             inst.before_pass(index, p, graph)
-        ctx = PassContext(debug=self.debug)
+        ctx = PassContext(debug=self.debug, evaluator=self.evaluator)
         graphs = p.fan_out(graph, ctx)
         for g in graphs:
             if self.debug:
@@ -137,7 +138,7 @@ class PassManager:
         for inst in self.instruments:
             inst.before_pass(index, p, graph)
         before = _fingerprint(graph) if self.debug else ""
-        ctx = PassContext(debug=self.debug)
+        ctx = PassContext(debug=self.debug, evaluator=self.evaluator)
         changed = bool(p.run(graph, ctx))
         if self.debug:
             self._verify(index, p, graph, ran)
@@ -164,20 +165,23 @@ class RankedResult:
 
 
 def run_pipeline(graph: Graph, pipeline: Pipeline | str, *,
-                 instruments: Sequence[PassInstrument] = (), debug: bool = True) -> PipelineResult:
-    """Run a pipeline (object or text) on a graph in place."""
+                 instruments: Sequence[PassInstrument] = (), debug: bool = True,
+                 evaluator: GraphEvaluator | None = None) -> PipelineResult:
+    """Run a pipeline (object or text) on a graph in place; `evaluator`: see `PassContext`."""
     if isinstance(pipeline, str):
         from .pipeline import load_pipeline
 
         pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
-    return PassManager(pipeline, instruments=instruments, debug=debug).run(graph)
+    return PassManager(pipeline, instruments=instruments, debug=debug, evaluator=evaluator).run(graph)
 
 
 def run_pipeline_ranks(graph: Graph, pipeline: Pipeline | str, *,
-                       instruments: Sequence[PassInstrument] = (), debug: bool = True) -> RankedResult:
+                       instruments: Sequence[PassInstrument] = (), debug: bool = True,
+                       evaluator: GraphEvaluator | None = None) -> RankedResult:
     """Run a pipeline that may split the graph into rank graphs (see `PassManager.run_ranks`)."""
     if isinstance(pipeline, str):
         from .pipeline import load_pipeline
 
         pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
-    return PassManager(pipeline, instruments=instruments, debug=debug).run_ranks(graph)
+    return PassManager(pipeline, instruments=instruments, debug=debug,
+                       evaluator=evaluator).run_ranks(graph)

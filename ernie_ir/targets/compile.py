@@ -236,7 +236,9 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     before = params_by_dtype(graph)
     resolved, mapping = compile_pipeline(graph, tgt, arch, quant_text, pipeline, tp, ep)
     instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
-    ranked = run_pipeline_ranks(graph, resolved, instruments=instruments)
+    from ernie_ir.runtime import Interpreter  # the calibration evaluator (fp8-quant)
+
+    ranked = run_pipeline_ranks(graph, resolved, instruments=instruments, evaluator=Interpreter)
     ranks, result = ranked.ranks, ranked.result
     if len(ranks) != mapping.world_size:
         mapping = Mapping.create()  # the split left one rank (tp = ep = 1)

@@ -14,7 +14,7 @@ from ernie_ir.ir import DType, GraphBuilder, f32, tensor
 from ernie_ir.ir.weights import ArraySource
 from ernie_ir.ops.quant_numerics import NonFiniteWeightError, fp8_fake_quant, fp8_quantize
 from ernie_ir.passes import run_pipeline
-from ernie_ir.runtime.interpreter import run_graph
+from ernie_ir.runtime.interpreter import Interpreter, run_graph
 
 GPT = "gpt-345m@tiny"
 MOE = "ernie-4.5-21b-a3b@tiny"
@@ -23,7 +23,7 @@ MOE = "ernie-4.5-21b-a3b@tiny"
 def test_fp8_inference_form_on_gpt() -> None:
     ref_graph = load_model(GPT)
     g = load_model(GPT)
-    run_pipeline(g, "fp8")
+    run_pipeline(g, "fp8", evaluator=Interpreter)
     nodes = [n for n in g if n.op == "fp8_linear"]
     assert len(nodes) == 8 and not any(n.op == "linear" for n in g)
     m = "gpt.decoder.layers.0.linear1"
@@ -60,7 +60,7 @@ def test_fp8_linear_kernel_is_static_w8a8() -> None:
 def test_calibration_is_deterministic_and_can_read_token_ids(tmp_path: Path) -> None:
     def scales(pipeline: str) -> np.ndarray:
         g = load_model(GPT)
-        run_pipeline(g, pipeline)
+        run_pipeline(g, pipeline, evaluator=Interpreter)
         return np.array([float(p.read()) for n, p in g.params.items() if n.endswith("input_scale")])
 
     a = scales("fp8")
@@ -73,7 +73,7 @@ def test_calibration_is_deterministic_and_can_read_token_ids(tmp_path: Path) -> 
 
 def test_fp8_on_moe_experts_uses_per_expert_scales() -> None:
     g = load_model(MOE)
-    run_pipeline(g, "fp8")
+    run_pipeline(g, "fp8", evaluator=Interpreter)
     deq = [n for n in g if n.op == "dequantize"]
     assert len(deq) == 4
     q, s = deq[0].inputs
