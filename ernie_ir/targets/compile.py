@@ -24,7 +24,7 @@ from ernie_ir.passes.quant_config import resolve_quant_name
 from ernie_ir.passes.split import mapping_for
 
 from .artifact import check_out, sha256_file, write_artifact
-from .capabilities import Target
+from .capabilities import HardwareTarget
 from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
 from .fastdeploy import fastdeploy_emitters
 from .registry import TargetError, get_target
@@ -127,7 +127,7 @@ def paddle_emitters(target: Any, mode: str, graph: Graph, warnings: list[str]) -
 
 
 def check_compile_options(target: str, mode: str, quant: str | None, cuda_arch: int, tp: int,
-                          ep: int) -> tuple[Target, int | None]:
+                          ep: int) -> tuple[HardwareTarget, int | None]:
     """The target and cuda arch (None off cuda) of compile's options; refuses, in one line, an
     unknown target or mode, impossible degrees and FP8 where the target has no FP8 kernels."""
     tgt = get_target(target)
@@ -145,7 +145,7 @@ def check_compile_options(target: str, mode: str, quant: str | None, cuda_arch: 
     return tgt, arch
 
 
-def compile_pipeline(graph: Graph, tgt: Target, arch: int | None, quant_text: str,
+def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_text: str,
                      pipeline: str | None = None, tp: int = 1, ep: int = 1) -> tuple[Pipeline, Mapping]:
     """The pipeline compile runs on `graph` and the layout it makes: the user's `pipeline`, then
     `quant_text` (quantization and LoRA, from `pipeline_for`), then `split{tp,ep}` when a degree
