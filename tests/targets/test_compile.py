@@ -252,3 +252,14 @@ def test_report_counts_bytes_by_dtype(tmp_path: Path) -> None:
     assert any(f["op"] == "dequantize" and "not confirmed" in f["reason"] for f in r.fallbacks)
     assert os.path.isfile(Path(r.out) / "manifest.json")
     shutil.rmtree(r.out)
+
+
+def test_the_target_class_is_hardware_target_and_the_old_name_warns() -> None:
+    import ernie_ir.targets as targets
+    from ernie_ir.passes.quant_config import WeightSite, find_targets
+
+    assert isinstance(get_target("ascend"), targets.HardwareTarget)
+    with pytest.warns(DeprecationWarning, match="use ernie_ir.targets.HardwareTarget"):
+        assert targets.Target is targets.HardwareTarget
+    assert "Target" not in targets.__all__
+    assert all(isinstance(s, WeightSite) for s in find_targets(load_model(DENSE)))
