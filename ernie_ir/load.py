@@ -4,7 +4,10 @@ MODEL may be an IR text file (`*.ir`), an artifact folder (`manifest.json`:
 its hashes are checked and its rank-0 graph loaded), a graph folder
 (`graph.ir` + `weights.safetensors`), a checkpoint folder, or a built-in model
 name such as `ernie-4.5-0.3b@tiny`; the last two are the frontends' business.
-This module sits above the layers (like the CLI), so it may import any of them.
+
+Layer (docs/architecture.md): above `frontends` and the artifact format, below
+`targets` (`compile_model` takes a MODEL as the CLI does), so targets reach the
+frontends through `load_input` only.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def load_input(spec: str, *, trust_pickle: bool = False, meta: bool = False) -> 
     if path.suffix == ".ir" and not path.exists():
         raise ErnieIRError(f"{spec}: no such IR file: check the path")
     if path.is_dir() and (path / "manifest.json").is_file():
+        # Temporary (tests/test_layering.py PENDING_ARTIFACTS_MOVE): ernie_ir.artifacts after the merge.
         from ernie_ir.targets import load_artifact
 
         return load_artifact(path)  # verifies every hash first

@@ -14,7 +14,7 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
 
 
-@pytest.mark.parametrize("name", ["pass-authoring.md", "ir.md"])
+@pytest.mark.parametrize("name", ["pass-authoring.md", "ir.md", "architecture.md"])
 def test_doc_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = python_blocks(DOCS / name)
     assert blocks, f"{name} has no python examples"

@@ -3,6 +3,12 @@
 Every command parses its options, calls the library and prints. User errors
 (`ErnieIRError`) and usage errors (unknown command or option, missing argument)
 become one line on stderr and exit code 2; see `main`.
+
+Importing this module loads typer and nothing of the library: each command
+imports what it uses, so `--version` and `--help` start in about the time
+typer and rich take (benchmarks/cli_startup.py; tests/test_cli_startup.py
+keeps numpy, pydantic, networkx, onnx and paddle out of them). Annotations
+that typer reads stay builtins and `Path`.
 """
 
 from __future__ import annotations
@@ -11,33 +17,54 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-import ernie_ir
-from ernie_ir.ir import ErnieIRError, Graph
-from ernie_ir.ir.printer import print_graph
-from ernie_ir.ir.verifier import verify
-from ernie_ir.load import load_input
+if TYPE_CHECKING:
+    import numpy as np
 
-from .summary import summary_tables
+    from ernie_ir.ir import Graph
 
+# Plain (click) help: typer's rich help imports markdown-it, pygments and most of rich, which
+# alone doubles the startup of `--help` (benchmarks/cli_startup.py).
 app = typer.Typer(
     name="ernie-ir",
     help="A declarative graph compiler for ERNIE and GPT models.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-golden_app = typer.Typer(help="Check or update golden-graph files.", no_args_is_help=True)
+golden_app = typer.Typer(help="Check or update golden-graph files.", no_args_is_help=True,
+                         rich_markup_mode=None)
 app.add_typer(golden_app, name="golden")
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+
+
+class _LazyConsole:
+    """A rich Console made on first use (importing rich.console is a fifth of `--version`);
+    attributes read and written go to that Console (`get()` hands it to rich itself)."""
+
+    def __init__(self, **options: Any) -> None:
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_console", None)
+
+    def get(self) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            object.__setattr__(self, "_console", Console(**self._options))
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.get(), name, value)
+
+
+err = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
+out = _LazyConsole(highlight=False, soft_wrap=True)
 
 ModelArg = Annotated[
     str, typer.Argument(help="An .ir file, a graph folder, a model folder or a built-in name.")
@@ -71,7 +98,9 @@ TrustOpt = Annotated[
 
 def _version(value: bool) -> None:
     if value:
-        print(f"ernie-ir {ernie_ir.__version__}")
+        from ernie_ir import __version__
+
+        print(f"ernie-ir {__version__}")
         raise typer.Exit()
 
 
@@ -88,6 +117,7 @@ def _full_pipeline(pipeline: str | None, quant: str | None, quant_config: Path |
                    lora_rank: int | None, lora_alpha: float | None, lora_targets: str | None,
                    lora_adapter: Path | None) -> str | None:
     """The user's --pipeline, then what the quantization and LoRA flags expand to."""
+    from ernie_ir.ir import ErnieIRError
     from ernie_ir.passes.quant_cli import pipeline_for
 
     if pipeline and pipeline.endswith((".yaml", ".yml")) and (quant or quant_config or lora_rank
@@ -127,6 +157,9 @@ def _load_rewritten(model: str, pipeline: str | None, *, trust_pickle: bool, met
                     dump_dir: Path | None = None, timing: bool = False,
                     disable_pass: list[str] | None = None, stop_after: str | None = None) -> Graph:
     """MODEL loaded, verified, and rewritten by `pipeline` under the requested instruments."""
+    from ernie_ir.ir.verifier import verify
+    from ernie_ir.load import load_input
+
     graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
     verify(graph)
     _run_pipeline(graph, pipeline, print_before=list(print_before), print_after=list(print_after),
@@ -137,6 +170,9 @@ def _load_rewritten(model: str, pipeline: str | None, *, trust_pickle: bool, met
 def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str],
                   print_after: list[str], dump_dir: Path | None, timing: bool,
                   disabled: list[str] | None = None, stop_after: str | None = None) -> None:
+    from rich.table import Table
+
+    from ernie_ir.ir import ErnieIRError
     from ernie_ir.passes import (
         DumpInstrument,
         PrintIRInstrument,
@@ -173,7 +209,9 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
                                              before=print_before, after=print_after))
     if dump_dir is not None:
         instruments.append(DumpInstrument(dump_dir))  # refuses a non-empty folder
-    result = run_pipeline(graph, pl, instruments=instruments)
+    from ernie_ir.runtime import Interpreter
+
+    result = run_pipeline(graph, pl, instruments=instruments, evaluator=Interpreter)
     for w in result.warnings:
         err.print(f"warning: {w}", markup=False)
     if timing:
@@ -229,6 +267,11 @@ def show(
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Print a model's IR (exactly the text format, so it can be parsed back)."""
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.ir.printer import print_graph
+
+    from .summary import summary_tables
+
     pipeline = _full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
                               lora_adapter)
     if tp != 1 or ep != 1:
@@ -248,6 +291,10 @@ def show(
 
 def _parse_tokens(tokens: str) -> np.ndarray:
     """`1,2,3` (one sequence) or a .npy file of int token ids [batch, seq]."""
+    import numpy as np
+
+    from ernie_ir.ir import ErnieIRError
+
     if tokens.endswith(".npy"):
         path = Path(tokens)
         if not path.is_file():
@@ -276,7 +323,7 @@ def _parse_tokens(tokens: str) -> np.ndarray:
 
 
 def _logits(graph: Graph, ids: np.ndarray, emulate: str | None) -> np.ndarray:
-    from ernie_ir.ir import DType
+    from ernie_ir.ir import DType, ErnieIRError
     from ernie_ir.runtime import Interpreter
 
     if len(graph.inputs) != 1 or not graph.inputs[0].type.dtype.is_int or not graph.outputs:
@@ -305,6 +352,8 @@ TimeoutOpt = Annotated[
 @contextmanager
 def _rank_log_on_error() -> Iterator[None]:
     """A failed paddle.distributed run: its one-line error, then the tail of the rank's log."""
+    from rich.markup import escape
+
     from ernie_ir.runtime.launcher import DistributedRunError
 
     try:
@@ -318,6 +367,10 @@ def _rank_log_on_error() -> Iterator[None]:
 
 
 def _check_finite(model: str, logits: np.ndarray) -> None:
+    import numpy as np
+
+    from ernie_ir.ir import ErnieIRError
+
     bad = int(np.size(logits) - np.count_nonzero(np.isfinite(logits)))
     if bad:
         raise ErnieIRError(f"{model}: {bad} of {np.size(logits)} logits are NaN or Inf: a weight of the "
@@ -357,6 +410,11 @@ def run(
     """Run a model or an artifact on this machine's CPU (float32 where the CPU lacks bf16)."""
     import json
 
+    import numpy as np
+
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.ir.verifier import verify
+    from ernie_ir.load import load_input
     from ernie_ir.runtime.compare import compare_logits
 
     pipeline = _full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
@@ -466,7 +524,9 @@ def compile(
     import json
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
 
+    from ernie_ir.ir import ErnieIRError
     from ernie_ir.targets import compile_model
     from ernie_ir.targets.cuda.packing import DEFAULT_CUDA_ARCH
 
@@ -476,7 +536,7 @@ def compile(
     targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
     # Progress goes to stderr, so --json output stays one clean object on stdout.
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=json_out,
+                  TimeElapsedColumn(), console=err.get(), transient=json_out,
                   disable=not err.is_terminal) as bar:
         tasks: dict[str, object] = {}
 
@@ -625,7 +685,7 @@ def _train_progress(draw: bool, steps: int) -> Iterator[object]:
 
     bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[status]}"), TextColumn("ETA"), TimeRemainingColumn(),
-                   console=err, transient=False)
+                   console=err.get(), transient=False)
     task = bar.add_task("train", total=steps, status="")
 
     def on_progress(p: StepProgress) -> None:
@@ -715,6 +775,7 @@ def plan(
     """Per-rank device memory of MODEL compiled for a target: does it fit, and on how many devices?"""
     import json
 
+    from ernie_ir.ir import ErnieIRError
     from ernie_ir.planning import plan_memory
     from ernie_ir.targets.cuda.packing import DEFAULT_CUDA_ARCH
 
@@ -756,6 +817,7 @@ StructureOnlyOpt = Annotated[bool, typer.Option(
 
 
 def _golden(paths: list[str] | None, update: bool, structure_only: bool = False) -> None:
+    from ernie_ir.ir import ErnieIRError
     from ernie_ir.testing.golden import check_goldens
 
     if not paths:
@@ -815,19 +877,28 @@ def _usage_error(e: Exception) -> tuple[str, int] | None:
     return f"{fmt()} (see `{where} --help`)", code
 
 
+def _is_user_error(e: BaseException) -> bool:
+    """An ErnieIRError; looked up, not imported: if the library's errors were never loaded, no
+    command got as far as raising one (and `--bogus` should not pay for importing them)."""
+    errors = sys.modules.get("ernie_ir.ir.errors")
+    return errors is not None and isinstance(e, errors.ErnieIRError)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: user and usage errors become one line and exit code 2."""
     try:
         code = app(args=argv, standalone_mode=False)
-    except ErnieIRError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True)
-        sys.exit(2)
     except BrokenPipeError:
         sys.exit(0)
     except KeyboardInterrupt:
         err.print("aborted", markup=False)
         sys.exit(130)
     except Exception as e:
+        from rich.markup import escape
+
+        if _is_user_error(e):
+            err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True)
+            sys.exit(2)
         usage = _usage_error(e)
         if usage is None:
             if type(e).__name__ == "Abort":

@@ -18,13 +18,18 @@ Write a class, or decorate a function with `@function_pass(...)`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ernie_ir.ir import ErnieIRError, Graph
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ernie_ir.ir import Node
 
 
 class PassOptions(BaseModel):
@@ -41,17 +46,32 @@ class PipelineError(ErnieIRError):
     """A pipeline that cannot be built: unknown pass, bad option, wrong order."""
 
 
+class GraphRunner(Protocol):
+    """A graph made runnable: outputs by input name, `observer(node, results)` after each node."""
+
+    def run(self, inputs: Mapping[str, np.ndarray],
+            observer: Callable[[Node, list[np.ndarray]], Any] | None = None) -> dict[str, np.ndarray]: ...
+
+
+GraphEvaluator = Callable[[Graph], GraphRunner]
+"""What runs a graph on concrete inputs for a pass that must (FP8 calibration). Passes sit below
+`runtime`, so the caller supplies it: `compile_model`, the CLI and the golden harness pass
+`ernie_ir.runtime.Interpreter` (the class itself fits)."""
+
+
 @dataclass
 class PassContext:
-    """What a running pass may use besides the graph: statistics and diagnostics.
+    """What a running pass may use besides the graph: statistics, diagnostics, an evaluator.
 
     `count(key)` feeds the rewrite-count instrument; `warn(msg)` collects
-    warnings that the CLI prints (the library itself never prints).
+    warnings that the CLI prints (the library itself never prints);
+    `evaluator` (None unless the caller of the pipeline gives one) runs a graph.
     """
 
     stats: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     debug: bool = True
+    evaluator: GraphEvaluator | None = None
 
     def count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n

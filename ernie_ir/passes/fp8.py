@@ -7,11 +7,14 @@ Inference form (default), per dense linear:
     x_scale = max|x| / 448 over a calibration run   (static, as FP8 serving uses)
 
 Params: `<module>.quant_weight` (f8e4m3 [in, out]), `<module>.weight_scale`
-and `<module>.input_scale` (f32[]). The calibration runs the graph in the
-reference interpreter on `calibration_tokens` seeded random token ids (or
-the ids in `calibration_file`, a .npy of [batch, seq] ints) and records
-each FP8 linear's input abs-max. A graph without weight data (meta) gets
-typed params without data.
+and `<module>.input_scale` (f32[]). The calibration runs the graph on
+`calibration_tokens` seeded random token ids (or the ids in
+`calibration_file`, a .npy of [batch, seq] ints) and records each FP8
+linear's input abs-max. It runs the graph with the pipeline's evaluator
+(`PassContext.evaluator`: passes sit below `runtime`, so the caller supplies
+it; `compile_model` and the CLI give the reference interpreter); without one,
+calibrating is an error. A graph without weight data (meta) gets typed
+params without data.
 
 Routed experts: each expert's weight is FP8 with its own scale (f32[E]) and
 feeds the grouped op through `dequantize`; their activations stay in the
@@ -90,9 +93,7 @@ def _weight_scale(w: Param, per_leading: bool) -> np.ndarray | None:
 
 def _calibrate(graph: Graph, watch: dict[Value, list[Node]], opts: Fp8Options,
                ctx: PassContext) -> dict[Node, float] | None:
-    """Input abs-max of each watched linear over one interpreter run (None if not possible)."""
-    from ernie_ir.runtime.interpreter import Interpreter
-
+    """Input abs-max of each watched linear over one run of `ctx.evaluator` (None if not possible)."""
     if not watch:
         return {}
     if any(p.source is None for p in graph.params.values()):
@@ -102,6 +103,10 @@ def _calibrate(graph: Graph, watch: dict[Value, list[Node]], opts: Fp8Options,
         ctx.warn("fp8-quant: cannot calibrate (the graph does not take one [batch, seq] token input); "
                  "activation scales have no data")
         return None
+    if ctx.evaluator is None:
+        raise ErnieIRError("fp8-quant: calibrating activation scales needs a graph evaluator: pass "
+                           "evaluator=ernie_ir.runtime.Interpreter to run_pipeline (compile_model and the "
+                           "CLI do), or give the graph without weights")
     if opts.calibration_file is not None:
         path = Path(opts.calibration_file)
         if not path.is_file():
@@ -118,12 +123,12 @@ def _calibrate(graph: Graph, watch: dict[Value, list[Node]], opts: Fp8Options,
         for n in watch.get(value, ()):
             seen[n] = max(seen.get(n, 0.0), float(np.abs(arr).max()) if arr.size else 0.0)
 
-    interp = Interpreter(graph)
+    runner = ctx.evaluator(graph)
     for v in graph.inputs:
         if v in watch:
             observe(v, ids)
-    interp.run({ints[0].name: ids}, observer=lambda node, res: [observe(v, a) for v, a in
-                                                                 zip(node.outputs, res, strict=True)])
+    runner.run({ints[0].name: ids}, observer=lambda node, res: [observe(v, a) for v, a in
+                                                                zip(node.outputs, res, strict=True)])
     return seen
 
 

@@ -35,7 +35,7 @@ from ernie_ir.ir.weights import GeneratedSource, WeightSource
 
 from .base import Pass, PassContext, PassOptions
 from .param_edit import ParamPlacer
-from .quant_config import EXPERT_OPS, LINEAR_OPS, Target, compile_pattern, expert_paths, find_targets
+from .quant_config import EXPERT_OPS, LINEAR_OPS, WeightSite, compile_pattern, expert_paths, find_targets
 from .registry import register_pass
 from .split import shard_of
 
@@ -107,7 +107,7 @@ class AdapterValues:
     b: WeightSource | None = None
 
 
-def _dims(target: Target) -> tuple[int, int]:
+def _dims(target: WeightSite) -> tuple[int, int]:
     """(in, out) of a target's weight (per expert for a stack)."""
     v = target.node.inputs[target.index]
     assert v is not None
@@ -123,14 +123,14 @@ def has_adapter(node: Node) -> bool:
     return any(u.op == "lora" and i == 0 for u, i in node.outputs[0].uses) if node.outputs else False
 
 
-def attach_adapters(graph: Graph, placer: ParamPlacer, chosen: list[Target], *, rank: int, scale: float,
+def attach_adapters(graph: Graph, placer: ParamPlacer, chosen: list[WeightSite], *, rank: int, scale: float,
                     dropout: float, dtype: DType, seed: int,
                     values: dict[str, AdapterValues] | None = None) -> list[str]:
     """Insert adapters on `chosen` targets; returns the names of the new params."""
     values = values or {}
     created: list[str] = []
 
-    def make(t: Target) -> tuple[Param, Param]:
+    def make(t: WeightSite) -> tuple[Param, Param]:
         k, n = _dims(t)
         lead = (t.experts,) if t.experts else ()
         anchor = t.param.name if t.param is not None else next(iter(graph.params), "")
@@ -151,7 +151,7 @@ def attach_adapters(graph: Graph, placer: ParamPlacer, chosen: list[Target], *, 
         created.extend([a_name, b_name])
         return a, b
 
-    by_node: dict[Node, list[Target]] = {}
+    by_node: dict[Node, list[WeightSite]] = {}
     for t in chosen:
         by_node.setdefault(t.node, []).append(t)
     for node, targets in by_node.items():
@@ -185,10 +185,10 @@ def attach_adapters(graph: Graph, placer: ParamPlacer, chosen: list[Target], *, 
     return created
 
 
-def select_targets(graph: Graph, patterns: Sequence[str], ctx: PassContext) -> list[Target]:
+def select_targets(graph: Graph, patterns: Sequence[str], ctx: PassContext) -> list[WeightSite]:
     """Targets whose module path (or, for experts, any per-expert path) a pattern fully matches."""
     hits = dict.fromkeys(patterns, 0)
-    chosen: list[Target] = []
+    chosen: list[WeightSite] = []
     for t in find_targets(graph):
         if t.node.op not in LINEAR_OPS and t.node.op not in EXPERT_OPS:
             continue

@@ -37,7 +37,7 @@ from ernie_ir.ir.weights import ArraySource, SafetensorsFile
 from .base import Pass, PassContext, PassOptions
 from .lora import AdapterValues, LoraError, attach_adapters, freeze_all_but
 from .param_edit import ParamPlacer
-from .quant_config import Target, find_targets
+from .quant_config import WeightSite, find_targets
 from .registry import register_pass
 
 _KEY = re.compile(r"(?P<module>.+)\.(?P<which>lora_A|lora_B)(?:\.weight)?$")
@@ -135,7 +135,7 @@ class LoraImport(Pass):
             (alpha / math.sqrt(rank) if rslora else alpha / rank)
         dropout = float(cfg.get("lora_dropout") or 0.0)
 
-        targets: dict[str, Target] = {t.path: t for t in find_targets(graph)}
+        targets: dict[str, WeightSite] = {t.path: t for t in find_targets(graph)}
         pairs: dict[str, dict[str, np.ndarray]] = {}
         experts: dict[str, dict[int, dict[str, np.ndarray]]] = {}
         for key, arr in tensors.items():
@@ -166,7 +166,7 @@ class LoraImport(Pass):
 
         heads = _heads(base_cfg, graph)
         values: dict[str, AdapterValues] = {}
-        chosen: list[Target] = []
+        chosen: list[WeightSite] = []
         dtypes: set[DType] = set()
         for path, ab in pairs.items():
             if set(ab) != {"lora_A", "lora_B"}:

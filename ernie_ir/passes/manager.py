@@ -28,7 +28,7 @@ from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.verifier import verify_problems
 
-from .base import Pass, PassContext, PipelineError, graph_properties, set_graph_properties
+from .base import GraphEvaluator, Pass, PassContext, PipelineError, graph_properties, set_graph_properties
 from .instruments import PassInstrument, PassTimes
 from .pipeline import Pipeline
 
@@ -56,12 +56,13 @@ def _fingerprint(graph: Graph) -> str:
 class PassManager:
     def __init__(self, pipeline: Pipeline, *, instruments: Sequence[PassInstrument] = (),
                  debug: bool = True, disabled_passes: Iterable[str] = (),
-                 stop_after: str | int | None = None) -> None:
+                 stop_after: str | int | None = None, evaluator: GraphEvaluator | None = None) -> None:
         disabled = list(disabled_passes)
         self._cut = bool(disabled) or stop_after is not None
         self.pipeline = pipeline.restricted(disabled, stop_after) if self._cut else pipeline
         self.instruments = list(instruments)
         self.debug = debug
+        self.evaluator = evaluator  # handed to every pass's context (see PassContext)
 
     def _enter(self, graph: Graph) -> None:
         if self._cut:  # a cut pipeline may lose a pass that a later one requires
@@ -147,7 +148,7 @@ class PassManager:
                  result: PipelineResult) -> list[Graph]:
         self._check_requires(p, graph)
         times = PassTimes(instrument_seconds=self._before(index, p, graph))
-        ctx = PassContext(debug=self.debug)
+        ctx = PassContext(debug=self.debug, evaluator=self.evaluator)
         t0 = time.perf_counter()
         graphs = p.fan_out(graph, ctx)
         times.seconds = time.perf_counter() - t0
@@ -168,7 +169,7 @@ class PassManager:
         t0 = time.perf_counter()
         before = _fingerprint(graph) if self.debug else ""
         times.verify_seconds = time.perf_counter() - t0
-        ctx = PassContext(debug=self.debug)
+        ctx = PassContext(debug=self.debug, evaluator=self.evaluator)
         t0 = time.perf_counter()
         changed = bool(p.run(graph, ctx))
         times.seconds = time.perf_counter() - t0
@@ -200,26 +201,28 @@ class RankedResult:
 
 def run_pipeline(graph: Graph, pipeline: Pipeline | str, *,
                  instruments: Sequence[PassInstrument] = (), debug: bool = True,
-                 disabled_passes: Iterable[str] = (), stop_after: str | int | None = None
-                 ) -> PipelineResult:
+                 disabled_passes: Iterable[str] = (), stop_after: str | int | None = None,
+                 evaluator: GraphEvaluator | None = None) -> PipelineResult:
     """Run a pipeline (object or text) on a graph in place; `disabled_passes` / `stop_after`
-    cut it first (see `Pipeline.restricted`)."""
+    cut it first (see `Pipeline.restricted`); `evaluator`: see `PassContext`."""
     if isinstance(pipeline, str):
         from .pipeline import load_pipeline
 
         pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
     return PassManager(pipeline, instruments=instruments, debug=debug,
-                       disabled_passes=disabled_passes, stop_after=stop_after).run(graph)
+                       disabled_passes=disabled_passes, stop_after=stop_after,
+                       evaluator=evaluator).run(graph)
 
 
 def run_pipeline_ranks(graph: Graph, pipeline: Pipeline | str, *,
                        instruments: Sequence[PassInstrument] = (), debug: bool = True,
-                       disabled_passes: Iterable[str] = (), stop_after: str | int | None = None
-                       ) -> RankedResult:
+                       disabled_passes: Iterable[str] = (), stop_after: str | int | None = None,
+                       evaluator: GraphEvaluator | None = None) -> RankedResult:
     """Run a pipeline that may split the graph into rank graphs (see `PassManager.run_ranks`)."""
     if isinstance(pipeline, str):
         from .pipeline import load_pipeline
 
         pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
     return PassManager(pipeline, instruments=instruments, debug=debug,
-                       disabled_passes=disabled_passes, stop_after=stop_after).run_ranks(graph)
+                       disabled_passes=disabled_passes, stop_after=stop_after,
+                       evaluator=evaluator).run_ranks(graph)

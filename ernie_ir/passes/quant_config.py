@@ -322,8 +322,10 @@ def module_path(param_name: str) -> str:
 
 
 @dataclass
-class Target:
-    """A quantizable (or LoRA-able) weight: one linear, or one stacked expert projection."""
+class WeightSite:
+    """Where a quantizable (or LoRA-able) weight enters the graph: the weight input of one
+    linear, or one stacked expert projection of a grouped-expert op (what quantization rules
+    and `--lora-targets` select by module path)."""
 
     node: Node
     index: int  # input index of the weight on `node`
@@ -347,16 +349,16 @@ def _weight_param(node: Node, index: int) -> Param | None:
     return None
 
 
-def find_targets(graph: Graph) -> list[Target]:
+def find_targets(graph: Graph) -> list[WeightSite]:
     """Linears and stacked expert projections, in graph order."""
-    out: list[Target] = []
+    out: list[WeightSite] = []
     for node in graph:
         if node.op in LINEAR_OPS:
             idx = LINEAR_OPS[node.op]
             p = _weight_param(node, idx)
             path = module_path(p.name) if p is not None else node.scope
             paths = list(dict.fromkeys(x for x in (path, node.scope) if x))
-            out.append(Target(node, idx, p, path, paths))
+            out.append(WeightSite(node, idx, p, path, paths))
         elif node.op in EXPERT_OPS:
             for idx in EXPERT_OPS[node.op]:
                 p = _weight_param(node, idx)
@@ -364,8 +366,8 @@ def find_targets(graph: Graph) -> list[Target]:
                 assert v is not None
                 experts = v.type.shape[0]
                 stacked = module_path(p.name) if p is not None else f"{node.scope}.{idx}"
-                out.append(Target(node, idx, p, stacked, [stacked],
-                                  experts=experts if isinstance(experts, int) else 0))
+                out.append(WeightSite(node, idx, p, stacked, [stacked],
+                                      experts=experts if isinstance(experts, int) else 0))
     return out
 
 
@@ -376,7 +378,7 @@ def expert_paths(stacked: str, experts: int) -> Iterator[str]:
         yield f"{head}.{e}.{tail}" if head else f"{e}.{tail}"
 
 
-def decide_target(config: QuantConfig, target: Target) -> Decision:
+def decide_target(config: QuantConfig, target: WeightSite) -> Decision:
     """The config's decision for a target; for a stack, every expert must agree."""
     if not target.experts:
         return config.decide(target.paths)

@@ -35,6 +35,7 @@ from ernie_ir.passes.pipeline import Pipeline, load_pipeline
 from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
 from ernie_ir.passes.quant_config import resolve_quant_name
 from ernie_ir.passes.split import SplitError
+from ernie_ir.runtime import Interpreter
 from ernie_ir.targets.compile import check_compile_options, compile_pipeline
 from ernie_ir.targets.cuda.packing import DEFAULT_CUDA_ARCH
 
@@ -341,8 +342,8 @@ def run_ranks(graph: Graph, pipeline: Pipeline) -> list[Graph]:
     passes = pipeline.passes
     cut = next((i for i, p in enumerate(passes) if p.fans_out), None)
     if cut is None:
-        return run_pipeline_ranks(graph, pipeline, debug=False).ranks
-    split = run_pipeline_ranks(graph, Pipeline(passes[: cut + 1]), debug=False).ranks
+        return run_pipeline_ranks(graph, pipeline, debug=False, evaluator=Interpreter).ranks
+    split = run_pipeline_ranks(graph, Pipeline(passes[: cut + 1]), debug=False, evaluator=Interpreter).ranks
     rest = Pipeline(passes[cut + 1:])
     done: dict[Any, Graph] = {}
     out: list[Graph] = []
@@ -350,7 +351,7 @@ def run_ranks(graph: Graph, pipeline: Pipeline) -> list[Graph]:
         key = _type_key(g)
         if key not in done:
             if rest.passes:
-                run_pipeline(g, rest, debug=False)
+                run_pipeline(g, rest, debug=False, evaluator=Interpreter)
             done[key] = g
         out.append(done[key])
     return out

@@ -19,7 +19,7 @@ from .artifact import (
     verify_artifact,
     write_artifact,
 )
-from .capabilities import FusedMoE, Target, WeightOnlyKernel
+from .capabilities import FusedMoE, HardwareTarget, WeightOnlyKernel
 from .compile import CompileReport, compile_model
 from .registry import TARGETS, TargetError, get_target
 
@@ -28,7 +28,7 @@ __all__ = [
     "ArtifactError",
     "CompileReport",
     "FusedMoE",
-    "Target",
+    "HardwareTarget",
     "TargetError",
     "WeightOnlyKernel",
     "artifact_mapping",
@@ -41,3 +41,13 @@ __all__ = [
     "verify_artifact",
     "write_artifact",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "Target":  # the old name of HardwareTarget
+        import warnings
+
+        warnings.warn("ernie_ir.targets.Target is deprecated: use ernie_ir.targets.HardwareTarget",
+                      DeprecationWarning, stacklevel=2)
+        return HardwareTarget
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

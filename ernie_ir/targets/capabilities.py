@@ -34,8 +34,10 @@ class FusedMoE(_Data):
     source: str
 
 
-class Target(_Data):
-    """A deployment target: capability table plus launch / runtime facts."""
+class HardwareTarget(_Data):
+    """A hardware target (cuda, ascend, kunlun) as data: its capability table plus launch and
+    runtime facts. (Not to be confused with `passes.quant_config.WeightSite`, a weight that
+    quantization rules select.)"""
 
     name: str
     description: str
@@ -65,5 +67,9 @@ class Target(_Data):
     def launch_command(self, devices: str = "0") -> str:
         return f"python -m paddle.distributed.launch {self.launch_flag} {devices}"
 
+
+Target = HardwareTarget
+"""Deprecated name of `HardwareTarget` (public as `ernie_ir.targets.Target`, which warns); kept
+here, without a warning, while `targets/artifact.py` still imports it."""
 
 REFERENCE = "shared/REFERENCE.md section 6"

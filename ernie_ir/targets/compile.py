@@ -27,7 +27,7 @@ from ernie_ir.passes.quant_config import resolve_quant_name
 from ernie_ir.passes.split import mapping_for
 
 from .artifact import check_out, sha256_file, write_artifact
-from .capabilities import Target
+from .capabilities import HardwareTarget
 from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
 from .executables import check_emit, default_emit, parse_emit, select_emitters
 from .registry import TargetError, get_target
@@ -108,7 +108,7 @@ def check_onnx_numerics(numerics: str) -> str:
 
 
 def check_compile_options(target: str, mode: str, quant: str | None, cuda_arch: int, tp: int,
-                          ep: int) -> tuple[Target, int | None]:
+                          ep: int) -> tuple[HardwareTarget, int | None]:
     """The target and cuda arch (None off cuda) of compile's options; refuses, in one line, an
     unknown target or mode, impossible degrees and FP8 where the target has no FP8 kernels."""
     tgt = get_target(target)
@@ -126,7 +126,7 @@ def check_compile_options(target: str, mode: str, quant: str | None, cuda_arch: 
     return tgt, arch
 
 
-def compile_pipeline(graph: Graph, tgt: Target, arch: int | None, quant_text: str,
+def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_text: str,
                      pipeline: str | None = None, tp: int = 1, ep: int = 1) -> tuple[Pipeline, Mapping]:
     """The pipeline compile runs on `graph` and the layout it makes: the user's `pipeline`, then
     `quant_text` (quantization and LoRA, from `pipeline_for`), then `split{tp,ep}` when a degree
@@ -243,7 +243,9 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     if stop_after is not None and resolved.passes[-1] is not full.passes[-1]:
         stopped = describe_restriction(full, resolved, stopped=True)
     instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
-    ranked = run_pipeline_ranks(graph, resolved, instruments=instruments)
+    from ernie_ir.runtime import Interpreter  # the calibration evaluator (fp8-quant)
+
+    ranked = run_pipeline_ranks(graph, resolved, instruments=instruments, evaluator=Interpreter)
     ranks, result = ranked.ranks, ranked.result
     if stopped:
         _save_graphs(ranks, dest)

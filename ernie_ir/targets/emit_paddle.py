@@ -22,7 +22,7 @@ from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping
 from ernie_ir.runtime.paddle_layer import PaddleEmitError, build_layer, require_paddle
 
-from .capabilities import Target
+from .capabilities import HardwareTarget
 
 INFERENCE_DIR = "paddle"
 MODEL_STEM = "model"
@@ -97,7 +97,7 @@ def check_trainable(graph: Graph) -> list[str]:
     return names
 
 
-def training_recipe(graph: Graph, target: Target, mapping: Mapping | None = None) -> dict[str, Any]:
+def training_recipe(graph: Graph, target: HardwareTarget, mapping: Mapping | None = None) -> dict[str, Any]:
     trainable = check_trainable(graph)
     state = sorted(p.name for p in graph.params.values() if "qat_state" in p.annotations)
     lr_mult = {p.name: float(p.annotations["learning_rate"]) for p in graph.params.values()
@@ -151,7 +151,7 @@ def training_recipe(graph: Graph, target: Target, mapping: Mapping | None = None
     }
 
 
-def emit_paddle_training(graph: Graph, folder: Path, target: Target,
+def emit_paddle_training(graph: Graph, folder: Path, target: HardwareTarget,
                          mapping: Mapping | None = None) -> dict[str, Any]:
     recipe = training_recipe(graph, target, mapping)
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Legalization: rewrite a graph into what one target can run, and record the kernel plan.
 
-Per node, with the target's capability table (`Target`):
+Per node, with the target's capability table (`HardwareTarget`):
 
 - `weight_only_linear` (dense): the target's weight-only kernel when it has
   one for the node's bits and group size (cuda: the weight is re-laid out in
@@ -38,7 +38,7 @@ from ernie_ir.ir.weights import ArraySource, WeightSource
 from ernie_ir.ops.xpu_layout import pack_xpu
 from ernie_ir.passes.param_edit import ParamPlacer
 
-from .capabilities import Target
+from .capabilities import HardwareTarget
 from .cuda import FP8_ARCHS
 from .cuda.packing import pack, packable, packed_shape
 from .registry import TargetError
@@ -133,7 +133,7 @@ def expert_name(stacked: str, e: int) -> str:
 
 
 class Legalizer:
-    def __init__(self, graph: Graph, target: Target, cuda_arch: int | None = None) -> None:
+    def __init__(self, graph: Graph, target: HardwareTarget, cuda_arch: int | None = None) -> None:
         self.graph = graph
         self.target = target
         self.arch = cuda_arch
@@ -398,5 +398,5 @@ class Legalizer:
         self.use(node, f"{moe.kernel}(int8, [N, K] per expert, f32 scales)")
 
 
-def legalize(graph: Graph, target: Target, cuda_arch: int | None = None) -> bool:
+def legalize(graph: Graph, target: HardwareTarget, cuda_arch: int | None = None) -> bool:
     return Legalizer(graph, target, cuda_arch).run()

@@ -126,10 +126,11 @@ class GoldenCase:
         """Load the input and run the pipeline (debug mode: verified after each pass)."""
         from ernie_ir.load import load_input
         from ernie_ir.passes import run_pipeline
+        from ernie_ir.runtime import Interpreter
 
         graph = load_input(self.resolve_input())
         if self.pipeline:
-            run_pipeline(graph, self.pipeline)
+            run_pipeline(graph, self.pipeline, evaluator=Interpreter)
         return graph
 
     def _hashes(self, graph: Graph) -> dict[str, str]:

@@ -18,7 +18,7 @@ from ernie_ir.ir import Graph, GraphBuilder, f32, tensor
 from ernie_ir.ir.weights import ArraySource
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
-from ernie_ir.runtime import run_graph
+from ernie_ir.runtime import Interpreter, run_graph
 from ernie_ir.testing.models import randomize_lora_b
 
 FAMILIES = ("ernie-4.5-0.3b", "ernie-4.5-21b-a3b", "ernie-4.5-300b-a47b", "ernie-3.5-se-3b", "gpt-345m")
@@ -33,7 +33,7 @@ VARIANTS = {"float": "", "wint8mix": WINT8MIX, "lora": "lora{rank=4}",
 def tiny(name: str, pipeline: str = "") -> Graph:
     graph = load_input(f"{name}@tiny")
     if pipeline:
-        run_pipeline(graph, pipeline)
+        run_pipeline(graph, pipeline, evaluator=Interpreter)  # fp8 calibrates with it
     randomize_lora_b(graph)
     return graph
 

@@ -10,11 +10,12 @@ import pytest
 from _quant_testkit import logits, rel_error, token_ids
 
 from ernie_ir.frontends import load_model
-from ernie_ir.ir import DType, GraphBuilder, f32, tensor
+from ernie_ir.ir import DType, ErnieIRError, GraphBuilder, f32, tensor
+from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.weights import ArraySource
 from ernie_ir.ops.quant_numerics import NonFiniteWeightError, fp8_fake_quant, fp8_quantize
 from ernie_ir.passes import run_pipeline
-from ernie_ir.runtime.interpreter import run_graph
+from ernie_ir.runtime.interpreter import Interpreter, run_graph
 
 GPT = "gpt-345m@tiny"
 MOE = "ernie-4.5-21b-a3b@tiny"
@@ -23,7 +24,7 @@ MOE = "ernie-4.5-21b-a3b@tiny"
 def test_fp8_inference_form_on_gpt() -> None:
     ref_graph = load_model(GPT)
     g = load_model(GPT)
-    run_pipeline(g, "fp8")
+    run_pipeline(g, "fp8", evaluator=Interpreter)
     nodes = [n for n in g if n.op == "fp8_linear"]
     assert len(nodes) == 8 and not any(n.op == "linear" for n in g)
     m = "gpt.decoder.layers.0.linear1"
@@ -60,7 +61,7 @@ def test_fp8_linear_kernel_is_static_w8a8() -> None:
 def test_calibration_is_deterministic_and_can_read_token_ids(tmp_path: Path) -> None:
     def scales(pipeline: str) -> np.ndarray:
         g = load_model(GPT)
-        run_pipeline(g, pipeline)
+        run_pipeline(g, pipeline, evaluator=Interpreter)
         return np.array([float(p.read()) for n, p in g.params.items() if n.endswith("input_scale")])
 
     a = scales("fp8")
@@ -73,7 +74,7 @@ def test_calibration_is_deterministic_and_can_read_token_ids(tmp_path: Path) -> 
 
 def test_fp8_on_moe_experts_uses_per_expert_scales() -> None:
     g = load_model(MOE)
-    run_pipeline(g, "fp8")
+    run_pipeline(g, "fp8", evaluator=Interpreter)
     deq = [n for n in g if n.op == "dequantize"]
     assert len(deq) == 4
     q, s = deq[0].inputs
@@ -110,3 +111,32 @@ def test_fp8_meta_graph_and_bad_weights() -> None:
     with pytest.raises(NonFiniteWeightError,
                        match=r"param gpt\.decoder\.layers\.0\.linear1\.weight holds NaN or Inf"):
         run_pipeline(g, "fp8")
+
+
+def test_calibration_runs_the_evaluator_its_caller_gives() -> None:
+    """Passes sit below runtime: fp8-quant runs the graph with `evaluator`, not its own import."""
+    made: list[object] = []
+
+    def recording(graph: object) -> Interpreter:
+        made.append(graph)
+        return Interpreter(graph)  # type: ignore[arg-type]
+
+    g = load_model(GPT)
+    run_pipeline(g, "fp8", evaluator=recording)
+    assert made == [g]
+    ref = load_model(GPT)
+    run_pipeline(ref, "fp8", evaluator=Interpreter)
+    assert print_graph(g, with_hashes=True) == print_graph(ref, with_hashes=True)
+
+
+def test_calibration_without_an_evaluator_is_one_clear_error() -> None:
+    g = load_model(GPT)
+    with pytest.raises(ErnieIRError, match=r"^fp8-quant: calibrating activation scales needs a graph "
+                       r"evaluator: pass evaluator=ernie_ir\.runtime\.Interpreter to run_pipeline"):
+        run_pipeline(g, "quant-annotate{preset=fp8},fp8-quant")
+    annotated = load_model(GPT)
+    run_pipeline(annotated, "quant-annotate{preset=fp8}")
+    assert print_graph(g, with_hashes=True) == print_graph(annotated, with_hashes=True)  # untouched
+    meta = load_model("ernie-4.5-21b-a3b@meta")
+    run_pipeline(meta, "fp8")  # no weights, nothing to calibrate: no evaluator needed
+    assert any(n.op == "fp8_linear" for n in meta)

@@ -23,7 +23,7 @@ from ernie_ir.frontends import load_model
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.ops.quant_numerics import weight_quantize
 from ernie_ir.passes import run_pipeline
-from ernie_ir.runtime import run_graph
+from ernie_ir.runtime import Interpreter, run_graph
 from ernie_ir.runtime.compare import compare_logits
 from ernie_ir.targets import ArtifactError, TargetError, compile_model, load_artifact, verify_artifact
 from ernie_ir.targets.artifact import write_artifact
@@ -230,7 +230,7 @@ def test_fp8_on_cuda_hopper_and_refused_by_the_pass_elsewhere(tmp_path: Path) ->
     assert any("fp8" in k["kernel"] for k in report.kernel_plan)
     g = load_model(DENSE)
     with pytest.raises(TargetError, match=r"target ascend cannot run FP8.*--target cuda"):
-        run_pipeline(g, "fp8,legalize-ascend")
+        run_pipeline(g, "fp8,legalize-ascend", evaluator=Interpreter)
 
 
 def test_group_wise_refused_where_only_per_channel(tmp_path: Path) -> None:
@@ -252,3 +252,14 @@ def test_report_counts_bytes_by_dtype(tmp_path: Path) -> None:
     assert any(f["op"] == "dequantize" and "not confirmed" in f["reason"] for f in r.fallbacks)
     assert os.path.isfile(Path(r.out) / "manifest.json")
     shutil.rmtree(r.out)
+
+
+def test_the_target_class_is_hardware_target_and_the_old_name_warns() -> None:
+    import ernie_ir.targets as targets
+    from ernie_ir.passes.quant_config import WeightSite, find_targets
+
+    assert isinstance(get_target("ascend"), targets.HardwareTarget)
+    with pytest.warns(DeprecationWarning, match="use ernie_ir.targets.HardwareTarget"):
+        assert targets.Target is targets.HardwareTarget
+    assert "Target" not in targets.__all__
+    assert all(isinstance(s, WeightSite) for s in find_targets(load_model(DENSE)))

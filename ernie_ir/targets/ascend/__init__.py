@@ -1,8 +1,8 @@
 """Huawei Ascend NPUs through PaddleCustomDevice ("npu"); int8 [K, N], the NPU binding's layout."""
 
-from ..capabilities import REFERENCE, FusedMoE, Target, WeightOnlyKernel
+from ..capabilities import REFERENCE, FusedMoE, HardwareTarget, WeightOnlyKernel
 
-ASCEND = Target(
+ASCEND = HardwareTarget(
     name="ascend",
     description="Huawei Ascend NPU (PaddleCustomDevice npu backend)",
     dtypes=("f32", "f16", "bf16"),

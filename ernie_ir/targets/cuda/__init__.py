@@ -1,11 +1,11 @@
 """NVIDIA GPUs through Paddle's CUDA kernels; weights in Paddle's arch-permuted layout."""
 
-from ..capabilities import REFERENCE, FusedMoE, Target, WeightOnlyKernel
+from ..capabilities import REFERENCE, FusedMoE, HardwareTarget, WeightOnlyKernel
 from .packing import CUDA_ARCHS, DEFAULT_CUDA_ARCH, pack, packable, unpack
 
 FP8_ARCHS = (89, 90)
 
-CUDA = Target(
+CUDA = HardwareTarget(
     name="cuda",
     description="NVIDIA GPU (Paddle GPU build, CUTLASS weight-only GEMMs)",
     dtypes=("f32", "f16", "bf16", "f8e4m3"),

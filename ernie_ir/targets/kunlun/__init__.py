@@ -1,8 +1,8 @@
 """Kunlunxin XPUs (P800) through Paddle's XPU kernels; int8 weights in the XPU kernel's [N, K] layout."""
 
-from ..capabilities import REFERENCE, FusedMoE, Target, WeightOnlyKernel
+from ..capabilities import REFERENCE, FusedMoE, HardwareTarget, WeightOnlyKernel
 
-KUNLUN = Target(
+KUNLUN = HardwareTarget(
     name="kunlun",
     description="Kunlunxin XPU P800 (Paddle XPU build)",
     dtypes=("f32", "f16", "bf16"),
