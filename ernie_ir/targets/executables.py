@@ -29,7 +29,7 @@ from typing import Any
 from ernie_ir.ir import Graph
 from ernie_ir.ir.mapping import Mapping
 
-from .capabilities import Target
+from .capabilities import HardwareTarget
 from .registry import TargetError
 
 EXECUTABLES: dict[str, str] = {
@@ -86,7 +86,7 @@ def check_emit(emit: Sequence[str], target: str, mode: str, world: int) -> None:
                               f"{target} --mode {mode}: drop it from --emit")
 
 
-def select_emitters(emit: Sequence[str], *, explicit: bool, target: Target, mode: str, model: str,
+def select_emitters(emit: Sequence[str], *, explicit: bool, target: HardwareTarget, mode: str, model: str,
                     ranks: Sequence[Graph], mapping: Mapping, arch: int | None, onnx_numerics: str,
                     warnings: list[str]) -> dict[str, Emitter]:
     """backend/format name -> writer, for the executables in `emit` (see EXECUTABLES).
@@ -132,7 +132,7 @@ def _paddle_inference_emitter() -> Emitter:
     return lambda g, exe: emit_paddle_inference(g, exe / "paddle")
 
 
-def _paddle_emitter(target: Target, mode: str, mapping: Mapping) -> Emitter:
+def _paddle_emitter(target: HardwareTarget, mode: str, mapping: Mapping) -> Emitter:
     """Training: the recipe. Inference: nothing to write; `run --backend paddle` and the launch
     recipe build each rank's Layer from `rank{r}/` (the bytes already in the artifact)."""
     if mode == "training":
