@@ -1,7 +1,7 @@
 """ernie-ir: a declarative graph compiler for ERNIE and GPT models.
 
 `ernie_ir.ir` is the core (types, graph, text format, verifier); importing
-this package also registers the op set (`ernie_ir.ops`).
+this package hooks up the op set (`ernie_ir.ops`), which loads on first lookup.
 """
 
 from __future__ import annotations
@@ -13,4 +13,4 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+source"
 
-from . import ir, ops  # noqa: F401  (ops registers the op set)
+from . import ir, ops  # noqa: F401  (ops registers the op set's loader)
