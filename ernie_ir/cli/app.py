@@ -420,6 +420,11 @@ def compile(
                           "matmuls, equal to the interpreter in any onnxruntime session) or fast (int8 "
                           "activations, faster).")
     ] = "exact",
+    skip_executable: Annotated[
+        list[str] | None, typer.Option("--skip-executable", help="Do not write this executable "
+                                       "(onnxruntime or paddle), e.g. for an op without its lowering; "
+                                       "repeatable.")
+    ] = None,
 ) -> None:
     """Compile a model for a target into an artifact folder (written atomically)."""
     import json
@@ -450,7 +455,7 @@ def compile(
                                lora_adapter=lora_adapter, quant_config=quant_config,
                                cuda_arch=arch, tp=tp, ep=ep, out=out_dir, force=force,
                                trust_pickle=trust_pickle, meta=meta, progress=progress,
-                               onnx_numerics=onnx_numerics)
+                               onnx_numerics=onnx_numerics, skip_executables=skip_executable or ())
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))

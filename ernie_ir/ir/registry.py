@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
@@ -77,8 +77,8 @@ class OpDef(ABC):
       `onnx.f32(x)`; returns the names of the results.
     - `lower_paddle(self, layer, node, args) -> list`: the Paddle tensors of the results from
       the input tensors `args` (`layer.P` is `paddle`, `layer.F` is `paddle.nn.functional`).
-    - `no_lowering = {"onnx": "why"}`: a lowering the op deliberately lacks; compile then
-      skips that executable with this reason as a warning instead of refusing.
+    - `no_onnx = "why"` / `no_paddle = "why"`: a lowering the op deliberately lacks; compile
+      then skips that executable with this reason as a warning instead of refusing.
     - `num_outputs`: the results of `op.<name>(...)` in a rewrite pattern (default 1).
     """
 
@@ -89,7 +89,8 @@ class OpDef(ABC):
     """Results a rewrite pattern of this op has unless it says `_outputs=` (split: per sizes)."""
     lower_onnx: ClassVar[Callable[..., list[str] | None] | None] = None
     lower_paddle: ClassVar[Callable[..., list[Any]] | None] = None
-    no_lowering: ClassVar[Mapping[str, str]] = {}
+    no_onnx: ClassVar[str | None] = None
+    no_paddle: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         self._attr_cache: dict[Any, OpAttrs] = {}
@@ -115,6 +116,12 @@ class OpDef(ABC):
             raise ValueError(f"unknown lowering kind {kind!r}: one of {', '.join(LOWERINGS)}")
         hook: Callable[..., Any] | None = getattr(self, f"lower_{kind}")
         return hook
+
+    def lacks(self, kind: str) -> str | None:
+        """Why the op deliberately has no lowering of `kind` (`no_onnx`, `no_paddle`), or None."""
+        self.lowering(kind)  # checks the kind
+        reason: str | None = getattr(self, f"no_{kind}")
+        return reason
 
     def make_attrs(self, values: dict[str, Any] | OpAttrs | None) -> OpAttrs:
         """Validate attribute values against the schema; OpError names the bad key."""

@@ -25,6 +25,7 @@ from ernie_ir.passes.split import mapping_for
 
 from .artifact import check_out, sha256_file, write_artifact
 from .capabilities import Target
+from .coverage import apply_coverage, check_skips
 from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
 from .fastdeploy import fastdeploy_emitters
 from .registry import TargetError, get_target
@@ -93,12 +94,12 @@ def default_out(model: str, target: str, quant: str | None) -> Path:
 
 
 def onnx_emitters(target: str, mode: str, graph: Graph, numerics: str = "exact") -> dict[str, Any]:
-    """cuda inference artifacts carry `inference/onnx/model.onnx` (+ .data) for onnxruntime
-    (unless the graph holds ops without an ONNX lowering, e.g. fp8 or QAT fake-quant), its
-    weight-only matmuls written for `numerics` ("exact" or "fast", see ONNX_NUMERICS)."""
-    from .emit_onnx import emit_onnx, unsupported_ops
+    """cuda inference artifacts carry `inference/onnx/model.onnx` (+ .data) for onnxruntime, its
+    weight-only matmuls written for `numerics` ("exact" or "fast", see ONNX_NUMERICS); an op
+    without an ONNX lowering is `apply_coverage`'s business (refused, or skipped and reported)."""
+    from .emit_onnx import emit_onnx
 
-    if target != "cuda" or mode != "inference" or unsupported_ops(graph):
+    if target != "cuda" or mode != "inference":
         return {}
 
     return {"onnxruntime": lambda graph, exe: emit_onnx(graph, exe / "onnx", numerics=numerics)}
@@ -201,7 +202,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   out: str | Path | None = None, force: bool = False,
                   trust_pickle: bool = False, meta: bool = False,
                   progress: Callable[[str, int, int], None] | None = None,
-                  onnx_numerics: str = "exact") -> CompileReport:
+                  onnx_numerics: str = "exact", skip_executables: Sequence[str] = ()) -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
@@ -210,9 +211,13 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     executables are emitted (the CLI draws it).
     `onnx_numerics`: "exact" or "fast" weight-only matmuls in the ONNX model (cuda inference),
     recorded in the model and the manifest (`"onnx_numerics"`).
+    `skip_executables`: executables not to write ("onnxruntime", "paddle"), each reported in
+    `warnings`; an op without a lowering for an executable that is written is refused
+    (ernie_ir.targets.coverage).
     """
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
     check_onnx_numerics(onnx_numerics)
+    check_skips(skip_executables, mode)
     dest = check_out(out if out is not None else default_out(model, tgt.name, quant), force)
     quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter)
 
@@ -257,6 +262,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                     **paddle_emitters(tgt, mode, first, warnings)}
     else:
         emitters = parallel_emitters(tgt, mode, first, mapping, warnings)
+    emitters = apply_coverage(ranks, emitters, target=tgt.name, mode=mode, skip=skip_executables,
+                              warnings=warnings)
     emitters.update(fastdeploy_emitters(tgt.name, mode, model, ranks, mapping, arch, warnings))
     numerics = onnx_numerics if "onnxruntime" in emitters else None
     extra: dict[str, Any] = {"params_before": before, "params_after": after}
