@@ -207,6 +207,8 @@ class OpRegistry:
         existing = self.ops.get(name)
         if existing is not None:
             if type(existing) is cls:
+                if origin.startswith("plugin "):  # imported earlier (by a pass plugin, say)
+                    self.origins[name] = origin
                 return cls
             raise OpError(f"op name {name!r} is registered twice ({self.origins[name]}, "
                           f"{type(existing).__name__}, and {origin}, {cls.__name__})")
