@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from .errors import OpError
 from .types import TensorType
 
 ENTRY_POINT_GROUP = "ernie_ir.ops"
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LOWERINGS = ("onnx", "paddle")
 """The lowering kinds an op may carry: `lower_onnx` (the onnxruntime executable) and
 `lower_paddle` (the Paddle inference model, rank Layers and training)."""
@@ -200,6 +202,9 @@ class OpRegistry:
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
             raise TypeError(f"{cls!r} has no op name")
+        if not _IDENT.fullmatch(name):
+            raise OpError(f"op name {name!r} is not an identifier (IR text and GraphBuilder methods need "
+                          "one): use letters, digits and _")
         if origin is None:
             module = getattr(cls, "__module__", "")
             origin = self._plugin_origin or (

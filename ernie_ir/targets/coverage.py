@@ -110,7 +110,7 @@ def _refusal(found: list[Gap], exe: str, kind: str, target: str, mode: str) -> s
     g = found[0]
     nodes = f", {g.nodes} nodes" if g.nodes > 1 else ""
     more = f" (and op(s) {', '.join(x.op for x in found[1:])})" if len(found) > 1 else ""
-    what = f"the {exe} executable of a {target} {mode} artifact"
+    what = f"the {exe} executable of the {target} {mode} artifact"
     if mode == "training":
         return (f"op {g.op!r} (at {g.scope}{nodes}) has no Paddle lowering{more}, so {what} could not "
                 f"run: give the op a lower_paddle (docs/ops.md)")

@@ -1,0 +1,165 @@
+"""compile's executable coverage: an op without a lowering for an executable the target offers is
+refused in one line naming both (nothing written), unless skipped or declared, which is reported."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ernie_ir.cli.app import main
+from ernie_ir.frontends import load_model
+from ernie_ir.ir import Input, OpDef, TensorType
+from ernie_ir.ir.registry import REGISTRY
+from ernie_ir.ir.storage import save_graph
+from ernie_ir.passes import RewriteRule, RuleSet
+from ernie_ir.targets import compile_model
+from ernie_ir.targets.coverage import CoverageError
+
+MODEL = "ernie-4.5-0.3b@tiny"
+
+
+class _Swiglu(OpDef):
+    """y = gate / (1 + exp(-gate)) * up"""
+
+    inputs = (Input("gate"), Input("up"))
+
+    def infer(self, types: Sequence[TensorType | None], attrs: object) -> list[TensorType]:
+        assert types[0] is not None
+        return [types[0]]
+
+    def kernel(self, args: Sequence[np.ndarray | None], attrs: object) -> list[np.ndarray]:
+        gate, up = args
+        assert gate is not None and up is not None
+        return [gate / (np.float32(1) + np.exp(-gate)) * up]
+
+
+class PaddleOnly(_Swiglu):
+    name = "t_swiglu_paddle"
+
+    def lower_paddle(self, layer, node, args):
+        return [layer.F.silu(args[0]) * args[1]]
+
+
+class KernelOnly(_Swiglu):
+    name = "t_swiglu_kernel"
+
+
+class Declared(PaddleOnly):
+    name = "t_swiglu_declared"
+    no_onnx = "a vendor kernel with no ONNX form"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ops() -> Iterator[None]:
+    for cls in (PaddleOnly, KernelOnly, Declared):
+        REGISTRY.add(cls)
+    try:
+        yield
+    finally:
+        for cls in (PaddleOnly, KernelOnly, Declared):
+            REGISTRY.remove(cls.name)
+
+
+class FuseTo(RewriteRule):
+    name = "t-fuse-to"
+
+    def __init__(self, op: str) -> None:
+        self.op_name = op
+
+    def pattern(self, op, gate, up):
+        return op.mul(op.silu(gate, _single_use=True), up)
+
+    def rewrite(self, op, gate, up):
+        return op.op(self.op_name, gate, up)
+
+
+def model_using(tmp_path: Path, op: str) -> str:
+    graph = load_model(MODEL)
+    assert RuleSet([FuseTo(op)]).apply(graph) == 2
+    return str(save_graph(graph, tmp_path / f"model-{op}"))
+
+
+def test_an_op_without_an_onnx_lowering_is_refused_in_one_line(tmp_path: Path):
+    model = model_using(tmp_path, "t_swiglu_paddle")
+    with pytest.raises(CoverageError) as e:
+        compile_model(model, "cuda", out=tmp_path / "art")
+    assert str(e.value) == (
+        "op 't_swiglu_paddle' (at ernie.layers.0.mlp, 2 nodes) has no ONNX lowering, which the "
+        "onnxruntime executable of the cuda inference artifact needs: give the op a lower_onnx "
+        "(docs/ops.md) or pass --skip-executable onnxruntime")
+    assert not (tmp_path / "art").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["model-t_swiglu_paddle"]
+
+
+def test_the_cli_exits_2_with_that_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    model = model_using(tmp_path, "t_swiglu_paddle")
+    with pytest.raises(SystemExit) as e:
+        main(["compile", model, "--target", "cuda", "--out", str(tmp_path / "art")])
+    assert e.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: op 't_swiglu_paddle' (at ernie.layers.0.mlp, "
+                                                   "2 nodes) has no ONNX lowering, which the onnxruntime ")
+    assert not (tmp_path / "art").exists()
+
+
+def test_skipping_the_executable_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    model = model_using(tmp_path, "t_swiglu_paddle")
+    with pytest.raises(SystemExit) as e:
+        main(["compile", model, "--target", "cuda", "--out", str(tmp_path / "art"), "--json",
+              "--skip-executable", "onnxruntime"])
+    assert e.value.code == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "no onnxruntime executable: skipped by --skip-executable onnxruntime" in report["warnings"]
+    assert report["onnx_numerics"] is None
+    backends = json.loads((tmp_path / "art" / "manifest.json").read_text())["backends"]
+    assert "onnxruntime" not in backends and not (tmp_path / "art" / "inference" / "onnx").exists()
+
+
+def test_a_declared_gap_skips_the_executable_with_its_reason(tmp_path: Path):
+    report = compile_model(model_using(tmp_path, "t_swiglu_declared"), "cuda", out=tmp_path / "art")
+    assert ("no onnxruntime executable: op t_swiglu_declared has no ONNX lowering (a vendor kernel with "
+            "no ONNX form) (first at ernie.layers.0.mlp); run the artifact with --backend interpreter"
+            ) in report.warnings[0]
+    assert "onnxruntime" not in json.loads((tmp_path / "art" / "manifest.json").read_text())["backends"]
+
+
+def test_fp8_on_cuda_reports_its_missing_onnx_model(tmp_path: Path):
+    report = compile_model(MODEL, "cuda", quant="fp8", cuda_arch=90, out=tmp_path / "art")
+    assert report.warnings[0].startswith(
+        "no onnxruntime executable: op fp8_linear has no ONNX lowering (opset 21 MatMul takes no float8 "
+        "inputs; Paddle runs it) (first at ernie.layers.0.self_attn.qkv_proj); run the artifact with "
+        "--backend interpreter")
+
+
+def test_only_the_executables_a_target_offers_are_checked(tmp_path: Path):
+    # kunlun offers no onnxruntime executable: an op with a Paddle lowering alone compiles there
+    report = compile_model(model_using(tmp_path, "t_swiglu_paddle"), "kunlun", out=tmp_path / "art")
+    assert not [w for w in report.warnings if "executable" in w]
+
+
+def test_an_op_without_a_paddle_lowering_is_refused_for_paddle_inference(tmp_path: Path):
+    pytest.importorskip("paddle")
+    with pytest.raises(CoverageError, match=(
+            r"^op 't_swiglu_kernel' \(at ernie\.layers\.0\.mlp, 2 nodes\) has no Paddle lowering, which "
+            r"the paddle executable of the ascend inference artifact needs: give the op a lower_paddle "
+            r"\(docs/ops\.md\) or pass --skip-executable paddle$")):
+        compile_model(model_using(tmp_path, "t_swiglu_kernel"), "ascend", out=tmp_path / "art")
+
+
+def test_a_training_artifact_that_could_not_run_is_refused(tmp_path: Path):
+    model = model_using(tmp_path, "t_swiglu_kernel")
+    with pytest.raises(CoverageError, match=(
+            r"^op 't_swiglu_kernel' \(at ernie\.layers\.0\.mlp, 2 nodes\) has no Paddle lowering, so the "
+            r"paddle executable of the cuda training artifact could not run: give the op a lower_paddle")):
+        compile_model(model, "cuda", mode="training", lora_rank=2, out=tmp_path / "art")
+    with pytest.raises(CoverageError, match="--skip-executable paddle: a training artifact is its Paddle "
+                                            "recipe, so nothing would be left to train"):
+        compile_model(model, "cuda", mode="training", lora_rank=2, out=tmp_path / "art",
+                      skip_executables=["paddle"])
+    with pytest.raises(CoverageError, match="unknown --skip-executable 'onnx': choose one of onnxruntime"):
+        compile_model(model, "cuda", out=tmp_path / "art", skip_executables=["onnx"])
+    assert not (tmp_path / "art").exists()
