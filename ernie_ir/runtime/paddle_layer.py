@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, Value
+from ernie_ir.ir import DType, ErnieIRError, Graph, Node, OpDef, Param, Value
 from ernie_ir.ir.mapping import SHARD
 from ernie_ir.ops.cuda_layout import pack, packable, unpack
 from ernie_ir.ops.quant_numerics import FP8_MAX
@@ -715,10 +715,14 @@ def _layer_class() -> type:
 _FOLDED = ("unpack_weight", "unpack_weight_xpu")  # packed layouts back to int values, at build time
 
 
+def lowers(op: OpDef) -> bool:
+    """Whether `op` has a Paddle lowering: its own `lower_paddle`, or `OPS` (or folded at build)."""
+    return op.lower_paddle is not None or op.name in OPS or op.name in _FOLDED
+
+
 def unsupported_ops(graph: Graph) -> list[str]:
-    """The ops of `graph` with no Paddle lowering: neither the op's own `lower_paddle` nor `OPS`."""
-    return sorted({n.op for n in graph
-                   if n.opdef.lower_paddle is None and n.op not in OPS and n.op not in _FOLDED})
+    """The ops of `graph` with no Paddle lowering (sorted, unique)."""
+    return sorted({n.op for n in graph if not lowers(n.opdef)})
 
 
 def build_layer(graph: Graph, *, device: str | None = None, portable: bool | None = None,

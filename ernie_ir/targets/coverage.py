@@ -13,11 +13,12 @@ executable. A training artifact is its Paddle recipe: there it always refuses.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ernie_ir.ir import Graph
+from ernie_ir.ir import Graph, OpDef
+from ernie_ir.ir.registry import LOWERINGS
 
 from .registry import TargetError
 
@@ -41,22 +42,39 @@ class Gap:
     """The op's declared reason (`no_onnx` / `no_paddle`), or None for an undeclared gap."""
 
 
-def unsupported(graph: Graph, kind: str) -> list[str]:
-    """The ops of `graph` without a lowering of `kind` ("onnx" or "paddle")."""
+def lowers(kind: str) -> Callable[[OpDef], bool]:
+    """The test of the emitter of `kind` ("onnx" or "paddle"): does it lower an op?"""
     if kind == "onnx":
-        from .emit_onnx import unsupported_ops
-    else:
-        from ernie_ir.runtime.paddle_layer import unsupported_ops
-    return unsupported_ops(graph)
+        from .emit_onnx import lowers as onnx_lowers
+
+        return onnx_lowers
+    from ernie_ir.runtime.paddle_layer import lowers as paddle_lowers
+
+    return paddle_lowers
+
+
+def lowering_status(op: OpDef) -> dict[str, str]:
+    """Per lowering kind: "op" (the op's own), "emitter" (the emitter's table), "no: why"
+    (a declared gap) or "missing"."""
+    status = {}
+    for kind in LOWERINGS:
+        if op.lowering(kind) is not None:
+            status[kind] = "op"
+        elif lowers(kind)(op):
+            status[kind] = "emitter"
+        else:
+            why = op.lacks(kind)
+            status[kind] = f"no: {why}" if why else "missing"
+    return status
 
 
 def gaps(graphs: Iterable[Graph], kind: str) -> list[Gap]:
     """The ops of `graphs` (rank graphs) without a lowering of `kind`, in graph order."""
+    test = lowers(kind)
     found: dict[str, list[Any]] = {}
     for g in graphs:
-        missing = set(unsupported(g, kind))
         for node in g:
-            if node.op in missing:
+            if node.op in found or not test(node.opdef):
                 entry = found.setdefault(node.op, [node.scope, 0, node.opdef.lacks(kind)])
                 entry[1] += 1
     return [Gap(op, scope or "<root>", n, reason) for op, (scope, n, reason) in found.items()]

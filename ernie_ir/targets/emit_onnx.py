@@ -56,7 +56,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, Value
+from ernie_ir.ir import DType, ErnieIRError, Graph, Node, OpDef, Param, Value, all_ops
 from ernie_ir.ops.quant_numerics import num_groups
 
 OPSET = 21
@@ -759,16 +759,18 @@ def _lowering(e: _Emitter, node: Node) -> Callable[[Node], list[str] | None] | N
     return fn
 
 
-def supported_ops() -> list[str]:
-    from ernie_ir.ir import all_ops
+def lowers(op: OpDef) -> bool:
+    """Whether `op` has an ONNX lowering: its own `lower_onnx` or the emitter's `op_<name>`."""
+    return op.lower_onnx is not None or hasattr(_Emitter, f"op_{op.name}")
 
-    own = {name for name, op in all_ops().items() if op.lower_onnx is not None}
-    return sorted(own | {n[3:] for n in dir(_Emitter) if n.startswith("op_")})
+
+def supported_ops() -> list[str]:
+    return sorted(name for name, op in all_ops().items() if lowers(op))
 
 
 def unsupported_ops(graph: Graph) -> list[str]:
     """The ops of `graph` that have no ONNX lowering (sorted, unique)."""
-    return sorted({n.op for n in graph if n.opdef.lower_onnx is None and not hasattr(_Emitter, f"op_{n.op}")})
+    return sorted({n.op for n in graph if not lowers(n.opdef)})
 
 
 def _check_choice(form: str, numerics: str) -> None:

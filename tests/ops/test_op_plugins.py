@@ -331,3 +331,17 @@ def test_asking_for_an_op_the_broken_plugin_was_to_give_names_it_in_one_line(sit
     assert one_error_line(run.stderr) == (
         "error: swiglu.ir:2:8: unknown op 'swiglu' (did you mean silu, gelu?); op plugin 'npu-ops' "
         "(ernie_ir_brokenop) failed to load: ImportError: this op plugin needs torch_npu")
+
+
+def test_ernie_ir_ops_lists_the_plugin_op_and_names_the_broken_plugin(sites: dict[str, Path]):
+    run = tool(sites, "ops", plugins=("good", "broken"))
+    assert run.returncode == 2
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in run.stdout.splitlines() if line.startswith("│") and line.split("│")[1].strip()}
+    assert rows["swiglu"] == ["gate, up", "", "op", "op", "plugin swiglu (ernie_ir_swiglu)"]
+    assert rows["silu"] == ["x", "", "op", "op", "built-in"]
+    assert rows["linear"] == ["x, weight, bias?", "", "emitter", "emitter", "built-in"]
+    assert one_error_line(run.stderr) == (
+        "error: op plugin 'npu-ops' (ernie_ir_brokenop) failed to load: ImportError: this op plugin "
+        "needs torch_npu")
+    assert tool(sites, "ops", plugins=("good",)).returncode == 0
