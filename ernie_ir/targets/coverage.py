@@ -4,16 +4,18 @@ An artifact's executables each need a lowering of every op in its rank
 graphs: `onnxruntime` (cuda inference) an ONNX lowering, `paddle` (the Paddle
 inference model, the rank Layers of a multi-rank artifact, the training
 recipe) a Paddle one. A lowering is the op's own (`lower_onnx`,
-`lower_paddle`, docs/ops.md) or the emitter's table. `apply_coverage` runs
-before anything is written and, per executable, either keeps it, or drops it
-with a warning (the user skipped it, or an op declares the gap in
-`no_onnx` / `no_paddle` with its reason), or refuses in one line naming the op and the
-executable. A training artifact is its Paddle recipe: there it always refuses.
+`lower_paddle`, docs/ops.md) or the emitter's table. `check_coverage` runs
+before anything is written and, per executable, either keeps it, or leaves it
+out with a warning (an op declares the gap in `no_onnx` / `no_paddle` and the
+user did not ask for that executable), or refuses in one line naming the op
+and the executable. A training artifact is its Paddle recipe: there it always
+refuses. `apply_coverage` is compile's entry: it also drops what the user
+skipped (`--skip-executable`), reported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +24,12 @@ from ernie_ir.ir.registry import LOWERINGS
 
 from .registry import TargetError
 
-LOWERING_OF = {"onnxruntime": "onnx", "paddle": "paddle"}
-"""The lowering kind each op-lowered executable needs (fastdeploy is a checkpoint, not lowered)."""
+LOWERING_OF = {"onnx": "onnx", "onnxruntime": "onnx", "paddle": "paddle", "paddle-inference": "paddle"}
+"""The lowering kind each op-lowered executable needs, by executable (`--emit`) or backend name
+(fastdeploy is a checkpoint over the rank bytes, not lowered)."""
+SKIPPABLE = ("onnxruntime", "paddle")
+SKIP_HINT = "pass --skip-executable {exe}"
+"""How the refusal tells the user to do without an executable."""
 _LABEL = {"onnx": "ONNX", "paddle": "Paddle"}
 
 
@@ -84,53 +90,63 @@ def check_skips(skip: Sequence[str], mode: str) -> list[str]:
     """The executables named by --skip-executable, checked (one line for a bad name)."""
     names = [s.strip().lower() for s in skip if s.strip()]
     for name in names:
-        if name not in LOWERING_OF:
-            raise CoverageError(f"unknown --skip-executable {name!r}: choose one of {', '.join(LOWERING_OF)}")
+        if name not in SKIPPABLE:
+            raise CoverageError(f"unknown --skip-executable {name!r}: choose one of {', '.join(SKIPPABLE)}")
         if name == "paddle" and mode == "training":
             raise CoverageError("--skip-executable paddle: a training artifact is its Paddle recipe, so "
                                 "nothing would be left to train; drop it")
     return names
 
 
-def apply_coverage(graphs: Sequence[Graph], emitters: dict[str, Any], *, target: str, mode: str,
-                   skip: Sequence[str] = (), warnings: list[str] | None = None) -> dict[str, Any]:
-    """`emitters` less the executables skipped or declared uncovered (each with a warning).
+def check_coverage(graphs: Sequence[Graph], executables: Sequence[str], *, target: str, mode: str,
+                   explicit: Collection[str] = (), warnings: list[str] | None = None) -> list[str]:
+    """The executables of `executables` that can be written (names as `--emit` or the manifest's
+    backends give them: onnx/onnxruntime, paddle, paddle-inference; others are not op-lowered).
 
-    CoverageError (one line: the op, where, the executable and the fix) for an op with no
-    lowering for an executable the target offers, unless the user skipped it or the op
-    declares the gap; in training, for any op without a Paddle lowering."""
-    kept = dict(emitters)
+    An op without a lowering an executable needs is refused (CoverageError, one line: the op,
+    where, the executable and the fix), unless the op declares the gap (`no_onnx`/`no_paddle`)
+    and the user did not ask for that executable (`explicit`): then it is left out, with a
+    warning. Training is its Paddle recipe: any op without a Paddle lowering is refused."""
+    kept = list(executables)
     notes = warnings if warnings is not None else []
-    skipped = set(check_skips(skip, mode))
-    for exe, kind in LOWERING_OF.items():
-        if exe not in kept:
-            continue
-        if exe in skipped:
-            del kept[exe]
-            notes.append(f"no {exe} executable: skipped by --skip-executable {exe}")
-            continue
-        found = gaps(graphs, kind)
+    for exe in executables:
+        kind = LOWERING_OF.get(exe)
+        found = gaps(graphs, kind) if kind is not None else []
         if not found:
             continue
-        undeclared = [g for g in found if g.reason is None or mode == "training"]
-        if undeclared:
-            raise CoverageError(_refusal(undeclared, exe, kind, target, mode))
-        del kept[exe]
-        first = found[0]
-        why = "; ".join(f"op {g.op} has no {_LABEL[kind]} lowering ({g.reason})" for g in found)
-        backends = "interpreter" + ("" if exe == "paddle" or "paddle" not in kept else " or paddle")
-        notes.append(f"no {exe} executable: {why} (first at {first.scope}); run the artifact with "
+        if mode == "training" or exe in explicit or any(g.reason is None for g in found):
+            raise CoverageError(_refusal([g for g in found if g.reason is None] or found, exe, kind or "",
+                                         target, mode))
+        kept.remove(exe)
+        why = "; ".join(f"op {g.op} has no {_LABEL[kind or '']} lowering ({g.reason})" for g in found)
+        others = [e for e in kept if LOWERING_OF.get(e) == "paddle"]
+        backends = "interpreter" + (" or paddle" if others else "")
+        notes.append(f"no {exe} executable: {why} (first at {found[0].scope}); run the artifact with "
                      f"--backend {backends}")
     return kept
+
+
+def apply_coverage(graphs: Sequence[Graph], emitters: dict[str, Any], *, target: str, mode: str,
+                   skip: Sequence[str] = (), warnings: list[str] | None = None) -> dict[str, Any]:
+    """`emitters` (backend name -> writer) less the executables the user skipped (each reported in
+    `warnings`) and those `check_coverage` leaves out; CoverageError as there."""
+    notes = warnings if warnings is not None else []
+    skipped = check_skips(skip, mode)
+    for exe in skipped:
+        if emitters.pop(exe, None) is not None:
+            notes.append(f"no {exe} executable: skipped by --skip-executable {exe}")
+    kept = check_coverage(graphs, list(emitters), target=target, mode=mode, warnings=notes)
+    return {name: fn for name, fn in emitters.items() if name in kept}
 
 
 def _refusal(found: list[Gap], exe: str, kind: str, target: str, mode: str) -> str:
     g = found[0]
     nodes = f", {g.nodes} nodes" if g.nodes > 1 else ""
+    nodes += f"; {g.reason}" if g.reason else ""
     more = f" (and op(s) {', '.join(x.op for x in found[1:])})" if len(found) > 1 else ""
     what = f"the {exe} executable of the {target} {mode} artifact"
     if mode == "training":
         return (f"op {g.op!r} (at {g.scope}{nodes}) has no Paddle lowering{more}, so {what} could not "
                 f"run: give the op a lower_paddle (docs/ops.md)")
     return (f"op {g.op!r} (at {g.scope}{nodes}) has no {_LABEL[kind]} lowering{more}, which {what} "
-            f"needs: give the op a lower_{kind} (docs/ops.md) or pass --skip-executable {exe}")
+            f"needs: give the op a lower_{kind} (docs/ops.md) or {SKIP_HINT.format(exe=exe)}")

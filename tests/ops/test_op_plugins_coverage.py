@@ -17,7 +17,7 @@ from ernie_ir.ir.registry import REGISTRY
 from ernie_ir.ir.storage import save_graph
 from ernie_ir.passes import RewriteRule, RuleSet
 from ernie_ir.targets import compile_model
-from ernie_ir.targets.coverage import CoverageError
+from ernie_ir.targets.coverage import CoverageError, check_coverage
 
 MODEL = "ernie-4.5-0.3b@tiny"
 
@@ -163,3 +163,21 @@ def test_a_training_artifact_that_could_not_run_is_refused(tmp_path: Path):
     with pytest.raises(CoverageError, match="unknown --skip-executable 'onnx': choose one of onnxruntime"):
         compile_model(model, "cuda", out=tmp_path / "art", skip_executables=["onnx"])
     assert not (tmp_path / "art").exists()
+
+
+def test_coverage_takes_emit_names_and_refuses_a_declared_gap_that_was_asked_for():
+    graph = load_model(MODEL)
+    RuleSet([FuseTo("t_swiglu_declared")]).apply(graph)
+    warnings: list[str] = []
+    kept = check_coverage([graph], ["paddle", "onnx", "fastdeploy"], target="cuda", mode="inference",
+                          warnings=warnings)
+    assert kept == ["paddle", "fastdeploy"]
+    assert warnings == ["no onnx executable: op t_swiglu_declared has no ONNX lowering (a vendor kernel "
+                        "with no ONNX form) (first at ernie.layers.0.mlp); run the artifact with "
+                        "--backend interpreter or paddle"]
+    with pytest.raises(CoverageError, match=r"^op 't_swiglu_declared' \(at ernie\.layers\.0\.mlp, 2 nodes; "
+                                            r"a vendor kernel with no ONNX form\) has no ONNX lowering, "
+                                            r"which the onnx executable"):
+        check_coverage([graph], ["paddle", "onnx"], target="cuda", mode="inference", explicit=["onnx"])
+    assert check_coverage([graph], ["paddle-inference"], target="ascend", mode="inference") == [
+        "paddle-inference"]
