@@ -18,6 +18,7 @@ building them needs neither the network nor a wheel-capable setuptools.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -28,6 +29,7 @@ import numpy as np
 import pytest
 
 import ernie_ir
+from ernie_ir.targets import compile_model
 
 ROOT = Path(ernie_ir.__file__).resolve().parents[1]  # the ernie_ir the subprocesses must import
 ERNIE_IR = str(Path(sys.executable).parent / "ernie-ir")
@@ -288,6 +290,8 @@ def test_a_model_using_the_plugin_op_compiles_to_every_target_and_runs(
     art = sites["root"] / f"art-{target}"
     argv = ["compile", MODEL, "--target", target, "--pipeline", "fuse-swiglu", "--out", str(art),
             "--json"]
+    if "emit" in inspect.signature(compile_model).parameters:  # `compile --emit`: ask for both models
+        argv += ["--emit", "onnx,paddle-inference" if target == "cuda" else "paddle-inference"]
     run = tool(sites, *argv, *(["--quant", quant] if quant else []), plugins=("good",))
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(run.stdout.strip().splitlines()[-1])
