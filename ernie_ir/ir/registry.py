@@ -284,6 +284,7 @@ class OpRegistry:
 
 
 REGISTRY = OpRegistry()
+_OPS = REGISTRY.ops  # the same dict (never rebound): the lookup every Node makes stays one index
 
 
 def register_op(cls: type[OpDef]) -> type[OpDef]:
@@ -293,12 +294,14 @@ def register_op(cls: type[OpDef]) -> type[OpDef]:
 
 def get_op(name: str) -> OpDef:
     """The definition of op `name`; OpError lists close names (and broken plugins) when unknown."""
-    op = REGISTRY.ops.get(name)  # the hot path: every Node looks its op up
-    return op if op is not None else REGISTRY.get(name)
+    try:
+        return _OPS[name]
+    except KeyError:
+        return REGISTRY.get(name)
 
 
 def has_op(name: str) -> bool:
-    if name in REGISTRY.ops:
+    if name in _OPS:
         return True
     REGISTRY.ensure_loaded()
     return name in REGISTRY.ops
