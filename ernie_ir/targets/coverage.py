@@ -77,12 +77,19 @@ def lowering_status(op: OpDef) -> dict[str, str]:
 def gaps(graphs: Iterable[Graph], kind: str) -> list[Gap]:
     """The ops of `graphs` (rank graphs) without a lowering of `kind`, in graph order."""
     test = lowers(kind)
-    found: dict[str, list[Any]] = {}
+    lowered: set[str] = set()
+    found: dict[str, list[Any]] = {}  # op -> [first scope, nodes, declared reason]
     for g in graphs:
         for node in g:
-            if node.op in found or not test(node.opdef):
-                entry = found.setdefault(node.op, [node.scope, 0, node.opdef.lacks(kind)])
-                entry[1] += 1
+            if node.op in lowered:
+                continue
+            entry = found.get(node.op)
+            if entry is None:
+                if test(node.opdef):
+                    lowered.add(node.op)
+                    continue
+                entry = found[node.op] = [node.scope, 0, node.opdef.lacks(kind)]
+            entry[1] += 1
     return [Gap(op, scope or "<root>", n, reason) for op, (scope, n, reason) in found.items()]
 
 
@@ -131,6 +138,7 @@ def apply_coverage(graphs: Sequence[Graph], emitters: dict[str, Any], *, target:
     """`emitters` (backend name -> writer) less the executables the user skipped (each reported in
     `warnings`) and those `check_coverage` leaves out; CoverageError as there."""
     notes = warnings if warnings is not None else []
+    emitters = dict(emitters)
     skipped = check_skips(skip, mode)
     for exe in skipped:
         if emitters.pop(exe, None) is not None:
