@@ -316,9 +316,3 @@ def op_origin(name: str) -> str:
     """Where op `name` comes from: "built-in", "plugin NAME (target)" or "module M"."""
     get_op(name)
     return REGISTRY.origins[name]
-
-
-def broken_op_plugins() -> list[BrokenOpPlugin]:
-    """The `ernie_ir.ops` entry points that failed to load (after loading the op set)."""
-    REGISTRY.ensure_loaded()
-    return list(REGISTRY.broken)
