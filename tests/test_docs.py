@@ -14,7 +14,7 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
 
 
-@pytest.mark.parametrize("name", ["pass-authoring.md", "ir.md", "architecture.md"])
+@pytest.mark.parametrize("name", ["pass-authoring.md", "ir.md", "architecture.md", "ops.md"])
 def test_doc_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = python_blocks(DOCS / name)
     assert blocks, f"{name} has no python examples"
@@ -24,6 +24,9 @@ def test_doc_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     REGISTRY.ensure_loaded()  # snapshot the built-ins too, or the cleanup below would drop them
     before = dict(REGISTRY.passes)
+    from ernie_ir.ir import registry as ops
+
+    ops_before = set(ops.all_ops())  # docs/ops.md registers an op
     try:
         for i, block in enumerate(blocks, 1):
             exec(compile(block, f"{name}[block {i}]", "exec"), namespace)
@@ -32,3 +35,5 @@ def test_doc_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyP
         for key in set(REGISTRY.passes) - set(before):
             del REGISTRY.passes[key]
             REGISTRY.origins.pop(key, None)
+        for key in set(ops.all_ops()) - ops_before:
+            ops.REGISTRY.remove(key)

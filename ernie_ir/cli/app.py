@@ -720,6 +720,30 @@ def passes() -> None:
         raise typer.Exit(2)
 
 
+@app.command("ops")
+def ops_cmd() -> None:
+    """List the ops (built-in and plugins): inputs, attributes, lowerings and origin."""
+    from rich.table import Table
+
+    from ernie_ir.ir.registry import REGISTRY, all_ops
+    from ernie_ir.targets.coverage import lowering_status
+
+    t = Table(title="ops")
+    for column in ("name", "inputs", "attrs", "onnx", "paddle", "origin"):
+        t.add_column(column)
+    for name, op in all_ops().items():
+        ins = ", ".join(i.name + ("?" if i.optional else "") + ("..." if i.variadic else "")
+                        for i in op.inputs)
+        status = lowering_status(op)
+        t.add_row(name, ins, ", ".join(op.Attrs.model_fields), status["onnx"], status["paddle"],
+                  REGISTRY.origins.get(name, ""))
+    out.print(t)
+    for b in REGISTRY.broken:
+        err.print(f"error: {b.describe()}", markup=False)
+    if REGISTRY.broken:
+        raise typer.Exit(2)
+
+
 @app.command()
 def explain(
     rule: Annotated[str, typer.Argument(help="A rewrite rule name (or a rewrite pass with one rule).")],

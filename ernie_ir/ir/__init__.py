@@ -1,8 +1,9 @@
 """The IR core: dtypes, tensor types, values/params/nodes/graphs, the op
 registry, the builder, the text format, the verifier and graph folders.
 
-Nothing here imports another ernie_ir package; the op set registers itself
-from `ernie_ir.ops` (imported by `ernie_ir/__init__.py`).
+Nothing here imports another ernie_ir package; the op set registers its
+loader from `ernie_ir.ops` (imported by `ernie_ir/__init__.py`) and loads on
+first lookup, with the `ernie_ir.ops` plugins.
 """
 
 from .builder import GraphBuilder

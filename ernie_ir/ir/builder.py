@@ -8,8 +8,9 @@
     b.output(y, name="y")
     graph = b.graph
 
-`b.<op>(inputs..., **attrs)` exists for every op in the registry: inputs
-bind positionally or by the op's input names, the other keywords are attrs.
+`b.<op>(inputs..., **attrs)` exists for every op in the registry, built-in or
+plugin (docs/ops.md; the op set loads on the first such call): inputs bind
+positionally or by the op's input names, the other keywords are attrs.
 It returns the output value, or a tuple when the op has several. Frontends,
 rewrite rules and tests all build graphs this way.
 """

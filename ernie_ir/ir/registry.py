@@ -1,18 +1,31 @@
-"""The op registry: what an op is, and the table of known ops.
+"""The op registry: what an op is, and the table of known ops (built-in and plugins).
 
 An op is one class: a name, its inputs, a pydantic attribute schema, a type
 rule (`infer`) and a numpy reference kernel (`kernel`); its docstring states
-the exact math. Decorating it with `@register_op` makes it known to the
-builder, the text parser, the verifier and the interpreter, so adding an op
-is a one-file change in `ernie_ir/ops/` (that package imports every module
-it holds).
+the exact math. It may also carry its own lowerings (`lower_onnx`,
+`lower_paddle`), which the ONNX and Paddle emitters consult before their own
+tables, and the number of results a pattern of it has (`num_outputs`).
+Decorating it with `@register_op` makes it known to the builder, the text
+parser, the verifier, the interpreter, rewrite patterns and the emitters, so
+adding an op is a one-file change (docs/ops.md).
+
+The op set loads on first lookup, not on `import ernie_ir`: `ernie_ir.ops`
+registers a loader that imports its modules, then the entry-point group
+`ernie_ir.ops` is read. An entry point may name an OpDef subclass, a module
+(whose import registers ops) or a function taking the registry. A plugin that
+fails to load is recorded with its error and never breaks the built-in ops;
+asking for an op it does not provide names the plugin and the error.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
 import numpy as np
@@ -20,6 +33,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import OpError
 from .types import TensorType
+
+ENTRY_POINT_GROUP = "ernie_ir.ops"
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+LOWERINGS = ("onnx", "paddle")
+"""The lowering kinds an op may carry: `lower_onnx` (the onnxruntime executable) and
+`lower_paddle` (the Paddle inference model, rank Layers and training)."""
 
 
 class OpAttrs(BaseModel):
@@ -53,11 +72,27 @@ class OpDef(ABC):
     message naming the offending input when the inputs do not fit.
     `kernel` receives numpy arrays (floats as float32, params read exactly)
     and returns the outputs in the same order.
+
+    Optional, per op (docs/ops.md shows each):
+    - `lower_onnx(self, node, onnx) -> list[str]`: the ONNX nodes of `node`, made with the
+      emitter's `onnx.op(type, inputs, ...)`, `onnx.name(value)`, `onnx.const(array)`,
+      `onnx.f32(x)`; returns the names of the results.
+    - `lower_paddle(self, layer, node, args) -> list`: the Paddle tensors of the results from
+      the input tensors `args` (`layer.P` is `paddle`, `layer.F` is `paddle.nn.functional`).
+    - `no_onnx = "why"` / `no_paddle = "why"`: a lowering the op deliberately lacks; compile
+      then skips that executable with this reason as a warning instead of refusing.
+    - `num_outputs`: the results of `op.<name>(...)` in a rewrite pattern (default 1).
     """
 
     name: ClassVar[str]
     inputs: ClassVar[tuple[Input, ...]]
     Attrs: ClassVar[type[OpAttrs]] = NoAttrs
+    num_outputs: ClassVar[int] = 1
+    """Results a rewrite pattern of this op has unless it says `_outputs=` (split: per sizes)."""
+    lower_onnx: ClassVar[Callable[..., list[str] | None] | None] = None
+    lower_paddle: ClassVar[Callable[..., list[Any]] | None] = None
+    no_onnx: ClassVar[str | None] = None
+    no_paddle: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         self._attr_cache: dict[Any, OpAttrs] = {}
@@ -76,6 +111,19 @@ class OpDef(ABC):
     @property
     def doc(self) -> str:
         return (type(self).__doc__ or "").strip()
+
+    def lowering(self, kind: str) -> Callable[..., Any] | None:
+        """The op's own lowering of `kind` ("onnx" or "paddle"), or None."""
+        if kind not in LOWERINGS:
+            raise ValueError(f"unknown lowering kind {kind!r}: one of {', '.join(LOWERINGS)}")
+        hook: Callable[..., Any] | None = getattr(self, f"lower_{kind}")
+        return hook
+
+    def lacks(self, kind: str) -> str | None:
+        """Why the op deliberately has no lowering of `kind` (`no_onnx`, `no_paddle`), or None."""
+        self.lowering(kind)  # checks the kind
+        reason: str | None = getattr(self, f"no_{kind}")
+        return reason
 
     def make_attrs(self, values: dict[str, Any] | OpAttrs | None) -> OpAttrs:
         """Validate attribute values against the schema; OpError names the bad key."""
@@ -123,33 +171,148 @@ class OpDef(ABC):
         return f"{self.inputs[-1].name}[{index - len(self.inputs) + 1}]"
 
 
-_REGISTRY: dict[str, OpDef] = {}
+@dataclass
+class BrokenOpPlugin:
+    """An `ernie_ir.ops` entry point that failed to load, and why."""
+
+    name: str
+    target: str
+    error: str
+
+    def describe(self) -> str:
+        return f"op plugin {self.name!r} ({self.target}) failed to load: {self.error}"
+
+
+class OpRegistry:
+    """Ops by name, where each came from, and the op plugins that failed to load.
+
+    Lookups load the op set first (`ensure_loaded`): the built-in loaders (registered by
+    `ernie_ir.ops`), then the entry points of `ernie_ir.ops`, once.
+    """
+
+    def __init__(self) -> None:
+        self.ops: dict[str, OpDef] = {}
+        self.origins: dict[str, str] = {}
+        self.broken: list[BrokenOpPlugin] = []
+        self._loaders: list[Callable[[], None]] = []
+        self._loaded = False
+        self._plugin_origin: str | None = None  # set while an entry point loads
+
+    def add(self, cls: type[OpDef], origin: str | None = None) -> type[OpDef]:
+        name = getattr(cls, "name", None)
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{cls!r} has no op name")
+        if not _IDENT.fullmatch(name):
+            raise OpError(f"op name {name!r} is not an identifier (IR text and GraphBuilder methods need "
+                          "one): use letters, digits and _")
+        if origin is None:
+            module = getattr(cls, "__module__", "")
+            origin = self._plugin_origin or (
+                "built-in" if module.startswith("ernie_ir.") else f"module {module}")
+        existing = self.ops.get(name)
+        if existing is not None:
+            if type(existing) is cls:
+                if origin.startswith("plugin "):  # imported earlier (by a pass plugin, say)
+                    self.origins[name] = origin
+                return cls
+            raise OpError(f"op name {name!r} is registered twice ({self.origins[name]}, "
+                          f"{type(existing).__name__}, and {origin}, {cls.__name__})")
+        self.ops[name] = cls()
+        self.origins[name] = origin
+        return cls
+
+    def remove(self, name: str) -> None:
+        """Forget op `name` (tests and docs that register ops for a while)."""
+        self.ops.pop(name, None)
+        self.origins.pop(name, None)
+
+    def add_loader(self, loader: Callable[[], None]) -> None:
+        """Run `loader` (it registers ops) on the first lookup; at once if that already happened."""
+        self._loaders.append(loader)
+        if self._loaded:
+            loader()
+
+    def ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True  # first, so that a loader's own lookups do not recurse
+        for loader in self._loaders:
+            loader()
+        self.load_plugins()
+
+    def load_plugins(self) -> None:
+        """Load every `ernie_ir.ops` entry point; a failure is recorded in `broken` and undone."""
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            origin = f"plugin {ep.name} ({ep.value})"
+            before = set(self.ops)
+            self._plugin_origin = origin
+            try:
+                self._register_plugin_object(ep.load(), origin)
+            except Exception as e:  # a broken plugin must never break the built-in ops
+                for name in set(self.ops) - before:
+                    self.remove(name)
+                self.broken.append(BrokenOpPlugin(ep.name, ep.value, f"{type(e).__name__}: {e}"))
+            finally:
+                self._plugin_origin = None
+
+    def _register_plugin_object(self, obj: Any, origin: str) -> None:
+        if inspect.isclass(obj) and issubclass(obj, OpDef):
+            self.add(obj, origin)
+        elif inspect.ismodule(obj):
+            for value in vars(obj).values():  # the ops it defines (decorated or not), not imports
+                if (inspect.isclass(value) and issubclass(value, OpDef) and not inspect.isabstract(value)
+                        and isinstance(getattr(value, "name", None), str)
+                        and value.__module__ == obj.__name__):
+                    self.add(value, origin)
+        elif callable(obj):
+            obj(self)
+        else:
+            raise TypeError(f"entry point gives {type(obj).__name__}, not an OpDef, module or function")
+
+    def get(self, name: str) -> OpDef:
+        op = self.ops.get(name)
+        if op is not None:
+            return op
+        self.ensure_loaded()
+        op = self.ops.get(name)
+        if op is not None:
+            return op
+        close = difflib.get_close_matches(name, self.ops, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        broken = "".join(f"; {b.describe()}" for b in self.broken)
+        raise OpError(f"unknown op {name!r}{hint}{broken}")
+
+
+REGISTRY = OpRegistry()
+_OPS = REGISTRY.ops  # the same dict (never rebound): the lookup every Node makes stays one index
 
 
 def register_op(cls: type[OpDef]) -> type[OpDef]:
     """Class decorator: register an op definition under `cls.name`."""
-    name = cls.name
-    if name in _REGISTRY and type(_REGISTRY[name]) is not cls:
-        raise ValueError(f"op {name!r} is already registered by {type(_REGISTRY[name]).__name__}")
-    _REGISTRY[name] = cls()
-    return cls
+    return REGISTRY.add(cls)
 
 
 def get_op(name: str) -> OpDef:
-    """The definition of op `name`; OpError lists close names when unknown."""
+    """The definition of op `name`; OpError lists close names (and broken plugins) when unknown."""
     try:
-        return _REGISTRY[name]
+        return _OPS[name]
     except KeyError:
-        import difflib
-
-        close = difflib.get_close_matches(name, _REGISTRY, n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise OpError(f"unknown op {name!r}{hint}") from None
+        return REGISTRY.get(name)
 
 
 def has_op(name: str) -> bool:
-    return name in _REGISTRY
+    if name in _OPS:
+        return True
+    REGISTRY.ensure_loaded()
+    return name in REGISTRY.ops
 
 
 def all_ops() -> dict[str, OpDef]:
-    return dict(sorted(_REGISTRY.items()))
+    REGISTRY.ensure_loaded()
+    return dict(sorted(REGISTRY.ops.items()))
+
+
+def op_origin(name: str) -> str:
+    """Where op `name` comes from: "built-in", "plugin NAME (target)" or "module M"."""
+    get_op(name)
+    return REGISTRY.origins[name]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -36,6 +36,14 @@ class Silu(_Unary):
         # exp(-x) overflows to inf for very negative x, giving x/inf = -0: the right limit.
         with np.errstate(over="ignore"):
             return [x / (np.float32(1) + np.exp(-x))]
+
+    # The op's own lowerings (docs/ops.md): the emitters consult these before their tables.
+    def lower_onnx(self, node: Any, onnx: Any) -> list[str]:
+        x = onnx.name(node.inputs[0])
+        return [onnx.op("Div", [x, onnx.op("Add", [onnx.f32(1.0), onnx.op("Exp", [onnx.op("Neg", [x])])])])]
+
+    def lower_paddle(self, layer: Any, node: Any, args: list[Any]) -> list[Any]:
+        return [layer.F.silu(args[0])]
 
 
 class GeluAttrs(OpAttrs):

@@ -26,6 +26,7 @@ class Fp8Linear(OpDef):
     """
 
     name = "fp8_linear"
+    no_onnx = "opset 21 MatMul takes no float8 inputs; Paddle runs it"
     inputs = (Input("x"), Input("weight"), Input("weight_scale"), Input("input_scale"),
               Input("bias", optional=True))
     Attrs = FakeQuantFp8Attrs

@@ -34,6 +34,7 @@ class MoeGate(OpDef):
     """
 
     name = "moe_gate"
+    num_outputs = 2  # (weights, indices)
     inputs = (Input("x"), Input("weight"), Input("bias", optional=True))
     Attrs = MoeGateAttrs
 
@@ -94,6 +95,7 @@ class MoeLocalExperts(OpDef):
     """
 
     name = "moe_local_experts"
+    num_outputs = 2  # (weights, indices)
     inputs = (Input("weights"), Input("indices"))
     Attrs = LocalExpertsAttrs
 

@@ -21,6 +21,7 @@ class Pact(OpDef):
     """
 
     name = "pact"
+    no_onnx = "PACT clipping is a QAT training op (compile --quant wint8 for ONNX)"
     inputs = (Input("x"), Input("alpha"))
 
     def infer(self, types: Sequence[TensorType | None], attrs: OpAttrs) -> list[TensorType]:

@@ -171,17 +171,13 @@ class PatternBuilder:
             unknown = set(kwargs) - set(opdef.Attrs.model_fields)
             if unknown:
                 raise TypeError(f"pattern {name}: unknown attribute(s) {sorted(unknown)}")
-            n_out = _outputs if _outputs is not None else _default_outputs(name)
+            n_out = _outputs if _outputs is not None else opdef.num_outputs
             node = PatternNode(name, ins, kwargs, _scope, n_out)
             for out in node.outputs:
                 out.single_use = _single_use
             return node.outputs[0] if n_out == 1 else tuple(node.outputs)
 
         return build
-
-
-def _default_outputs(op: str) -> int:
-    return {"moe_gate": 2}.get(op, 1)
 
 
 # -- match results ---------------------------------------------------------------------

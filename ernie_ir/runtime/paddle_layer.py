@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, Value
+from ernie_ir.ir import DType, ErnieIRError, Graph, Node, OpDef, Param, Value
 from ernie_ir.ir.mapping import SHARD
 from ernie_ir.ops.cuda_layout import pack, packable, unpack
 from ernie_ir.ops.quant_numerics import FP8_MAX
@@ -392,11 +392,6 @@ def _attention(L: Any, n: Node, a: list[Any]) -> list[Any]:
     return [P.transpose(P.matmul(probs, vh), [0, 2, 1, 3])]
 
 
-@_op("silu")
-def _silu(L: Any, n: Node, a: list[Any]) -> list[Any]:
-    return [L.F.silu(a[0])]
-
-
 @_op("gelu")
 def _gelu(L: Any, n: Node, a: list[Any]) -> list[Any]:
     return [L.F.gelu(a[0], approximate=n.attrs.approximate == "tanh")]
@@ -720,6 +715,16 @@ def _layer_class() -> type:
 _FOLDED = ("unpack_weight", "unpack_weight_xpu")  # packed layouts back to int values, at build time
 
 
+def lowers(op: OpDef) -> bool:
+    """Whether `op` has a Paddle lowering: its own `lower_paddle`, or `OPS` (or folded at build)."""
+    return op.lower_paddle is not None or op.name in OPS or op.name in _FOLDED
+
+
+def unsupported_ops(graph: Graph) -> list[str]:
+    """The ops of `graph` with no Paddle lowering (sorted, unique)."""
+    return sorted({n.op for n in graph if not lowers(n.opdef)})
+
+
 def build_layer(graph: Graph, *, device: str | None = None, portable: bool | None = None,
                 grad_sync: bool = False) -> Any:
     """A `paddle.nn.Layer` evaluating `graph` with Paddle ops, for `device` (default: Paddle's current).
@@ -731,7 +736,7 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
     function (identity forward, all-reduce backward), so every gradient is the whole model's.
     """
     paddle = require_paddle()
-    unknown = sorted({n.op for n in graph if n.op not in OPS and n.op not in _FOLDED})
+    unknown = unsupported_ops(graph)
     if unknown:
         raise PaddleEmitError(f"the Paddle emitter has no lowering for op(s) {', '.join(unknown)}")
     dev = device or devices.current_device()
@@ -833,7 +838,7 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
                     synced[id(v)] = slots.setdefault(("f", id(v)), len(slots))
                     program.append((_copy_to_parallel, node, [slot(v)], [synced[id(v)]]))
                 ins[i] = synced[id(v)]
-        program.append((OPS[node.op], node, ins, [slot(v) for v in node.outputs]))
+        program.append((node.opdef.lower_paddle or OPS[node.op], node, ins, [slot(v) for v in node.outputs]))
     for v in graph.outputs:
         if isinstance(v, Param):
             add_param(v)

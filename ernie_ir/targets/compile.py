@@ -28,6 +28,7 @@ from ernie_ir.passes.split import mapping_for
 
 from .artifact import check_out, sha256_file, write_artifact
 from .capabilities import HardwareTarget
+from .coverage import check_coverage
 from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
 from .executables import check_emit, default_emit, parse_emit, select_emitters
 from .registry import TargetError, get_target
@@ -272,6 +273,9 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                         "executables were written; `ernie-ir show` and `ernie-ir plan` read it")
     else:
         check_emit(emit_names, tgt.name, mode, mapping.world_size)
+        emit_names = tuple(check_coverage(ranks, emit_names, target=tgt.name, mode=mode,
+                                          explicit=emit_names if chosen is not None else (),
+                                          warnings=warnings))
         emitters = select_emitters(emit_names, explicit=chosen is not None, target=tgt, mode=mode,
                                    model=model, ranks=ranks, mapping=mapping, arch=arch,
                                    onnx_numerics=onnx_numerics or "exact", warnings=warnings)

@@ -59,7 +59,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, Value
+from ernie_ir.ir import DType, ErnieIRError, Graph, Node, OpDef, Param, Value, all_ops
 from ernie_ir.ops.quant_numerics import num_groups
 
 OPSET = 21
@@ -252,7 +252,7 @@ class _Emitter:
             inputs.append(helper.make_tensor_value_info(v.name, onnx_type(v.type.dtype), _dims(v.type.shape)))
         for node in g:
             self.node = node
-            fn: Callable[[Node], list[str] | None] | None = getattr(self, f"op_{node.op}", None)
+            fn = _lowering(self, node)
             if fn is None:
                 raise self.fail(f"op {node.op!r} has no ONNX lowering "
                                 f"(supported: {', '.join(supported_ops())})")
@@ -502,10 +502,6 @@ class _Emitter:
         probs = self.op("Softmax", [scores], axis=-1)
         out = self.op("MatMul", [probs, vh])  # [B, H, S, Dv]
         return [self.op("Transpose", [out], perm=[0, 2, 1, 3])]
-
-    def op_silu(self, node: Node) -> list[str]:
-        x = self.name(node.inputs[0])
-        return [self.op("Div", [x, self.op("Add", [self.f32(1.0), self.op("Exp", [self.op("Neg", [x])])])])]
 
     def op_gelu(self, node: Node) -> list[str]:
         x = self.name(node.inputs[0])
@@ -774,14 +770,27 @@ def dense_moe() -> Iterator[None]:
         _Emitter.moe_form = "sparse"
 
 
+def _lowering(e: _Emitter, node: Node) -> Callable[[Node], list[str] | None] | None:
+    """The op's own `lower_onnx` (docs/ops.md) first, else the emitter's `op_<name>`."""
+    hook = node.opdef.lower_onnx
+    if hook is not None:
+        return lambda n: hook(n, e)
+    fn: Callable[[Node], list[str] | None] | None = getattr(e, f"op_{node.op}", None)
+    return fn
+
+
+def lowers(op: OpDef) -> bool:
+    """Whether `op` has an ONNX lowering: its own `lower_onnx` or the emitter's `op_<name>`."""
+    return op.lower_onnx is not None or hasattr(_Emitter, f"op_{op.name}")
+
+
 def supported_ops() -> list[str]:
-    return sorted(n[3:] for n in dir(_Emitter) if n.startswith("op_"))
+    return sorted(name for name, op in all_ops().items() if lowers(op))
 
 
 def unsupported_ops(graph: Graph) -> list[str]:
     """The ops of `graph` that have no ONNX lowering (sorted, unique)."""
-    ok = set(supported_ops())
-    return sorted({n.op for n in graph if n.op not in ok})
+    return sorted({n.op for n in graph if not lowers(n.opdef)})
 
 
 def _check_choice(form: str, numerics: str) -> None:
