@@ -109,6 +109,11 @@ def validate_manifest(data: Any, where: str = MANIFEST) -> dict[str, Any]:
     if not isinstance(data.get("files"), dict):
         raise ArtifactError(f"{where}: field 'files' must be an object of sha256s, not "
                             f"{_kind(data.get('files'))}: {corrupt}")
+    for name, digest in data["files"].items():
+        _check_name(name, where)
+        if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= set("0123456789abcdef"):
+            raise ArtifactError(f"{where}: the sha256 of {show(name)} is not a 64-digit hex string: "
+                                f"{corrupt}")
     try:
         model = _Manifest.model_validate(data)
     except ValidationError as e:
@@ -117,11 +122,6 @@ def validate_manifest(data: Any, where: str = MANIFEST) -> dict[str, Any]:
         want = _KINDS.get(first["type"], first["msg"].lower())
         got = "missing" if first["type"] == "missing" else _kind(first.get("input"))
         raise ArtifactError(f"{where}: field {show(field)!r} must be {want}, not {got}: {corrupt}") from None
-    for name, digest in model.files.items():
-        _check_name(name, where)
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise ArtifactError(f"{where}: the sha256 of {show(name)} is not a 64-digit hex string: "
-                                f"{corrupt}")
     if model.parallel is not None and model.parallel.mapping is not None:
         try:
             mapping = Mapping.model_validate(model.parallel.mapping)
@@ -195,8 +195,12 @@ def _tree(root: Path) -> dict[str, os.stat_result]:
 def _link_ok(root: Path, name: str, listed: dict[str, str], entries: dict[str, os.stat_result]) -> str | None:
     """None when the link `name` is a same-folder alias of a listed regular file, else why not."""
     target = os.readlink(root / name)
+    inside = root.resolve()
+    if inside not in (root / name).resolve().parents:
+        return f"a symbolic link that resolves outside the artifact ({show(target)})"
     if "/" in target or target in ("", ".", ".."):
-        return f"a symbolic link to {show(target)}, outside its folder"
+        return (f"a symbolic link to {show(target)}, not a same-folder alias of a listed file (the only "
+                "link an artifact may hold)")
     sibling = (PurePosixPath(name).parent / target).as_posix()
     st = entries.get(sibling)
     if st is None:

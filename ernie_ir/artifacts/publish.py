@@ -262,8 +262,10 @@ def move_into_place(tmp: Path, dest: Path, force: bool) -> None:
         return
     replaceable(dest)
     if _renameat2(tmp, dest, _RENAME_EXCHANGE):  # atomic: dest is old, then new; never missing
-        test_pause("swap")
-        shutil.rmtree(tmp, ignore_errors=True)  # the old artifact, now under the temp name
+        try:
+            test_pause("swap")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # the old artifact, now under the temp name
         return
     old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
     os.rename(dest, old)
@@ -273,8 +275,10 @@ def move_into_place(tmp: Path, dest: Path, force: bool) -> None:
         if not os.path.lexists(dest):
             os.rename(old, dest)  # put the previous artifact back
         raise
-    test_pause("swap")
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        test_pause("swap")
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 CHECKPOINT_WAIT_S = 120.0

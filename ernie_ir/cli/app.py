@@ -783,24 +783,54 @@ def _usage_error(e: Exception) -> tuple[str, int] | None:
     return f"{fmt()} (see `{where} --help`)", code
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is so that it cleans up as on Ctrl-C (temp folders)."""
+
+
+_signalled: list[int] = []
+
+
+def _on_sigterm(signum: int, _frame: object) -> None:
+    import signal
+
+    signal.signal(signum, signal.SIG_IGN)  # a second SIGTERM must not interrupt the cleanup
+    _signalled.append(signum)
+    raise Terminated()
+
+
+def _interrupted() -> int:
+    """128 + the signal: 130 for Ctrl-C (SIGINT), 143 for SIGTERM."""
+    return 128 + (_signalled[0] if _signalled else 2)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: user and usage errors become one line and exit code 2."""
+    """Console-script entry point: user and usage errors become one line and exit code 2;
+    Ctrl-C and SIGTERM clean up and exit 130 and 143."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)  # typer returns 130 for a KeyboardInterrupt
+        if _signalled:
+            err.print("aborted", markup=False)
+            sys.exit(_interrupted())
     except ErnieIRError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True)
+        one_line = " ".join(str(e).splitlines())  # a name holding a newline must not split the line
+        err.print(f"[bold red]error:[/] {escape(one_line)}", markup=True)
         sys.exit(2)
     except BrokenPipeError:
         sys.exit(0)
     except KeyboardInterrupt:
         err.print("aborted", markup=False)
-        sys.exit(130)
+        sys.exit(_interrupted())
     except Exception as e:
         usage = _usage_error(e)
         if usage is None:
             if type(e).__name__ == "Abort":
                 err.print("aborted", markup=False)
-                sys.exit(130)
+                sys.exit(_interrupted())
             raise
         message, status = usage
         if not message.startswith(" (see"):  # bare `ernie-ir`: the help was the answer
