@@ -92,9 +92,9 @@ class _Manifest(_Strict):
     files: dict[str, str]
 
 
-_KINDS = {"list_type": "a list", "dict_type": "an object", "string_type": "a string",
-          "int_type": "an integer", "bool_type": "true or false", "literal_error": "one of the known values",
-          "missing": "present"}
+_KINDS = {"list_type": "a list", "dict_type": "an object", "model_type": "an object",
+          "string_type": "a string", "int_type": "an integer", "bool_type": "true or false",
+          "literal_error": "one of the known values", "missing": "present"}
 
 
 def validate_manifest(data: Any, where: str = MANIFEST) -> dict[str, Any]:
@@ -121,7 +121,7 @@ def validate_manifest(data: Any, where: str = MANIFEST) -> dict[str, Any]:
         field = ".".join(str(p) for p in first["loc"])
         want = _KINDS.get(first["type"], first["msg"].lower())
         got = "missing" if first["type"] == "missing" else _kind(first.get("input"))
-        raise ArtifactError(f"{where}: field {show(field)!r} must be {want}, not {got}: {corrupt}") from None
+        raise ArtifactError(f"{where}: field '{show(field)}' must be {want}, not {got}: {corrupt}") from None
     if model.parallel is not None and model.parallel.mapping is not None:
         try:
             mapping = Mapping.model_validate(model.parallel.mapping)
@@ -146,7 +146,7 @@ def _check_name(name: str, where: str) -> None:
     parts = name.split("/")
     if (not name or name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts)
             or name == MANIFEST or not name.isprintable()):
-        raise ArtifactError(f"{where} lists {show(name)!r}, which is outside the artifact folder or not a "
+        raise ArtifactError(f"{where} lists '{show(name)}', which is outside the artifact folder or not a "
                             "plain file name: the manifest is corrupt or tampered with; recompile the model")
 
 

@@ -809,8 +809,18 @@ def main(argv: list[str] | None = None) -> None:
     import signal
     import threading
 
+    _signalled.clear()
+    previous = None
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        _run(argv)
+    finally:
+        if previous is not None:  # main() called in-process (tests) leaves the caller's handler
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(argv: list[str] | None) -> None:
     try:
         code = app(args=argv, standalone_mode=False)  # typer returns 130 for a KeyboardInterrupt
         if _signalled:
