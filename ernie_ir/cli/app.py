@@ -808,16 +808,26 @@ def main(argv: list[str] | None = None) -> None:
     Ctrl-C and SIGTERM clean up and exit 130 and 143."""
     import signal
     import threading
+    import warnings
 
     _signalled.clear()
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    shown = warnings.showwarning
+    warnings.showwarning = _show_warning
     try:
         _run(argv)
-    finally:
-        if previous is not None:  # main() called in-process (tests) leaves the caller's handler
+    finally:  # main() called in-process (tests) leaves the caller's handlers
+        warnings.showwarning = shown
+        if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:
+    """A Python warning (ours or a library's) as one `warning:` line, never a multi-line dump."""
+    err.print(f"warning: {' '.join(str(message).split())}", markup=False)
 
 
 def _run(argv: list[str] | None) -> None:

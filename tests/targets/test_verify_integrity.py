@@ -164,3 +164,22 @@ def test_names_with_a_newline_still_give_one_line(art: Path, tmp_path: Path,
     assert "two\\nlines" in line and "rank0/graph.ir was modified" in line
     (weird / "extra\nfile").write_text("x")
     assert "extra\\nfile is not listed" in one_error_line(capsys, "verify", str(weird))
+
+
+def test_a_warning_before_an_error_still_gives_one_error_line(art: Path, capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    import ernie_ir.targets
+
+    def warn_then_fail(path: object) -> None:
+        warnings.warn("a library's warning\nover two lines", UserWarning, stacklevel=1)
+        raise ArtifactError("artifact x: rank0/a\nb is missing")
+
+    monkeypatch.setattr(ernie_ir.targets, "verify_artifact", warn_then_fail)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["verify", str(art)])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert e.value.code == 2
+    assert lines == ["warning: a library's warning over two lines", "error: artifact x: rank0/a b is missing"]
