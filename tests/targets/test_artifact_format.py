@@ -144,3 +144,37 @@ def test_a_run_on_a_recompiled_artifact_records_nothing(tmp_path: Path) -> None:
         publish_into(root, staged, staged.parent, "run-{run:03d}-step-1.safetensors", start)
     assert not staged.exists()
     verify_artifact(root)  # nothing half-recorded
+
+
+def test_without_renameat2_the_swap_still_leaves_old_or_new(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where exchange is unavailable: the two-rename swap, and a failure between its renames
+    puts the old artifact back."""
+    from ernie_ir.artifacts import publish
+
+    monkeypatch.setattr(publish, "_renameat2", lambda *a: False)
+    out = tmp_path / "a"
+    compile_model(MODEL, "kunlun", out=out)
+    old = verify_artifact(out)
+    compile_model(MODEL, "kunlun", out=out, force=True, quant="wint8")
+    assert verify_artifact(out)["pipeline"] != old["pipeline"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    before = verify_artifact(out)
+    real_rename = os.rename
+    calls: list[str] = []
+
+    def second_fails(src: object, dst: object) -> None:
+        calls.append(str(dst))
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(publish.os, "rename", second_fails)
+    with pytest.raises(ArtifactError, match="No space left on device"):
+        compile_model(MODEL, "kunlun", out=out, force=True)
+    assert calls[0].endswith(f".a.old-{os.getpid()}") and calls[1] == str(out)
+    assert verify_artifact(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    monkeypatch.setattr(publish.os, "rename", real_rename)
+    with pytest.raises(ArtifactError, match="already exists"):
+        compile_model(MODEL, "kunlun", out=out)
