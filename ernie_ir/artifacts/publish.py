@@ -56,11 +56,16 @@ def lock_path(dest: Path) -> Path:
 
 
 def _holder(fd: int) -> str:
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        text = ""
-    return f"PID {text}" if text.isdigit() else "another process"
+    text = ""
+    for _ in range(20):  # the holder writes its PID just after it takes the lock
+        try:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            break
+        if text.isdigit():
+            return f"PID {text}"
+        time.sleep(0.01)
+    return "another process"
 
 
 @contextlib.contextmanager
