@@ -131,6 +131,14 @@ def check_out(out: str | os.PathLike[str], force: bool) -> Path:
     dest = Path(out)
     real, cwd = dest.resolve(), Path.cwd().resolve()
     at_or_above = real == cwd or real in cwd.parents or not dest.name or dest.name == ".."
+    for parent in real.parents:
+        if (parent / MANIFEST).is_file():
+            try:
+                read_manifest(parent)
+            except ArtifactError:
+                continue  # someone else's manifest.json
+            raise ArtifactError(f"--out {show(out)} is inside the artifact {show(parent)} (it would add "
+                                "files to it and break its hashes): choose a folder outside it")
     if dest.parent.is_dir() and not at_or_above:
         with artifact_lock(dest):  # held by another compile: fail now, not after the work
             clean_stale(dest.parent, dest.name)
@@ -143,14 +151,6 @@ def check_out(out: str | os.PathLike[str], force: bool) -> Path:
                             "for the artifact, e.g. --out artifacts/model")
     if os.path.lexists(dest):
         replaceable(dest)
-    for parent in real.parents:
-        if (parent / MANIFEST).is_file():
-            try:
-                read_manifest(parent)
-            except ArtifactError:
-                continue  # someone else's manifest.json
-            raise ArtifactError(f"--out {show(out)} is inside the artifact {show(parent)} (it would add "
-                                "files to it and break its hashes): choose a folder outside it")
     return dest
 
 
