@@ -178,3 +178,44 @@ def test_without_renameat2_the_swap_still_leaves_old_or_new(tmp_path: Path,
     monkeypatch.setattr(publish.os, "rename", real_rename)
     with pytest.raises(ArtifactError, match="already exists"):
         compile_model(MODEL, "kunlun", out=out)
+
+
+class _Layer:
+    """What `_save_checkpoint` reads of a trained Layer: its params as numpy."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def state_numpy(self, names: list[str]) -> dict[str, object]:
+        import numpy as np
+
+        return {n: np.full((4,), self.value, np.float32) for n in names}
+
+
+def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path) -> None:
+    """Two runs that read the manifest at the same start save together (threads: each lock is
+    its own open file): run-001 and run-002, both listed; a killed run's temp file is removed."""
+    import threading
+
+    from ernie_ir.runtime.training import _save_checkpoint
+
+    root = tmp_path / "a"
+    compile_model(MODEL, "kunlun", out=root)
+    start = verify_artifact(root)
+    folder = root / "training" / "checkpoints"
+    folder.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    (folder / f".checkpoint.tmp-{dead.pid}-0123abcd").write_bytes(b"\0" * 1000)  # a SIGKILLed run's
+    outs: list[Path] = []
+    runs = [threading.Thread(target=lambda v=v: outs.append(
+        _save_checkpoint(root, dict(start, files=dict(start["files"])), _Layer(v), {"trainable": ["w"]}, 3)))
+        for v in (1.0, 2.0)]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(timeout=60)
+    assert sorted(p.name for p in outs) == ["run-001-step-3.safetensors", "run-002-step-3.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in outs)
+    files = verify_artifact(root)["files"]
+    assert all(f"training/checkpoints/{p.name}" in files for p in outs)
