@@ -69,14 +69,22 @@ def _holder(fd: int) -> str:
 
 
 @contextlib.contextmanager
-def artifact_lock(dest: Path, *, wait_s: float = 0.0, what: str = "--out") -> Iterator[Path]:
-    """Hold `dest`'s lock (`PARENT/.NAME.lock`) for the block; the parent must exist.
+def artifact_lock(dest: Path, *, wait_s: float = 0.0, what: str = "--out",
+                  parents: bool = False) -> Iterator[Path]:
+    """Hold `dest`'s lock (`PARENT/.NAME.lock`) for the block; the parent must exist (`parents`:
+    make it).
 
     Held elsewhere: wait up to `wait_s` seconds, then ArtifactError (one line, the lock's path
     and its holder's PID)."""
     import fcntl
 
     path = lock_path(dest)
+    if parents:
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ArtifactError(f"cannot write the artifact {show(dest)}: {e.strerror or e} "
+                                f"({show(e.filename or dest.parent)}): choose a writable {what}") from None
     deadline = time.monotonic() + wait_s
     while True:
         try:

@@ -21,11 +21,12 @@ only with `force`, decided when the new artifact is moved into place. Reading an
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,85 +182,76 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
     from ernie_ir import __version__
 
     dest = check_out(out, force)
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ArtifactError(f"cannot write the artifact {show(out)}: {e.strerror or e} "
-                            f"({show(e.filename or dest.parent)}): choose a writable --out") from None
-    with artifact_lock(dest):
-        clean_stale(dest.parent, dest.name)
-        try:
-            tmp = make_temp_dir(dest)
-        except OSError as e:
-            raise ArtifactError(f"cannot write the artifact {show(out)}: {e.strerror or e} "
-                                f"({show(e.filename or dest.parent)}): choose a writable --out") from None
-        try:
-            test_pause("temp")
-            _write_into(tmp, graph, target=target, mode=mode, pipeline=pipeline, source=source,
-                        extra=extra, emitters=emitters, progress=progress, ranks=ranks, mapping=mapping,
-                        version=__version__)
-            test_pause("manifest")
-            move_into_place(tmp, dest, force)
-        except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(e, OSError):  # disk full, permissions: a user error, not a crash
-                raise ArtifactError(f"cannot write the artifact {show(out)}: {e.strerror or e}: free space "
-                                    "or choose a writable --out (nothing was written)") from None
-            raise
+    with artifact_lock(dest, parents=True), _temp_folder(dest, out) as tmp:
+        rank_graphs = list(ranks) if ranks else [graph]
+        layout = mapping if mapping is not None else Mapping.create()
+        if len(rank_graphs) != layout.world_size:
+            raise ArtifactError(f"{len(rank_graphs)} rank graphs for a world of {layout.world_size}")
+        (tmp / "graph.ir").write_text(print_graph(graph), encoding="utf-8")
+        total = sum(1 for g in rank_graphs for p in g.params.values() if p.source is not None)
+        written = 0
+        known: dict[str, str] = {}  # sha256 of the files hashed as they were written
+        has_weights = all(p.source is not None for g in rank_graphs for p in g.params.values())
+        for r, rank_graph in enumerate(rank_graphs):
+            (tmp / f"rank{r}").mkdir()
+            base = written
+
+            def on_tensor(_name: str, done: int, _total: int, base: int = base) -> None:
+                if progress is not None:
+                    progress("weights", base + done, total)
+
+            if has_weights:
+                digests = write_graph_files(rank_graph, tmp / f"rank{r}", on_tensor=on_tensor)
+                _read_back(rank_graph, tmp / f"rank{r}" / WEIGHTS_FILE)
+            else:  # a meta graph: the IR is the artifact (for planning and review), no weights file
+                text = print_graph(rank_graph).encode("utf-8")
+                (tmp / f"rank{r}" / GRAPH_FILE).write_bytes(text)
+                digests = {GRAPH_FILE: hashlib.sha256(text).hexdigest()}
+            for name, digest in digests.items():
+                known[f"rank{r}/{name}"] = digest
+            written += sum(1 for p in rank_graph.params.values() if p.source is not None)
+        test_pause("weights")
+        exe = tmp / mode
+        exe.mkdir()
+        recipe = launch_recipe(target, mode, layout.world_size)
+        (exe / "launch.json").write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
+        (exe / "launch.sh").write_text(launch_script(recipe), encoding="utf-8")
+        (exe / "launch.sh").chmod(0o777 & ~_umask())  # executable, as far as the user's umask allows
+        for i, (backend, emit) in enumerate((emitters or {}).items(), 1):
+            emit(graph, exe)
+            if progress is not None:
+                progress(f"executable {backend}", i, len(emitters or {}))
+        manifest = build_manifest(
+            ernie_ir_version=__version__, source=source() if callable(source) else source,
+            pipeline=pipeline, target=target.name, mode=mode, weights=has_weights, mapping=layout,
+            kernel_plan=graph.metadata.get("kernel_plan", {}), backends=list(emitters or {}),
+            files=hash_tree(tmp, known),
+            rank_names=(GRAPH_FILE, WEIGHTS_FILE) if has_weights else (GRAPH_FILE,), extra=extra)
+        write_manifest(tmp, manifest)
+        test_pause("manifest")
+        move_into_place(tmp, dest, force)  # the decision to replace `out` is made here
     return dest
 
 
-def _write_into(tmp: Path, graph: Graph, *, target: Target, mode: str, pipeline: str,
-                source: dict[str, Any] | Callable[[], dict[str, Any]], extra: dict[str, Any] | None,
-                emitters: dict[str, Callable[[Graph, Path], Any]] | None,
-                progress: Callable[[str, int, int], None] | None, ranks: Sequence[Graph] | None,
-                mapping: Mapping | None, version: str) -> None:
-    """Every file of the artifact, manifest last, into the (empty) folder `tmp`."""
-    rank_graphs = list(ranks) if ranks else [graph]
-    layout = mapping if mapping is not None else Mapping.create()
-    if len(rank_graphs) != layout.world_size:
-        raise ArtifactError(f"{len(rank_graphs)} rank graphs for a world of {layout.world_size}")
-    (tmp / "graph.ir").write_text(print_graph(graph), encoding="utf-8")
-    total = sum(1 for g in rank_graphs for p in g.params.values() if p.source is not None)
-    written = 0
-    known: dict[str, str] = {}  # sha256 of the files hashed as they were written
-    has_weights = all(p.source is not None for g in rank_graphs for p in g.params.values())
-    for r, rank_graph in enumerate(rank_graphs):
-        (tmp / f"rank{r}").mkdir()
-        base = written
-
-        def on_tensor(_name: str, done: int, _total: int, base: int = base) -> None:
-            if progress is not None:
-                progress("weights", base + done, total)
-
-        if has_weights:
-            digests = write_graph_files(rank_graph, tmp / f"rank{r}", on_tensor=on_tensor)
-            _read_back(rank_graph, tmp / f"rank{r}" / WEIGHTS_FILE)
-        else:  # a meta graph: the IR is the artifact (for planning and review), no weights file
-            text = print_graph(rank_graph).encode("utf-8")
-            (tmp / f"rank{r}" / GRAPH_FILE).write_bytes(text)
-            digests = {GRAPH_FILE: hashlib.sha256(text).hexdigest()}
-        for name, digest in digests.items():
-            known[f"rank{r}/{name}"] = digest
-        written += sum(1 for p in rank_graph.params.values() if p.source is not None)
-    test_pause("weights")
-    exe = tmp / mode
-    exe.mkdir()
-    recipe = launch_recipe(target, mode, layout.world_size)
-    (exe / "launch.json").write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
-    (exe / "launch.sh").write_text(launch_script(recipe), encoding="utf-8")
-    (exe / "launch.sh").chmod(0o777 & ~_umask())  # executable, as far as the user's umask allows
-    for i, (backend, emit) in enumerate((emitters or {}).items(), 1):
-        emit(graph, exe)
-        if progress is not None:
-            progress(f"executable {backend}", i, len(emitters or {}))
-    manifest = build_manifest(
-        ernie_ir_version=version, source=source() if callable(source) else source, pipeline=pipeline,
-        target=target.name, mode=mode, weights=has_weights, mapping=layout,
-        kernel_plan=graph.metadata.get("kernel_plan", {}), backends=list(emitters or {}),
-        files=hash_tree(tmp, known), rank_names=(GRAPH_FILE, WEIGHTS_FILE) if has_weights else (GRAPH_FILE,),
-        extra=extra)
-    write_manifest(tmp, manifest)
+@contextlib.contextmanager
+def _temp_folder(dest: Path, out: str | os.PathLike[str]) -> Iterator[Path]:
+    """A fresh temp folder next to `dest` (after removing what killed compiles left there; the
+    caller holds dest's lock), removed on any failure or interruption."""
+    clean_stale(dest.parent, dest.name)
+    try:
+        tmp = make_temp_dir(dest)
+    except OSError as e:
+        raise ArtifactError(f"cannot write the artifact {show(out)}: {e.strerror or e} "
+                            f"({show(e.filename or dest.parent)}): choose a writable --out") from None
+    try:
+        test_pause("temp")
+        yield tmp
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):  # disk full, permissions: a user error, not a crash
+            raise ArtifactError(f"cannot write the artifact {show(out)}: {e.strerror or e}: free space or "
+                                "choose a writable --out (nothing was written)") from None
+        raise
 
 
 def _umask() -> int:
