@@ -1,9 +1,8 @@
 """The one implementation of the artifact format (ernie_ir.artifacts) and its write protocol:
-layering, the lock, stale-temp cleanup, the umask, files added later (training checkpoints)."""
+the old names, the lock, stale-temp cleanup, the umask, files added later (training checkpoints)."""
 
 from __future__ import annotations
 
-import ast
 import os
 import signal
 import stat
@@ -22,25 +21,6 @@ from ernie_ir.targets import compile_model
 MODEL = "ernie-4.5-0.3b@tiny"
 PKG = Path(ernie_ir.__file__).parent
 ROOT = PKG.parent
-
-
-def _imports(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module if node.level == 0 else f"<relative>.{node.module}")
-        elif isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-    return names
-
-
-def test_runtime_never_imports_targets_and_artifacts_imports_only_ir() -> None:
-    for f in sorted((PKG / "runtime").glob("*.py")):
-        bad = [m for m in _imports(f) if m.startswith("ernie_ir.targets")]
-        assert not bad, f"{f.name} imports {bad}"
-    for f in sorted((PKG / "artifacts").glob("*.py")):
-        ours = [m for m in _imports(f) if m.startswith("ernie_ir")]
-        assert all(m.startswith("ernie_ir.ir") for m in ours), f"{f.name} imports {ours}"
 
 
 def test_the_old_names_stay_importable_from_targets() -> None:
