@@ -38,8 +38,7 @@ def load_input(spec: str, *, trust_pickle: bool = False, meta: bool = False) -> 
     if path.suffix == ".ir" and not path.exists():
         raise ErnieIRError(f"{spec}: no such IR file: check the path")
     if path.is_dir() and (path / "manifest.json").is_file():
-        # Temporary (tests/test_layering.py PENDING_ARTIFACTS_MOVE): ernie_ir.artifacts after the merge.
-        from ernie_ir.targets import load_artifact
+        from ernie_ir.artifacts import load_artifact
 
         return load_artifact(path)  # verifies every hash first
     if path.is_dir() and (path / GRAPH_FILE).is_file():

@@ -47,18 +47,6 @@ LAYERS: dict[str, frozenset[str]] = {
 ROOT_IMPORTS = frozenset({"ir", "ops"})
 ROOT_EXPORTS = frozenset({"__version__"})
 
-# Known, temporary: runtime (and load) read artifacts through ernie_ir.targets until the
-# artifact-format package (ernie_ir.artifacts, on another branch) is merged. The lead empties
-# this set after merging (and points load.py's load_artifact at ernie_ir.artifacts); the
-# test below fails on an entry that no longer occurs, so the set cannot go stale.
-PENDING_ARTIFACTS_MOVE: frozenset[tuple[str, str]] = frozenset({
-    ("ernie_ir.runtime.artifact_runner", "ernie_ir.targets"),
-    ("ernie_ir.runtime.artifact_runner", "ernie_ir.targets.artifact"),
-    ("ernie_ir.runtime.paddle_dist", "ernie_ir.targets.artifact"),
-    ("ernie_ir.load", "ernie_ir.targets"),
-})
-
-
 @dataclass(frozen=True)
 class Edge:
     source: str  # importing module, dotted
@@ -170,13 +158,7 @@ def violations(edges: list[Edge], layers: dict[str, frozenset[str]],
 
 
 def test_every_import_goes_down_the_layer_order() -> None:
-    assert violations(all_imports(PACKAGE), LAYERS, PENDING_ARTIFACTS_MOVE) == []
-
-
-def test_the_temporary_exceptions_still_exist() -> None:
-    found = {(e.source, e.target) for e in all_imports(PACKAGE)}
-    stale = sorted(PENDING_ARTIFACTS_MOVE - found)
-    assert stale == [], f"remove these from PENDING_ARTIFACTS_MOVE (the import is gone): {stale}"
+    assert violations(all_imports(PACKAGE), LAYERS) == []
 
 
 def test_every_top_level_module_has_a_layer() -> None:

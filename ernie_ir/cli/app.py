@@ -908,26 +908,76 @@ def _is_user_error(e: BaseException) -> bool:
     return errors is not None and isinstance(e, errors.ErnieIRError)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is so that it cleans up as on Ctrl-C (temp folders)."""
+
+
+_signalled: list[int] = []
+
+
+def _on_sigterm(signum: int, _frame: object) -> None:
+    import signal
+
+    signal.signal(signum, signal.SIG_IGN)  # a second SIGTERM must not interrupt the cleanup
+    _signalled.append(signum)
+    raise Terminated()
+
+
+def _interrupted() -> int:
+    """128 + the signal: 130 for Ctrl-C (SIGINT), 143 for SIGTERM."""
+    return 128 + (_signalled[0] if _signalled else 2)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: user and usage errors become one line and exit code 2."""
+    """Console-script entry point: user and usage errors become one line and exit code 2;
+    Ctrl-C and SIGTERM clean up and exit 130 and 143."""
+    import signal
+    import threading
+    import warnings
+
+    _signalled.clear()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    shown = warnings.showwarning
+    warnings.showwarning = _show_warning
     try:
-        code = app(args=argv, standalone_mode=False)
+        _run(argv)
+    finally:  # main() called in-process (tests) leaves the caller's handlers
+        warnings.showwarning = shown
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:
+    """A Python warning (ours or a library's) as one `warning:` line, never a multi-line dump."""
+    err.print(f"warning: {' '.join(str(message).split())}", markup=False)
+
+
+def _run(argv: list[str] | None) -> None:
+    try:
+        code = app(args=argv, standalone_mode=False)  # typer returns 130 for a KeyboardInterrupt
+        if _signalled:
+            err.print("aborted", markup=False)
+            sys.exit(_interrupted())
     except BrokenPipeError:
         sys.exit(0)
     except KeyboardInterrupt:
         err.print("aborted", markup=False)
-        sys.exit(130)
+        sys.exit(_interrupted())
     except Exception as e:
         from rich.markup import escape
 
         if _is_user_error(e):
-            err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True)
+            one_line = " ".join(str(e).splitlines())  # a name holding a newline must not split the line
+            err.print(f"[bold red]error:[/] {escape(one_line)}", markup=True)
             sys.exit(2)
         usage = _usage_error(e)
         if usage is None:
             if type(e).__name__ == "Abort":
                 err.print("aborted", markup=False)
-                sys.exit(130)
+                sys.exit(_interrupted())
             raise
         message, status = usage
         if not message.startswith(" (see"):  # bare `ernie-ir`: the help was the answer

@@ -363,7 +363,7 @@ def _type_key(g: Graph) -> tuple[Any, ...]:
 
 
 def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: bool) -> MemoryPlan:
-    from ernie_ir.targets import artifact_mapping, verify_artifact
+    from ernie_ir.artifacts import artifact_mapping, verify_artifact
 
     manifest = verify_artifact(model)
     if target and target != manifest.get("target"):

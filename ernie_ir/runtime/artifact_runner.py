@@ -24,7 +24,7 @@ ONNX_MODEL = Path("inference") / "onnx" / "model.onnx"
 
 def artifact_backends(path: Path) -> list[str]:
     """The backends the artifact's manifest offers (older artifacts: the interpreter only)."""
-    from ernie_ir.targets import read_manifest
+    from ernie_ir.artifacts import read_manifest
 
     return list(read_manifest(path).get("backends", ["interpreter"]))
 
@@ -35,7 +35,7 @@ def run_artifact(path: Path, input_ids: np.ndarray, backend: str, *,
 
     `timeout_s` bounds a multi-rank paddle run (default ernie_ir.runtime.launcher.RUN_TIMEOUT_S).
     """
-    from ernie_ir.targets import artifact_mapping, verify_artifact
+    from ernie_ir.artifacts import artifact_mapping, load_rank_graphs, require_weights, verify_artifact
 
     root = Path(path)
     manifest = verify_artifact(root)
@@ -45,12 +45,8 @@ def run_artifact(path: Path, input_ids: np.ndarray, backend: str, *,
                            f"{', '.join(offered)}")
     ids = np.asarray(input_ids)
     if backend == "paddle":
-        from ernie_ir.targets.artifact import require_weights
-
         require_weights(root, manifest)
     if backend == "interpreter":
-        from ernie_ir.targets import load_rank_graphs
-
         from .spmd import run_spmd
 
         _, graphs = load_rank_graphs(root, verify=False)

@@ -45,7 +45,6 @@ import numpy as np
 
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import SHARD
-from ernie_ir.ir.storage import sha256_file
 
 ERROR_FILE = "error.rank{rank}.txt"
 """Where a failing rank writes its one-line error (in $ERNIE_IR_WORKDIR), for the launcher."""
@@ -133,8 +132,8 @@ def device_for(kind: str) -> str:
 
 def load_rank_graph(root: Path, rank: int, world: int) -> tuple[dict[str, Any], Graph]:
     """(manifest, rank graph) with this rank's files checked against the manifest's sha256."""
+    from ernie_ir.artifacts import artifact_mapping, check_files, read_manifest
     from ernie_ir.ir.storage import load_graph
-    from ernie_ir.targets.artifact import artifact_mapping, read_manifest
 
     manifest = read_manifest(root)
     mapping = artifact_mapping(manifest)
@@ -142,13 +141,7 @@ def load_rank_graph(root: Path, rank: int, world: int) -> tuple[dict[str, Any], 
         raise WorkerError(f"{root} has {mapping.world_size} rank(s) but {world} process(es) were started: "
                           f"launch {mapping.world_size} (--nproc_per_node {mapping.world_size} or as many "
                           "devices)")
-    for name in ("graph.ir", "weights.safetensors"):
-        rel = f"rank{rank}/{name}"
-        if not (root / rel).is_file():
-            raise WorkerError(f"artifact {root}: {rel} is missing (listed in manifest.json)")
-        if manifest["files"].get(rel) != sha256_file(root / rel):
-            raise WorkerError(f"artifact {root}: {rel} was modified (sha256 does not match the manifest); "
-                              "recompile or restore it")
+    check_files(root, manifest, [f"rank{rank}/graph.ir", f"rank{rank}/weights.safetensors"])
     graph = load_graph(root / f"rank{rank}")
     meta = graph.metadata.get("parallel") or {}
     if world > 1 and (not isinstance(meta, dict) or meta.get("rank") != rank):
@@ -300,6 +293,7 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     """This rank's part of training: the same loop as the one-rank `train_artifact`, with
     exact tensor-parallel gradients; returns the (replicated) loss of every step. Settings:
     the recipe's, replaced by `options` (TrainOptions names or aliases), `lr` and `seed`."""
+    from ernie_ir.artifacts import check_files
     from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
     from ernie_ir.runtime.training import RECIPE, make_optimizer, resolve_options, run_steps, training_batches
 
@@ -308,9 +302,7 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     manifest, graph = load_rank_graph(root, rank, world)
     if manifest.get("mode") != "training" or not (root / RECIPE).is_file():
         raise WorkerError(f"{root} is not a training artifact: compile it with --mode training --lora-rank R")
-    if manifest["files"].get(RECIPE.as_posix()) != sha256_file(root / RECIPE):
-        raise WorkerError(f"artifact {root}: {RECIPE.as_posix()} was modified (sha256 does not match the "
-                          "manifest)")
+    check_files(root, manifest, [RECIPE.as_posix()])
     recipe = json.loads((root / RECIPE).read_text(encoding="utf-8"))
     given = {k: v for k, v in (("lr", lr), ("seed", seed)) if v is not None}
     opts = resolve_options(recipe, {**(options or {}), **given})  # an absent flag keeps the file's value
@@ -342,7 +334,7 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     losses = run_steps(paddle, layer, optimizer, batches, steps, report, options=opts)
     if save:
         names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
-        save_rank_checkpoint(root, layer, names, steps, rank, world)
+        save_rank_checkpoint(root, layer, names, steps, rank, world, expected=manifest)
     return losses
 
 
@@ -353,7 +345,7 @@ def staging_dir(root: Path, master: str) -> Path:
 
 
 def save_rank_checkpoint(root: Path, layer: Any, names: list[str], steps: int, rank: int,
-                         world: int) -> Path | None:
+                         world: int, *, expected: dict[str, Any] | None = None) -> Path | None:
     """Every rank writes its trainable params; rank 0 then merges them (global names and
     shapes), names the folder `run-K-step-N` and lists its files in the manifest. Returns the
     folder on rank 0 (None elsewhere)."""
@@ -373,7 +365,7 @@ def save_rank_checkpoint(root: Path, layer: Any, names: list[str], steps: int, r
     if rank != 0:
         return None
     try:
-        return _merge_and_publish(root, stage, names, steps, world)
+        return _merge_and_publish(root, stage, names, steps, world, expected)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -401,11 +393,12 @@ def merge_shards(name: str, pieces: list[tuple[np.ndarray, dict[str, Any] | None
     return out
 
 
-def _merge_and_publish(root: Path, stage: Path, names: list[str], steps: int, world: int) -> Path:
+def _merge_and_publish(root: Path, stage: Path, names: list[str], steps: int, world: int,
+                       expected: dict[str, Any] | None = None) -> Path:
     from safetensors.numpy import load_file, save_file
 
+    from ernie_ir.artifacts import publish_into
     from ernie_ir.ir.parser import parse_graph
-    from ernie_ir.runtime.training import record_files
 
     annotations: list[dict[str, Any]] = []
     for r in range(world):
@@ -422,15 +415,9 @@ def _merge_and_publish(root: Path, stage: Path, names: list[str], steps: int, wo
     save_file(merged, str(stage / MERGED), metadata={"format": "ernie-ir-training-checkpoint",
                                                       "steps": str(steps), "world_size": str(world),
                                                       "layout": "global"})
-    folder = root / CHECKPOINTS
     # One folder per run (run-001-step-30, ...): never overwrites an earlier one, and appears
-    # only once complete.
-    run = 1 + sum(1 for p in folder.glob("run-*-step-*") if not p.name.startswith("."))
-    out = folder / f"run-{run:03d}-step-{steps}"
-    os.replace(stage, out)
-    manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
-    record_files(root, manifest, sorted(out.iterdir()))
-    return out
+    # only once complete (renamed and listed under the artifact's lock).
+    return publish_into(root, stage, root / CHECKPOINTS, f"run-{{run:03d}}-step-{steps}", expected)
 
 
 # -- the script --------------------------------------------------------------------------------

@@ -63,12 +63,20 @@ def require_paddle() -> Any:
     """The `paddle` module, or PaddleMissingError with the install hint."""
     # Paddle's C++ logging and its extension loader's ccache warning are noise to our users.
     os.environ.setdefault("GLOG_minloglevel", "2")
+    import signal
+    import threading
+
+    term = signal.getsignal(signal.SIGTERM)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*ccache.*")
             import paddle
     except ImportError:
         raise PaddleMissingError(f"PaddlePaddle is not installed: {PADDLE_HINT}") from None
+    if callable(term) and threading.current_thread() is threading.main_thread():
+        # Paddle's import puts its own C++ SIGTERM handler in place (it aborts, so no cleanup
+        # runs); give back the one the program had (the CLI's: clean up like Ctrl-C).
+        signal.signal(signal.SIGTERM, term)
     return paddle
 
 

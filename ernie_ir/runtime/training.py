@@ -37,10 +37,8 @@ global names and shapes).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -297,28 +295,22 @@ def target_tokens(labels: np.ndarray, ignore_index: int = IGNORE) -> int:
 def read_training_artifact(root: Path) -> tuple[dict[str, Any], dict[str, Any], int]:
     """(manifest, recipe, world size) of a training artifact, every rank's files and the recipe
     checked against the manifest's sha256 (ErnieIRError naming the first problem)."""
-    mf = root / "manifest.json"
-    if not mf.is_file():
-        raise ErnieIRError(f"{root} is not an ernie-ir artifact (no manifest.json)")
-    try:
-        manifest = json.loads(mf.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ErnieIRError(f"{mf} is not valid JSON: the artifact is corrupt") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
-        raise ErnieIRError(f"{mf} is not an ernie-ir artifact manifest")
+    from ernie_ir.artifacts import artifact_mapping, check_files, read_manifest
+
+    manifest = read_manifest(root)
     if manifest.get("mode") != "training" or not (root / RECIPE).is_file():
         raise ErnieIRError(f"{root} is not a training artifact: compile it with --mode training "
                            "(and --lora-rank R or --quant qat-int8)")
-    parallel = manifest.get("parallel")
-    world = int(parallel.get("world_size", 1)) if isinstance(parallel, dict) else 1
+    world = artifact_mapping(manifest).world_size
     names = [f"rank{r}/{f}" for r in range(world) for f in ("graph.ir", "weights.safetensors")]
-    for name in (*names, RECIPE.as_posix()):
-        if not (root / name).is_file():
-            raise ErnieIRError(f"artifact {root}: {name} is missing (listed in manifest.json)")
-        digest = hashlib.sha256((root / name).read_bytes()).hexdigest()
-        if manifest.get("files", {}).get(name) != digest:
-            raise ErnieIRError(f"artifact {root}: {name} was modified (sha256 does not match the manifest)")
-    recipe = json.loads((root / RECIPE).read_text(encoding="utf-8"))
+    check_files(root, manifest, [*names, RECIPE.as_posix()])
+    try:
+        recipe = json.loads((root / RECIPE).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise ErnieIRError(f"{root / RECIPE} is not valid JSON: the artifact is corrupt") from None
+    if not isinstance(recipe, dict):
+        raise ErnieIRError(f"{root / RECIPE} is not a training recipe (a JSON object): the artifact is "
+                           "corrupt")
     return manifest, recipe, world
 
 
@@ -476,26 +468,32 @@ def _save_checkpoint(root: Path, manifest: dict[str, Any], layer: Any, recipe: d
                      steps: int) -> Path:
     from safetensors.numpy import save_file
 
+    from ernie_ir.artifacts import publish_into, temp_name
+
     names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
     folder = root / "training" / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
     # One file per run (run-001-step-30, run-002-step-30, ...): a later run never overwrites
-    # an earlier one, and the file appears only once it is complete.
-    run = 1 + sum(1 for _ in folder.glob("run-*-step-*.safetensors"))
-    out = folder / f"run-{run:03d}-step-{steps}.safetensors"
-    partial = folder / f".{out.name}.partial"
-    save_file({n: np.ascontiguousarray(a) for n, a in layer.state_numpy(names).items()}, str(partial),
-              metadata={"format": "ernie-ir-training-checkpoint", "steps": str(steps)})
-    os.replace(partial, out)
-    record_files(root, manifest, [out])
-    return out
+    # an earlier one, and the file appears only once it is complete (written under a temp
+    # name, renamed and listed under the artifact's lock).
+    partial = temp_name(folder, "checkpoint")
+    try:
+        save_file({n: np.ascontiguousarray(a) for n, a in layer.state_numpy(names).items()}, str(partial),
+                  metadata={"format": "ernie-ir-training-checkpoint", "steps": str(steps)})
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return publish_into(root, partial, folder, f"run-{{run:03d}}-step-{steps}.safetensors", manifest)
 
 
 def record_files(root: Path, manifest: dict[str, Any], files: list[Path]) -> None:
-    """List `files` (inside `root`) with their sha256 in the manifest, rewritten atomically."""
-    for f in files:
-        manifest.setdefault("files", {})[f.relative_to(root).as_posix()] = \
-            hashlib.sha256(f.read_bytes()).hexdigest()
-    tmp = root / ".manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, root / "manifest.json")
+    """List `files` (inside `root`) with their sha256 in the manifest, rewritten atomically under
+    the artifact's lock (`manifest`: the one the caller read; the artifact must not have changed)."""
+    from ernie_ir.artifacts import artifact_lock
+    from ernie_ir.artifacts import record_files as record
+    from ernie_ir.artifacts.publish import CHECKPOINT_WAIT_S
+
+    with artifact_lock(root, wait_s=CHECKPOINT_WAIT_S, what="artifact"):
+        fresh = record(root, files, manifest)
+    manifest.clear()
+    manifest.update(fresh)

@@ -12,52 +12,62 @@
                            several ranks: one rank worker per device)
     inference/launch.json  the same recipe as data, with the collective backend
 
-Writing is atomic: everything goes into a hidden temp folder next to the
-destination, which is renamed into place at the end; any failure or
-interruption removes the temp folder. An existing destination is replaced
-only with `force`.
+Writing is atomic and locked (ernie_ir.artifacts.publish): everything goes into a hidden temp
+folder next to the destination, which is moved into place at the end under the destination's
+lock; any failure or interruption removes the temp folder. An existing destination is replaced
+only with `force`, decided when the new artifact is moved into place. Reading and verifying
+(and the manifest's schema) live in ernie_ir.artifacts.manifest, re-exported here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.artifacts.manifest import (  # noqa: F401  (re-exported: the names targets always had)
+    FORMAT,
+    FORMAT_VERSION,
+    FORMATS,
+    MANIFEST,
+    ArtifactError,
+    artifact_mapping,
+    build_manifest,
+    hash_tree,
+    load_artifact,
+    load_rank_graphs,
+    read_manifest,
+    require_weights,
+    show,
+    verify_artifact,
+    write_manifest,
+)
+from ernie_ir.artifacts.publish import (
+    artifact_lock,
+    clean_stale,
+    make_temp_dir,
+    move_into_place,
+    replaceable,
+    test_pause,
+)
+from ernie_ir.ir import Graph
 from ernie_ir.ir.mapping import Mapping
 from ernie_ir.ir.printer import print_graph
-from ernie_ir.ir.storage import GRAPH_FILE, WEIGHTS_FILE, load_graph, sha256_file, write_graph_files
+from ernie_ir.ir.storage import GRAPH_FILE, WEIGHTS_FILE, sha256_file, write_graph_files  # noqa: F401
 from ernie_ir.ir.weights import SafetensorsFile
 
-from .capabilities import Target
-
-FORMAT = "ernie-ir-artifact"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-FORMATS = ("fastdeploy",)
-"""Emitters that write a format another program loads (the manifest's "formats"), not a backend
-`ernie-ir run --backend` offers ("backends")."""
-
-
-class ArtifactError(ErnieIRError):
-    """An artifact folder that is missing, incomplete, tampered with, or in the way."""
-
-
-def _files(root: Path) -> list[str]:
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-
+from .capabilities import HardwareTarget
 
 WORKER_LOOKUP = "python -c 'import ernie_ir.runtime.paddle_dist as w; print(w.__file__)'"
 """Prints the path of the rank worker (ernie_ir/runtime/paddle_dist.py), which the launcher runs."""
 
 
-def launch_recipe(target: Target, mode: str, tp: int = 1) -> dict[str, Any]:
+def launch_recipe(target: HardwareTarget, mode: str, tp: int = 1) -> dict[str, Any]:
     """How the artifact is started on its devices (`tp`: the number of processes, one per rank).
 
     The launcher starts the rank worker once per device (one rank too): each process checks and
@@ -114,33 +124,38 @@ def launch_script(recipe: dict[str, Any]) -> str:
 
 
 def check_out(out: str | os.PathLike[str], force: bool) -> Path:
-    """The artifact destination, or ArtifactError if it may not be written (before any work)."""
+    """The artifact destination, or ArtifactError if it may not be written (before any work).
+
+    Also the first chance to clean up after killed compiles into the same parent (under the
+    destination's lock; another compile holding it: one line, at once). The decision to replace
+    is made again when the artifact is moved into place (`write_artifact`)."""
     dest = Path(out)
-    if dest.exists() and not force:
-        raise ArtifactError(f"{dest} already exists: pass --force (force=True) to replace it")
-    if dest.exists() and not dest.is_dir():
-        raise ArtifactError(f"{dest} is a file, not an artifact folder: choose another --out "
-                            "(--force replaces only folders)")
     real, cwd = dest.resolve(), Path.cwd().resolve()
-    if real == cwd or real in cwd.parents or not dest.name or dest.name == "..":
-        raise ArtifactError(f"--out {out} is the current folder or one above it: name a new folder "
-                            "for the artifact, e.g. --out artifacts/model")
-    if dest.is_dir() and any(dest.iterdir()) and not (dest / MANIFEST).is_file():
-        # --force replaces an artifact, never an arbitrary folder that happens to be named.
-        raise ArtifactError(f"{dest} is a folder with files but no {MANIFEST}, so not an ernie-ir "
-                            "artifact: --force only replaces artifacts; choose another --out")
+    at_or_above = real == cwd or real in cwd.parents or not dest.name or dest.name == ".."
     for parent in real.parents:
         if (parent / MANIFEST).is_file():
             try:
                 read_manifest(parent)
             except ArtifactError:
                 continue  # someone else's manifest.json
-            raise ArtifactError(f"--out {out} is inside the artifact {parent} (it would add files to "
-                                "it and break its hashes): choose a folder outside it")
+            raise ArtifactError(f"--out {show(out)} is inside the artifact {show(parent)} (it would add "
+                                "files to it and break its hashes): choose a folder outside it")
+    if dest.parent.is_dir() and not at_or_above:
+        with artifact_lock(dest):  # held by another compile: fail now, not after the work
+            clean_stale(dest.parent, dest.name)
+    if os.path.lexists(dest) and not force:
+        raise ArtifactError(f"{show(dest)} already exists: pass --force (force=True) to replace it")
+    if os.path.lexists(dest) and (dest.is_symlink() or not dest.is_dir()):
+        replaceable(dest)
+    if at_or_above:
+        raise ArtifactError(f"--out {show(out)} is the current folder or one above it: name a new folder "
+                            "for the artifact, e.g. --out artifacts/model")
+    if os.path.lexists(dest):
+        replaceable(dest)
     return dest
 
 
-def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target, mode: str,
+def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: HardwareTarget, mode: str,
                    pipeline: str, source: dict[str, Any] | Callable[[], dict[str, Any]],
                    force: bool = False,
                    extra: dict[str, Any] | None = None,
@@ -159,21 +174,15 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
     and these names (those in FORMATS, e.g. "fastdeploy", go to "formats" instead), and every
     file they write is hashed like the others.
     `progress(stage, done, total)` reports weights written and executables emitted.
+
+    The write holds the destination's lock (ernie_ir.artifacts.publish): a second writer fails
+    with one line; `out` is replaced only with `force` and only if it is still an artifact when
+    the new one is moved into place.
     """
     from ernie_ir import __version__
 
     dest = check_out(out, force)
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the artifact gets the user's umask
-    except OSError as e:
-        raise ArtifactError(f"cannot write the artifact {out}: {e.strerror or e} "
-                            f"({e.filename or dest.parent}): choose a writable --out") from None
-    old: Path | None = None
-    try:
+    with artifact_lock(dest, parents=True), _temp_folder(dest, out) as tmp:
         rank_graphs = list(ranks) if ranks else [graph]
         layout = mapping if mapping is not None else Mapping.create()
         if len(rank_graphs) != layout.world_size:
@@ -201,60 +210,54 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Target,
             for name, digest in digests.items():
                 known[f"rank{r}/{name}"] = digest
             written += sum(1 for p in rank_graph.params.values() if p.source is not None)
+        test_pause("weights")
         exe = tmp / mode
         exe.mkdir()
         recipe = launch_recipe(target, mode, layout.world_size)
         (exe / "launch.json").write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
         (exe / "launch.sh").write_text(launch_script(recipe), encoding="utf-8")
-        (exe / "launch.sh").chmod(0o755)
+        (exe / "launch.sh").chmod(0o777 & ~_umask())  # executable, as far as the user's umask allows
         for i, (backend, emit) in enumerate((emitters or {}).items(), 1):
             emit(graph, exe)
             if progress is not None:
                 progress(f"executable {backend}", i, len(emitters or {}))
-        plan = graph.metadata.get("kernel_plan", {})
-        kernels: dict[str, int] = {}
-        for entry in plan.get("kernels", []):
-            kernels[entry["kernel"]] = kernels.get(entry["kernel"], 0) + 1
-        files = {name: known.get(name) or sha256_file(tmp / name) for name in _files(tmp)}
-        rank_names = (GRAPH_FILE, WEIGHTS_FILE) if has_weights else (GRAPH_FILE,)
-        rank_files = {f"rank{r}": {name: files[f"rank{r}/{name}"] for name in rank_names}
-                      for r in range(layout.world_size)}
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "ernie_ir_version": __version__,
-            "source": source() if callable(source) else source,
-            "pipeline": pipeline,
-            "target": target.name,
-            **({"cuda_arch": plan["cuda_arch"]} if "cuda_arch" in plan else {}),
-            "mode": mode,
-            "weights": has_weights,
-            "parallel": {"tp": layout.tp, "ep": layout.ep, "world_size": layout.world_size,
-                         "ranks": [f"rank{r}" for r in range(layout.world_size)],
-                         "mapping": layout.model_dump(mode="json")},
-            "kernel_plan": {"kernels": dict(sorted(kernels.items())), "fallbacks": plan.get("fallbacks", [])},
-            **(extra or {}),
-            "backends": ["interpreter", *(b for b in emitters or {} if b not in FORMATS)],
-            **({"formats": formats} if (formats := [b for b in emitters or {} if b in FORMATS]) else {}),
-            "rank_files": rank_files,
-            "files": files,
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-            os.replace(dest, old)
-        os.replace(tmp, dest)
+        manifest = build_manifest(
+            ernie_ir_version=__version__, source=source() if callable(source) else source,
+            pipeline=pipeline, target=target.name, mode=mode, weights=has_weights, mapping=layout,
+            kernel_plan=graph.metadata.get("kernel_plan", {}), backends=list(emitters or {}),
+            files=hash_tree(tmp, known),
+            rank_names=(GRAPH_FILE, WEIGHTS_FILE) if has_weights else (GRAPH_FILE,), extra=extra)
+        write_manifest(tmp, manifest)
+        test_pause("manifest")
+        move_into_place(tmp, dest, force)  # the decision to replace `out` is made here
+    return dest
+
+
+@contextlib.contextmanager
+def _temp_folder(dest: Path, out: str | os.PathLike[str]) -> Iterator[Path]:
+    """A fresh temp folder next to `dest` (after removing what killed compiles left there; the
+    caller holds dest's lock), removed on any failure or interruption."""
+    clean_stale(dest.parent, dest.name)
+    try:
+        tmp = make_temp_dir(dest)
+    except OSError as e:
+        raise ArtifactError(f"cannot write the artifact {show(out)}: {e.strerror or e} "
+                            f"({show(e.filename or dest.parent)}): choose a writable --out") from None
+    try:
+        test_pause("temp")
+        yield tmp
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not dest.exists():
-            os.replace(old, dest)  # put the previous artifact back
         if isinstance(e, OSError):  # disk full, permissions: a user error, not a crash
-            raise ArtifactError(f"cannot write the artifact {out}: {e.strerror or e}: free space or "
+            raise ArtifactError(f"cannot write the artifact {show(out)}: {e.strerror or e}: free space or "
                                 "choose a writable --out (nothing was written)") from None
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return dest
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _read_back(graph: Graph, weights: Path) -> None:
@@ -264,96 +267,3 @@ def _read_back(graph: Graph, weights: Path) -> None:
     for p in graph.params.values():
         if p.source is not None and p.name in written:
             p.source = written.source(p.name)
-
-
-def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    root = Path(path)
-    mf = root / MANIFEST
-    if not root.is_dir() or not mf.is_file():
-        raise ArtifactError(f"{root} is not an ernie-ir artifact (no {MANIFEST})")
-    try:
-        manifest = json.loads(mf.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ArtifactError(f"{mf} is not valid JSON: the artifact is corrupt") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{mf} is not an ernie-ir artifact manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{mf}: format version {manifest.get('format_version')} is not supported "
-                            f"(this ernie-ir reads version {FORMAT_VERSION}); recompile the model")
-    if not isinstance(manifest.get("files"), dict):
-        raise ArtifactError(f"{mf} lists no files: the artifact is corrupt")
-    for name, digest in manifest["files"].items():
-        parts = Path(name).parts
-        if not name or Path(name).is_absolute() or ".." in parts or "\\" in name:
-            raise ArtifactError(f"{mf} lists {name!r}, which is outside the artifact folder: "
-                                "the manifest is corrupt or tampered with; recompile the model")
-        if not isinstance(digest, str) or len(digest) != 64:
-            raise ArtifactError(f"{mf}: the sha256 of {name} is not a 64-digit hex string: "
-                                "the manifest is corrupt or tampered with; recompile the model")
-    return manifest
-
-
-def verify_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Re-check every file's sha256 against the manifest; returns the manifest.
-
-    Raises ArtifactError naming the first file that is missing, changed or unlisted.
-    """
-    root = Path(path)
-    manifest = read_manifest(root)
-    listed: dict[str, str] = manifest["files"]
-    inside = root.resolve()
-    for name, digest in listed.items():
-        f = root / name
-        if not f.is_file():
-            raise ArtifactError(f"artifact {root}: {name} is missing (listed in {MANIFEST})")
-        if inside not in f.resolve().parents:  # e.g. a link swapped for one that leaves the folder
-            raise ArtifactError(f"artifact {root}: {name} resolves outside the artifact "
-                                f"({f.resolve()}): the artifact was tampered with; recompile it")
-        actual = sha256_file(f)
-        if actual != digest:
-            raise ArtifactError(f"artifact {root}: {name} was modified (sha256 {actual[:16]}..., "
-                                f"manifest says {digest[:16]}...); recompile or restore it")
-    extra = [n for n in _files(root) if n != MANIFEST and n not in listed]
-    if extra:
-        raise ArtifactError(f"artifact {root}: {extra[0]} is not listed in {MANIFEST} (an added file)")
-    return manifest
-
-
-def require_weights(root: Path, manifest: dict[str, Any]) -> None:
-    """Refuse to run a graph-only artifact (compiled from a model without weights)."""
-    if manifest.get("weights") is False:
-        raise ArtifactError(f"{root} is a graph-only artifact (compiled from a model without weights, "
-                            "e.g. NAME@meta): it holds no weights to run; `ernie-ir show` and "
-                            "`ernie-ir plan` read it; compile a checkpoint folder or NAME@tiny to run")
-
-
-def artifact_mapping(manifest: dict[str, Any]) -> Mapping:
-    """The parallel layout an artifact's manifest records (one rank for older artifacts)."""
-    data = (manifest.get("parallel") or {}).get("mapping") if isinstance(manifest.get("parallel"),
-                                                                       dict) else None
-    if data is None:
-        return Mapping.create()
-    try:
-        return Mapping.model_validate(data)
-    except ValueError:
-        raise ArtifactError("manifest.json: parallel.mapping is not a valid layout: the manifest is "
-                            "corrupt or tampered with; recompile the model") from None
-
-
-def load_rank_graphs(path: str | os.PathLike[str], *, verify: bool = True) -> tuple[Mapping, list[Graph]]:
-    """Every rank graph of an artifact (rank order), weights memory-mapped, with its Mapping."""
-    root = Path(path)
-    manifest = verify_artifact(root) if verify else read_manifest(root)
-    require_weights(root, manifest)
-    mapping = artifact_mapping(manifest)
-    return mapping, [load_graph(root / f"rank{r}") for r in range(mapping.world_size)]
-
-
-def load_artifact(path: str | os.PathLike[str], *, verify: bool = True) -> Graph:
-    """The rank-0 graph of an artifact, weights memory-mapped (hashes checked first unless verify=False)."""
-    root = Path(path)
-    if verify:
-        verify_artifact(root)
-    else:
-        read_manifest(root)
-    return load_graph(root / "rank0")

@@ -68,8 +68,4 @@ class HardwareTarget(_Data):
         return f"python -m paddle.distributed.launch {self.launch_flag} {devices}"
 
 
-Target = HardwareTarget
-"""Deprecated name of `HardwareTarget` (public as `ernie_ir.targets.Target`, which warns); kept
-here, without a warning, while `targets/artifact.py` still imports it."""
-
 REFERENCE = "shared/REFERENCE.md section 6"

@@ -1,0 +1,340 @@
+"""Writing an artifact folder so that no user data is lost, under kills and concurrency.
+
+The protocol (what git does for its refs, what pip/uv do for installs):
+
+- **A lock per destination**: `PARENT/.NAME.lock`, an `fcntl.flock` held while a writer
+  changes `NAME` (compile's write phase, a training checkpoint being recorded). The kernel drops
+  the lock when its holder dies, so a killed writer never blocks the next one; the file holds
+  the holder's PID for the message. A second writer fails at once (`wait_s=0`, compile) with one
+  line naming the lock and the holder's PID, or waits up to `wait_s` (training checkpoints).
+- **Temp folders** `PARENT/.NAME.tmp-PID-XXXXXXXX` (the writer's PID in the name), with the
+  user's umask.
+- **The final move decides**: without force, `renameat2(RENAME_NOREPLACE)` (a check and a
+  rename where that call is missing): a folder that appeared at NAME while compiling is never
+  touched. With force, NAME must still be an artifact (or an empty folder), and the new folder is
+  swapped in with `renameat2(RENAME_EXCHANGE)`, so at every instant NAME holds the old or the new
+  artifact; the old one (now under the temp name) is then removed. Where exchange is missing,
+  the old artifact is renamed to `PARENT/.NAME.old-PID` first and put back if anything fails.
+- **Cleanup of killed writers**: `clean_stale(PARENT, NAME)` (run under NAME's lock) removes
+  the temp folders of any NAME in PARENT whose PID is dead and recovers `.NAME.old-PID`: put
+  back at NAME when NAME is missing (a swap killed half way), removed otherwise.
+- **Files added to an artifact later** (training checkpoints, `publish_into`): written under a
+  temp name, then, under the artifact's lock, renamed to the next free `run-K-...` name and listed
+  in a manifest read afresh; two trainers never overwrite each other's checkpoint or entry.
+
+`test_pause(stage)` is a test-only hook: with `ERNIE_IR_TEST_PAUSE_AT=stage` in the environment
+the writer sleeps `ERNIE_IR_TEST_PAUSE_S` seconds (default 30) at that named point, so the
+reliability tests can kill a real compile there (tests/reliability/). Stages: "temp" (temp folder
+made), "weights" (rank weights written), "manifest" (manifest written, before the move), "swap"
+(new artifact in place, old one not yet removed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .manifest import MANIFEST, ArtifactError, read_manifest, record_files, show
+
+PAUSE_ENV = "ERNIE_IR_TEST_PAUSE_AT"
+_TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
+_OLD = re.compile(r"^\.(?P<name>.+)\.old-(?P<pid>\d+)$")
+
+
+def lock_path(dest: Path) -> Path:
+    return dest.parent / f".{dest.name}.lock"
+
+
+def _holder(fd: int) -> str:
+    text = ""
+    for _ in range(20):  # the holder writes its PID just after it takes the lock
+        try:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            break
+        if text.isdigit():
+            return f"PID {text}"
+        time.sleep(0.01)
+    return "another process"
+
+
+@contextlib.contextmanager
+def artifact_lock(dest: Path, *, wait_s: float = 0.0, what: str = "--out",
+                  parents: bool = False) -> Iterator[Path]:
+    """Hold `dest`'s lock (`PARENT/.NAME.lock`) for the block; the parent must exist (`parents`:
+    make it).
+
+    Held elsewhere: wait up to `wait_s` seconds, then ArtifactError (one line, the lock's path
+    and its holder's PID)."""
+    import fcntl
+
+    path = lock_path(dest)
+    if parents:
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ArtifactError(f"cannot write the artifact {show(dest)}: {e.strerror or e} "
+                                f"({show(e.filename or dest.parent)}): choose a writable {what}") from None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise ArtifactError(f"cannot lock {show(dest)}: {e.strerror or e} ({show(path)}): choose a "
+                                f"writable {what}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            raise ArtifactError(f"{show(dest)} is being written by {holder} (lock {show(path)}): wait for it "
+                                f"to finish, or choose another {what}") from None
+        # The holder we waited for unlinks the file before it lets go: a lock on an unlinked
+        # file guards nothing, so take it again on whatever the path names now.
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def lock_holder(dest: Path) -> str | None:
+    """Who holds `dest`'s lock right now ("PID n"), or None (free, or no lock file)."""
+    import fcntl
+
+    try:
+        fd = os.open(lock_path(dest), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    finally:
+        os.close(fd)
+    return None
+
+
+def make_temp_dir(dest: Path) -> Path:
+    """A fresh `PARENT/.NAME.tmp-PID-XXXXXXXX` folder with the user's umask (mkdir, not mkdtemp's 0700)."""
+    while True:
+        tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            tmp.mkdir(0o777)  # the umask applies
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    try:  # a killed process its parent has not reaped yet still answers kill(0)
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def clean_stale(parent: Path, name: str | None = None) -> list[Path]:
+    """Remove what killed writers left in `parent`: temp folders (any artifact name) whose
+    writer's PID is dead, and, for `name` (whose lock the caller holds), `.NAME.old-PID`: put back
+    at NAME if NAME is missing, else removed. Returns the paths removed or restored."""
+    done: list[Path] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return done
+    for entry in entries:
+        m = _TEMP.match(entry.name)
+        if m and not _alive(int(m["pid"])):
+            _remove(Path(entry.path))
+            done.append(Path(entry.path))
+            continue
+        m = _OLD.match(entry.name)
+        if m and name is not None and m["name"] == name and not _alive(int(m["pid"])):
+            dest = parent / name
+            if not os.path.lexists(dest):
+                with contextlib.suppress(OSError):
+                    os.rename(entry.path, dest)  # the swap was killed between its two renames
+                    done.append(dest)
+                    continue
+            _remove(Path(entry.path))
+            done.append(Path(entry.path))
+    return done
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+# -- the final move ------------------------------------------------------------------------------
+
+_RENAME_NOREPLACE, _RENAME_EXCHANGE, _AT_FDCWD = 1, 2, -100
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """renameat2(2) with `flags`; False where the call or the flag is not available here."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(dst))
+
+
+def _appeared(dest: Path) -> ArtifactError:
+    return ArtifactError(f"{show(dest)} appeared while compiling (another process wrote it); it was left "
+                         "untouched and the new artifact removed: pass --force to replace it, or choose "
+                         "another --out")
+
+
+def _place_new(tmp: Path, dest: Path) -> None:
+    try:
+        if _renameat2(tmp, dest, _RENAME_NOREPLACE):
+            return
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            raise _appeared(dest) from None
+        raise
+    if os.path.lexists(dest):
+        raise _appeared(dest)
+    try:
+        os.rename(tmp, dest)
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            raise _appeared(dest) from None
+        raise
+
+
+def replaceable(dest: Path) -> None:
+    """Refuse (ArtifactError) when `dest` holds anything but an ernie-ir artifact or an empty folder."""
+    if dest.is_symlink():
+        raise ArtifactError(f"{show(dest)} is a symbolic link, not an artifact folder: choose another --out "
+                            "(--force replaces only folders)")
+    if not dest.is_dir():
+        raise ArtifactError(f"{show(dest)} is a file, not an artifact folder: choose another --out "
+                            "(--force replaces only folders)")
+    if any(dest.iterdir()):
+        if not (dest / MANIFEST).is_file():
+            # --force replaces an artifact, never an arbitrary folder that happens to be named.
+            raise ArtifactError(f"{show(dest)} is a folder with files but no {MANIFEST}, so not an ernie-ir "
+                                "artifact: --force only replaces artifacts; choose another --out")
+        try:
+            read_manifest(dest)
+        except ArtifactError:
+            raise ArtifactError(f"{show(dest)} has a {MANIFEST} that is not an ernie-ir artifact's: --force "
+                                "only replaces artifacts; choose another --out") from None
+
+
+def move_into_place(tmp: Path, dest: Path, force: bool) -> None:
+    """Move the finished folder `tmp` to `dest` (the caller holds dest's lock); the decision to
+    replace is made here, on what is at `dest` now. On any failure `tmp` is still there for the
+    caller to remove and `dest` holds what it held before."""
+    if not force or not os.path.lexists(dest):
+        _place_new(tmp, dest)
+        return
+    replaceable(dest)
+    if _renameat2(tmp, dest, _RENAME_EXCHANGE):  # atomic: dest is old, then new; never missing
+        try:
+            test_pause("swap")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # the old artifact, now under the temp name
+        return
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    os.rename(dest, old)
+    try:
+        os.rename(tmp, dest)
+    except BaseException:
+        if not os.path.lexists(dest):
+            os.rename(old, dest)  # put the previous artifact back
+        raise
+    try:
+        test_pause("swap")
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+CHECKPOINT_WAIT_S = 120.0
+"""How long a finished training run waits for the artifact's lock before giving up."""
+_RUN = re.compile(r"^run-(\d+)-")
+
+
+def temp_name(folder: Path, what: str) -> Path:
+    """A fresh temp path `folder/.WHAT.tmp-PID-XXXXXXXX` that `clean_stale(folder)` removes once
+    this process is dead."""
+    return folder / f".{what}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def publish_into(root: Path, staged: Path, folder: Path, name: str,
+                 expected: dict[str, Any] | None = None) -> Path:
+    """Move `staged` (a file or folder inside the artifact `root`) to `folder/name` and list its
+    files in the manifest, under the artifact's lock; returns the new path.
+
+    `name` is formatted with `run`, the next free run number in `folder` (1 + the largest
+    `run-K-*` there). `expected`: the manifest the caller read when it started; if the artifact
+    was recompiled meanwhile, ArtifactError and `staged` is removed."""
+    try:
+        with artifact_lock(root, wait_s=CHECKPOINT_WAIT_S, what="artifact"):
+            clean_stale(folder)
+            runs = [int(m[1]) for p in folder.iterdir() if (m := _RUN.match(p.name))]
+            out = folder / name.format(run=1 + max(runs, default=0))
+            os.rename(staged, out)
+            try:
+                files = sorted(p for p in out.rglob("*") if p.is_file()) if out.is_dir() else [out]
+                record_files(root, files, expected)
+            except BaseException:
+                _remove(out)
+                raise
+            return out
+    finally:
+        if os.path.lexists(staged):
+            _remove(staged)
+
+
+def test_pause(stage: str) -> None:
+    """Test-only: sleep at `stage` when ERNIE_IR_TEST_PAUSE_AT names it (see the module docstring)."""
+    if os.environ.get(PAUSE_ENV) == stage:
+        time.sleep(float(os.environ.get("ERNIE_IR_TEST_PAUSE_S", "30")))
+
+
+test_pause.__test__ = False  # type: ignore[attr-defined]  # not a pytest test when imported

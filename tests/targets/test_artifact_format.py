@@ -1,0 +1,201 @@
+"""The one implementation of the artifact format (ernie_ir.artifacts) and its write protocol:
+the old names, the lock, stale-temp cleanup, the umask, files added later (training checkpoints)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ernie_ir
+from ernie_ir.artifacts import ArtifactError, publish_into, temp_name, verify_artifact
+from ernie_ir.artifacts.publish import lock_holder
+from ernie_ir.targets import compile_model
+
+MODEL = "ernie-4.5-0.3b@tiny"
+PKG = Path(ernie_ir.__file__).parent
+ROOT = PKG.parent
+
+
+def test_the_old_names_stay_importable_from_targets() -> None:
+    import ernie_ir.artifacts as a
+    import ernie_ir.targets as t
+    import ernie_ir.targets.artifact as ta
+
+    for name in ("ArtifactError", "read_manifest", "verify_artifact", "require_weights", "artifact_mapping",
+                 "load_rank_graphs", "load_artifact"):
+        assert getattr(t, name) is getattr(a, name)
+    assert ta.FORMATS == a.FORMATS and ta.MANIFEST == "manifest.json"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_the_artifact_gets_the_users_umask(tmp_path: Path, umask: int) -> None:
+    before = os.umask(umask)
+    try:
+        compile_model(MODEL, "kunlun", out=tmp_path / "a")
+    finally:
+        os.umask(before)
+    root = tmp_path / "a"
+    for p in [root, *root.rglob("*")]:
+        mode = stat.S_IMODE(p.stat().st_mode)
+        assert mode & umask == 0, (p, oct(mode))
+        if p.is_dir():
+            assert mode == 0o777 & ~umask, (p, oct(mode))
+    assert stat.S_IMODE((root / "inference" / "launch.sh").stat().st_mode) == 0o777 & ~umask
+
+
+def _hold_lock(dest: Path) -> subprocess.Popen[str]:
+    code = ("import sys, time; from pathlib import Path; from ernie_ir.artifacts import artifact_lock\n"
+            "with artifact_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(dest)],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_held_lock_fails_fast_naming_its_holder_and_a_dead_holders_is_taken_over(tmp_path: Path) -> None:
+    out = tmp_path / "a"
+    holder = _hold_lock(out)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ArtifactError) as e:
+            compile_model(MODEL, "kunlun", out=out)
+        assert time.monotonic() - t0 < 5
+        assert str(e.value) == (f"{out} is being written by PID {holder.pid} (lock {tmp_path / '.a.lock'}): "
+                                "wait for it to finish, or choose another --out")
+        assert lock_holder(out) == f"PID {holder.pid}"
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert (tmp_path / ".a.lock").exists()  # a killed holder leaves its file, not its lock
+    compile_model(MODEL, "kunlun", out=out)
+    verify_artifact(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_the_next_compile_removes_dead_writers_temp_folders_only(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    stale = tmp_path / f".other.tmp-{dead.pid}-0123abcd"
+    (stale / "rank0").mkdir(parents=True)
+    (stale / "rank0" / "weights.safetensors").write_bytes(b"\0" * 4096)
+    live = tmp_path / f".busy.tmp-{os.getppid()}-0123abcd"  # a live writer (our parent process)
+    live.mkdir()
+    mine = tmp_path / "notes.tmp-1-0123abcd"  # not one of ours: no leading dot
+    mine.mkdir()
+    compile_model(MODEL, "kunlun", out=tmp_path / "a")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a", live.name, mine.name])
+
+
+def test_files_added_later_are_numbered_and_listed_under_the_lock(tmp_path: Path) -> None:
+    """Two runs that started from the same manifest both publish: distinct run numbers, both
+    listed (the second reads the manifest afresh), verify passes."""
+    root = tmp_path / "a"
+    compile_model(MODEL, "kunlun", out=root)
+    start = verify_artifact(root)
+    folder = root / "training" / "checkpoints"
+    folder.mkdir(parents=True)
+    outs = []
+    for i in range(2):
+        staged = temp_name(folder, "checkpoint")
+        staged.write_bytes(bytes([i]) * 100)
+        outs.append(publish_into(root, staged, folder, "run-{run:03d}-step-5.safetensors", start))
+    assert [p.name for p in outs] == ["run-001-step-5.safetensors", "run-002-step-5.safetensors"]
+    files = verify_artifact(root)["files"]
+    assert {"training/checkpoints/run-001-step-5.safetensors",
+            "training/checkpoints/run-002-step-5.safetensors"} <= set(files)
+
+
+def test_a_run_on_a_recompiled_artifact_records_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "a"
+    compile_model(MODEL, "kunlun", out=root)
+    start = verify_artifact(root)
+    compile_model(MODEL, "kunlun", out=root, force=True, quant="wint8")  # replaced meanwhile
+    folder = root / "training"
+    staged = temp_name(folder, "checkpoint") if folder.exists() else temp_name(root, "checkpoint")
+    staged.write_bytes(b"x")
+    with pytest.raises(ArtifactError, match="changed while it was in use"):
+        publish_into(root, staged, staged.parent, "run-{run:03d}-step-1.safetensors", start)
+    assert not staged.exists()
+    verify_artifact(root)  # nothing half-recorded
+
+
+def test_without_renameat2_the_swap_still_leaves_old_or_new(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where exchange is unavailable: the two-rename swap, and a failure between its renames
+    puts the old artifact back."""
+    from ernie_ir.artifacts import publish
+
+    monkeypatch.setattr(publish, "_renameat2", lambda *a: False)
+    out = tmp_path / "a"
+    compile_model(MODEL, "kunlun", out=out)
+    old = verify_artifact(out)
+    compile_model(MODEL, "kunlun", out=out, force=True, quant="wint8")
+    assert verify_artifact(out)["pipeline"] != old["pipeline"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    before = verify_artifact(out)
+    real_rename = os.rename
+    calls: list[str] = []
+
+    def second_fails(src: object, dst: object) -> None:
+        calls.append(str(dst))
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(publish.os, "rename", second_fails)
+    with pytest.raises(ArtifactError, match="No space left on device"):
+        compile_model(MODEL, "kunlun", out=out, force=True)
+    assert calls[0].endswith(f".a.old-{os.getpid()}") and calls[1] == str(out)
+    assert verify_artifact(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    monkeypatch.setattr(publish.os, "rename", real_rename)
+    with pytest.raises(ArtifactError, match="already exists"):
+        compile_model(MODEL, "kunlun", out=out)
+
+
+class _Layer:
+    """What `_save_checkpoint` reads of a trained Layer: its params as numpy."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def state_numpy(self, names: list[str]) -> dict[str, object]:
+        import numpy as np
+
+        return {n: np.full((4,), self.value, np.float32) for n in names}
+
+
+def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path) -> None:
+    """Two runs that read the manifest at the same start save together (threads: each lock is
+    its own open file): run-001 and run-002, both listed; a killed run's temp file is removed."""
+    import threading
+
+    from ernie_ir.runtime.training import _save_checkpoint
+
+    root = tmp_path / "a"
+    compile_model(MODEL, "kunlun", out=root)
+    start = verify_artifact(root)
+    folder = root / "training" / "checkpoints"
+    folder.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    (folder / f".checkpoint.tmp-{dead.pid}-0123abcd").write_bytes(b"\0" * 1000)  # a SIGKILLed run's
+    outs: list[Path] = []
+    runs = [threading.Thread(target=lambda v=v: outs.append(
+        _save_checkpoint(root, dict(start, files=dict(start["files"])), _Layer(v), {"trainable": ["w"]}, 3)))
+        for v in (1.0, 2.0)]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(timeout=60)
+    assert sorted(p.name for p in outs) == ["run-001-step-3.safetensors", "run-002-step-3.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in outs)
+    files = verify_artifact(root)["files"]
+    assert all(f"training/checkpoints/{p.name}" in files for p in outs)
