@@ -795,10 +795,23 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err.print("aborted", markup=False)
         sys.exit(130)
+    except MemoryError:  # numpy or Paddle could not allocate: one line, not a traceback
+        err.print("[bold red]error:[/] out of memory: the model or the input is too large for this "
+                  "machine; try --meta, a smaller model, fewer tokens or a smaller batch", markup=True)
+        sys.exit(2)
+    except RecursionError:  # a reader without its own depth check met a deeply nested input
+        err.print("[bold red]error:[/] an input nests too deeply to read (thousands of brackets or "
+                  "indents): check the files and options given", markup=True)
+        sys.exit(2)
     except Exception as e:
         usage = _usage_error(e)
         if usage is None:
             if type(e).__name__ == "Abort":
+                if isinstance(e.__cause__, EOFError):  # click turns any EOFError into Abort
+                    why = escape(str(e.__cause__) or "end of file")
+                    err.print(f"[bold red]error:[/] an input ended early ({why}): a file given is empty "
+                              "or truncated", markup=True)
+                    sys.exit(2)
                 err.print("aborted", markup=False)
                 sys.exit(130)
             raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import mmap
@@ -33,6 +34,7 @@ import numpy as np
 
 from .dtypes import DType
 from .errors import WeightError
+from .inputs import open_regular
 
 _ST_DTYPES: dict[str, DType] = {
     "F32": DType.F32,
@@ -170,8 +172,8 @@ class SafetensorsFile:
 
     def _read_header(self) -> None:
         try:
-            size = self.path.stat().st_size
-            with open(self.path, "rb") as f:
+            with open_regular(self.path, "safetensors file", WeightError) as f:
+                size = os.fstat(f.fileno()).st_size
                 head = f.read(8)
                 if len(head) < 8:
                     raise self._fail("not a safetensors file (shorter than its 8-byte header length)")
@@ -188,6 +190,12 @@ class SafetensorsFile:
             header = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise self._fail("header is not valid JSON: the file is corrupt") from None
+        except RecursionError:
+            raise self._fail("header nests JSON too deeply to be a safetensors header: the file is "
+                             "corrupt") from None
+        except ValueError:  # an integer literal longer than int() converts
+            raise self._fail("header holds an integer literal too long to read: the file is "
+                             "corrupt") from None
         self._data_start = 8 + n
         data_size = size - self._data_start
         if not isinstance(header, dict) or not isinstance(header.get("__metadata__") or {}, dict):
@@ -196,7 +204,7 @@ class SafetensorsFile:
         self.metadata = {str(k): str(v) for k, v in meta.items()}
         try:
             listed = json.loads(self.metadata.get(_INT4_META, "[]"))
-        except (json.JSONDecodeError, TypeError):
+        except (json.JSONDecodeError, TypeError, RecursionError, ValueError):
             listed = None
         if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
             int4: dict[str, list[int] | None] = dict.fromkeys(listed)  # logical shape in the header
@@ -240,6 +248,12 @@ class SafetensorsFile:
                     f"{data_size} bytes: the file is truncated"
                 )
             self.entries[name] = _TensorEntry(dtype, tuple(shape), start, end, packed)
+        # Two tensors sharing bytes would alias each other's data: safetensors refuses it too.
+        spans = sorted((e.start, e.end, n) for n, e in self.entries.items() if e.end > e.start)
+        for (_, end_a, a), (start_b, _, b) in itertools.pairwise(spans):
+            if start_b < end_a:
+                raise self._fail(f"tensors {a!r} and {b!r} overlap in the data section (bytes "
+                                 f"{start_b}..{end_a}): the file is corrupt")
 
     def keys(self) -> list[str]:
         return list(self.entries)
