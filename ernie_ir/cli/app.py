@@ -222,22 +222,11 @@ def show(
 def _parse_tokens(tokens: str) -> np.ndarray:
     """`1,2,3` (one sequence) or a .npy file of int token ids [batch, seq]."""
     if tokens.endswith(".npy"):
-        path = Path(tokens)
-        if not path.is_file():
+        from ernie_ir.ir.inputs import read_token_ids
+
+        if not Path(tokens).exists():
             raise ErnieIRError(f"--tokens {tokens}: no such file")
-        try:
-            ids = np.load(path, allow_pickle=False)
-        except ValueError as e:
-            raise ErnieIRError(f"--tokens {tokens}: not a plain .npy array ({e})") from None
-        if ids.ndim == 1:
-            ids = ids[None, :]
-        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-            raise ErnieIRError(f"--tokens {tokens}: expected integer ids [batch, seq], got "
-                               f"{ids.dtype}{list(ids.shape)}")
-        if ids.size == 0:
-            raise ErnieIRError(f"--tokens {tokens}: the array is empty {list(ids.shape)}: give at "
-                               "least one token id per sequence")
-        return ids.astype(np.int64)
+        return read_token_ids(tokens, "--tokens file")
     try:
         values = [int(t) for t in tokens.split(",") if t.strip()]
         if not values:
@@ -337,6 +326,8 @@ def run(
 
         require_weights(Path(model), read_manifest(model))
     ids = _parse_tokens(tokens)
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise ErnieIRError(f"--timeout {timeout}: give a finite number of seconds above 0")
     if emulate is not None and emulate not in ("bf16", "f16"):
         raise ErnieIRError(f"--emulate {emulate!r}: choose bf16 or f16 (activation rounding)")
     if save_logits is not None and not save_logits.parent.is_dir():

@@ -109,3 +109,30 @@ def read_json(path: str | os.PathLike[str], what: str = "file", error: type[Erni
               fix: str = "fix or re-export it") -> Any:
     """`loads_json` of a regular file's UTF-8 text."""
     return loads_json(read_bytes(path, what, error, MAX_JSON_BYTES), str(path), error, fix)
+
+
+def read_token_ids(path: str | os.PathLike[str], what: str = "token file",
+                   error: type[ErnieIRError] = ErnieIRError) -> Any:
+    """A .npy file of integer token ids as int64 [batch, seq] (a 1-D array is one sequence).
+
+    Refused with one line: not a regular file, not a plain .npy array (pickled objects are
+    never loaded), empty or truncated, not integers, not 1-D/2-D, no ids, values outside int64."""
+    import numpy as np
+
+    with open_regular(path, what, error) as f:
+        try:
+            ids = np.load(f, allow_pickle=False)
+        except (ValueError, EOFError, OSError) as e:
+            why = str(e).splitlines()[0] if str(e) else "the file is empty or truncated"
+            raise error(f"{path}: not a plain .npy array of token ids ({why})") from None
+    if not isinstance(ids, np.ndarray):
+        raise error(f"{path}: holds several arrays (.npz), not one .npy array of token ids")
+    if ids.ndim == 1:
+        ids = ids[None, :]
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise error(f"{path}: expected integer token ids [batch, seq], got {ids.dtype}{list(ids.shape)}")
+    if ids.size == 0:
+        raise error(f"{path}: the array is empty {list(ids.shape)}: give at least one token id per sequence")
+    if ids.dtype == np.uint64 and int(ids.max()) > np.iinfo(np.int64).max:
+        raise error(f"{path}: token id {int(ids.max())} is not a valid token id (above int64)")
+    return ids.astype(np.int64)

@@ -36,13 +36,17 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 
 def write_graph_files(graph: Graph, folder: Path,
                       on_tensor: Callable[[str, int, int], None] | None = None) -> dict[str, str]:
-    """Write graph.ir and weights.safetensors into an existing folder; returns {file: sha256}."""
+    """Write graph.ir and weights.safetensors into an existing folder; returns {file: sha256}.
+
+    A float param holding NaN or Inf is refused (WeightError naming it) as its values are
+    written: a graph folder or artifact never carries weights that cannot compute."""
     text = print_graph(graph).encode("utf-8")
     (folder / GRAPH_FILE).write_bytes(text)
     weights = write_safetensors(
         folder / WEIGHTS_FILE,
         ((p.name, p.source) for p in graph.params.values() if p.source is not None),
         on_tensor=on_tensor,
+        require_finite=True,
     )
     return {GRAPH_FILE: hashlib.sha256(text).hexdigest(), WEIGHTS_FILE: weights}
 

@@ -468,18 +468,51 @@ class _PendingTensor:
     meta: dict[str, object] = field(default_factory=dict)
 
 
+_EXPONENT_MASKS: dict[DType, tuple[type[np.unsignedinteger], int]] = {
+    DType.F32: (np.uint32, 0x7F800000),
+    DType.BF16: (np.uint16, 0x7F80),
+    DType.F16: (np.uint16, 0x7C00),
+}
+"""Per float dtype: (same-width uint, exponent bits). All exponent bits set is Inf or NaN."""
+_FINITE_CHUNK = 1 << 22
+
+
+def count_nonfinite(array: np.ndarray) -> int:
+    """NaN and Inf values in a float array (0 for other dtypes), in bounded extra memory: the
+    exponent bits are tested chunk by chunk on the raw bits, so a multi-GB tensor needs no
+    float32 copy and no bool array of its size."""
+    dtype = DType.from_numpy(array.dtype)
+    if not dtype.is_float:
+        return 0
+    flat = np.ascontiguousarray(array).reshape(-1)
+    bad = 0
+    mask = _EXPONENT_MASKS.get(dtype)
+    for lo in range(0, flat.size, _FINITE_CHUNK):
+        chunk = flat[lo:lo + _FINITE_CHUNK]
+        if mask is not None:
+            bits = chunk.view(mask[0]) & mask[0](mask[1])
+            bad += int(np.count_nonzero(bits == mask[1]))
+        else:
+            bad += int(chunk.size - np.count_nonzero(np.isfinite(chunk.astype(np.float32))))
+    return bad
+
+
 def write_safetensors(
     path: str | os.PathLike[str],
     tensors: Iterable[tuple[str, WeightSource | np.ndarray]],
     metadata: dict[str, str] | None = None,
     on_tensor: Callable[[str, int, int], None] | None = None,
+    *,
+    require_finite: bool = False,
 ) -> str:
     """Write tensors to a safetensors file, reading one source at a time; returns the file's sha256.
 
     Only one tensor's values are in memory at once, so writing a graph never
     needs its whole checkpoint in RAM. `on_tensor(name, done, total)` reports
     progress after each tensor. The digest is taken from the bytes as they are
-    written, so nobody has to read the file again to hash it.
+    written, so nobody has to read the file again to hash it. `require_finite`:
+    a float tensor holding NaN or Inf raises WeightError naming it (checked on the
+    values as they are written, so it costs no extra pass over the checkpoint).
     """
     pending: list[_PendingTensor] = []
     offset = 0
@@ -517,6 +550,11 @@ def write_safetensors(
                     f"source of {p.name!r} produced {arr.dtype}{list(arr.shape)}, "
                     f"declared {p.source.dtype}{list(p.source.shape)}"
                 )
+            if require_finite and (bad := count_nonfinite(arr)):
+                raise WeightError(
+                    f"tensor {p.name!r} holds {bad} NaN/Inf value(s) of {arr.size} "
+                    f"(from {p.source.describe()}): the checkpoint is broken or overflowed; fix or "
+                    "re-export it")
             data = pack_int4(arr) if p.source.dtype == DType.I4 else np.ascontiguousarray(arr)
             view = memoryview(data.reshape(-1).view(np.uint8))
             # sha256 and the write both release the GIL: hash on the other core while writing

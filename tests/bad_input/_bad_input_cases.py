@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (a table of cases: one case a line reads best)
 """The bad-input corpus: one `Case` per hostile input, across every command and file reader.
 
 A case says how to build its input under a fresh folder (`setup(tmp, bases)`), the command
@@ -275,7 +276,9 @@ def _config_cases() -> None:
             name, argv = COMMANDS[n % len(COMMANDS)]
             n += 1
             text = config_text(ERNIE_CFG, fld, value, raw=raw)
-            case(f"config-{fld}-{bad}-{name}", argv, "config.json", fld, setup=with_config(text))
+            # JSON nested past the parser's depth fails before any field is known: the file is named
+            case(f"config-{fld}-{bad}-{name}", argv, "config.json", *([fld] if bad != "deep" else []),
+                 setup=with_config(text))
 
 
 _config_cases()
@@ -288,7 +291,7 @@ for i, fld in enumerate(MOE_FIELDS):
     for bad in ("string", "inf", "huge", "negative", "deep"):
         value, raw = BAD_VALUES[bad]
         case(f"moe-config-{fld}-{bad}", ["show", "{t}/m", "--meta"] if i % 2 else
-             ["plan", "{t}/m", "--target", "cuda"], "config.json", fld,
+             ["plan", "{t}/m", "--target", "cuda"], "config.json", *([fld] if bad != "deep" else []),
              setup=with_config(config_text(MOE_CFG, fld, value, raw=raw)))
 
 GPT_CFG = {"architectures": ["GPTForCausalLM"], "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
@@ -372,7 +375,7 @@ for name, data, expect in [
     ("architectures-unknown", config_text(ERNIE_CFG, "architectures", ["LlamaForCausalLM"]).encode(),
      "LlamaForCausalLM"),
     ("architectures-deep", config_text(ERNIE_CFG, "architectures", None, raw=deep_list()).encode(),
-     "architectures"),
+     "too deeply"),
     ("huge-number-literal", config_text(ERNIE_CFG, "hidden_size", None, raw="1" * 5000).encode(),
      "config.json"),
     ("bom", b"\xef\xbb\xbf" + _json(ERNIE_CFG).encode(), "config.json"),
@@ -405,7 +408,7 @@ for name, blob, expect in [
     ("header-deep-object", safetensors_bytes(None, raw_header=('{"a":' * DEEP + "1" + "}" * DEEP).encode()),
      "model.safetensors"),
     ("entry-not-object", safetensors_bytes({E: 5}), E),
-    ("entry-deep", safetensors_bytes(None, raw_header=('{"%s":' % E + deep_list() + "}").encode()), E),
+    ("entry-deep", safetensors_bytes(None, raw_header=(f'{{"{E}":' + deep_list() + "}").encode()), "too deeply"),
     ("dtype-int", safetensors_bytes({E: {**GOOD_ENTRY, "dtype": 3}}, b"\0" * 16), E),
     ("dtype-unknown", safetensors_bytes({E: {**GOOD_ENTRY, "dtype": "F128"}}, b"\0" * 16), "F128"),
     ("dtype-missing", safetensors_bytes({E: {"shape": [2, 2], "data_offsets": [0, 16]}}, b"\0" * 16), E),
@@ -751,7 +754,7 @@ for flag, values in {
     for v in values:
         extra = ["--lora-rank", "4"] if flag == "--lora-alpha" else []
         case(f"flag-compile{flag}={v[:12]}", ["compile", GPT, "--target", "cuda", *extra, flag, v,
-                                              "--out", "{t}/out"], flag)
+                                              "--out", "{t}/out"], flag.removeprefix("--").split("-")[-1])
 for flag, values in {"--tp": ["0", str(HUGE)], "--rank": ["-1", "99", str(HUGE)], "--lora-rank": ["100000", str(HUGE)],
                      "--lora-alpha": ["nan"]}.items():
     for v in values:
@@ -817,7 +820,7 @@ for fld in ("r", "lora_alpha", "scaling", "target_modules"):
         if fld == "target_modules" and bad in ("nan", "inf", "huge", "negative"):
             continue
         value, raw = BAD_VALUES[bad]
-        case(f"adapter-config-{fld}-{bad}", AD, "lora_config.json", fld,
+        case(f"adapter-config-{fld}-{bad}", AD, "lora_config.json", *([fld] if bad != "deep" else []),
              setup=_ckpt_and(adapter_config(LORA_CFG, fld, value, raw)))
 for name, files, expect in [
     ("config-empty", {"lora_config.json": ""}, "lora_config.json"),
@@ -982,3 +985,33 @@ case("compile-out-exists", ["compile", GPT, "--target", "cuda", "--out", "{t}/o"
 case("compile-quant-and-pipeline-yaml", ["compile", GPT, "--target", "cuda", "--quant", "wint8", "--pipeline",
                                          "{t}/p.yaml", "--out", "{t}/out"], "--pipeline",
      setup=write_file("p.yaml", "passes: [dce]\n"))
+
+
+def _poison_training(*suffixes: str) -> Setup:
+    """The training artifact with its adapters set to 3e38 (finite, but a step overflows), the
+    manifest's sha256 updated so the artifact still verifies."""
+    def setup(tmp: Path, b: Bases) -> None:
+        import hashlib
+
+        from ernie_ir.ir.weights import SafetensorsFile, write_safetensors
+
+        copy_tree("train_artifact")(tmp, b)
+        w = tmp / "a" / "rank0" / "weights.safetensors"
+        st = SafetensorsFile(w)
+        ts = {k: np.array(st.read(k)) for k in st}
+        del st
+        for k in ts:
+            if k.endswith(suffixes):
+                ts[k][...] = 3e38
+        write_safetensors(w, list(ts.items()))
+        m = json.loads((tmp / "a" / "manifest.json").read_text())
+        m["files"]["rank0/weights.safetensors"] = hashlib.sha256(w.read_bytes()).hexdigest()
+        (tmp / "a" / "manifest.json").write_text(json.dumps(m))
+    return setup
+
+
+case("train-params-become-nonfinite", [*TRAIN, "--steps", "2"], "NaN or Inf", needs="paddle",
+     setup=_poison_training(".lora_A"))
+case("train-loss-nonfinite", TRAIN, "loss", needs="paddle", setup=_poison_training(".lora_A", ".lora_B"))
+case("train-loss-nonfinite-data", [*TRAIN, "--data", "{t}/d.jsonl"], "NaN or Inf", needs="paddle",
+     setup=both(_poison_training(".lora_A", ".lora_B"), write_file("d.jsonl", '{"input_ids": [1, 2, 3]}\n')))

@@ -97,10 +97,13 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    """Every path under root (FIFOs included) with its size and mtime: what a case may not change."""
+    """Every path under root (FIFOs included) with its size and mtime: what a case may not change.
+    Folders count by name only (a temp folder made and removed again changes the parent's mtime)."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
+        for name in dirnames:
+            out[Path(dirpath, name).relative_to(root).as_posix() + "/"] = (0, 0)
+        for name in filenames:
             p = Path(dirpath, name)
             st = p.lstat()
             out[p.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns)
@@ -170,7 +173,8 @@ def check(c: Case, tmp: Path, bases: Bases, capsys: pytest.CaptureFixture[str],
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_refused_cleanly(c: Case, bases: Bases, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_bad_input_is_refused_cleanly(c: Case, bases: Bases, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     if c.needs == "paddle" and not HAS_PADDLE:
         pytest.skip("needs paddle")
