@@ -325,6 +325,8 @@ def run(
         from ernie_ir.targets import read_manifest, require_weights
 
         require_weights(Path(model), read_manifest(model))
+    if backend not in ("interpreter", "onnxruntime", "paddle"):
+        raise ErnieIRError(f"--backend {backend!r}: choose interpreter, onnxruntime or paddle")
     ids = _parse_tokens(tokens)
     if timeout is not None and not 0 < timeout < float("inf"):
         raise ErnieIRError(f"--timeout {timeout}: give a finite number of seconds above 0")

@@ -90,17 +90,17 @@ def loads_json(text: str | bytes, source: str, error: type[ErnieIRError] = Ernie
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise error(f"{source} is not UTF-8 text (byte {e.start}): {fix}") from None
+        except UnicodeDecodeError:
+            raise error(f"{source}: not UTF-8 text: {fix}") from None
     if not text.strip():
-        raise error(f"{source} is empty: {fix}")
+        raise error(f"{source}: the file is empty: {fix}")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise error(f"{source} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}): "
                     f"{fix}") from None
     except RecursionError:
-        raise error(f"{source} nests JSON arrays or objects too deeply to read: {fix}") from None
+        raise error(f"{source}: JSON arrays or objects nest too deeply to read: {fix}") from None
     except ValueError as e:  # an integer literal longer than int() converts (sys.int_info)
         raise error(f"{source}: {str(e).split(';')[0]}: {fix}") from None
 

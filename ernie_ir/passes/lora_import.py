@@ -78,11 +78,8 @@ def read_adapter(folder: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], d
             raise LoraError(f"{folder}: adapter tensor {key!r} holds {bad} NaN/Inf value(s): the adapter "
                             "diverged in training or is corrupt; re-export a finite one")
     base: dict[str, Any] = {}
-    if (folder / "config.json").exists():
-        try:
-            loaded = read_json(folder / "config.json", "base model config", LoraError)
-        except LoraError:
-            loaded = {}  # optional: only the head counts are read, else the graph's are used
+    if (folder / "config.json").exists():  # optional: its head counts, else the graph's, are used
+        loaded = read_json(folder / "config.json", "base model config", LoraError, "re-export the adapter")
         base = loaded if isinstance(loaded, dict) else {}
     return cfg, tensors, base
 

@@ -141,7 +141,11 @@ def parse_pipeline_text(text: str) -> list[PassSpec]:
     """Split pipeline text into specs (no validation against the registry yet)."""
     if not text.strip():
         return []
-    return _TextReader(text).specs()
+    reader = _TextReader(text)
+    try:
+        return reader.specs()
+    except RecursionError:  # an option value of lists nested thousands deep
+        raise reader.fail("option values nest too deeply ([[[...]]]): give a flat value") from None
 
 
 def parse_pipeline_yaml(text: str, source: str = "<yaml>") -> list[PassSpec]:
@@ -151,6 +155,9 @@ def parse_pipeline_yaml(text: str, source: str = "<yaml>") -> list[PassSpec]:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise PipelineError(f"{source}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+    except RecursionError:
+        raise PipelineError(f"{source}: the YAML nests too deeply to be a pipeline: give a list of "
+                            "passes") from None
     if isinstance(data, dict):
         keys = set(data)
         if keys - {"pipeline", "passes", "description"}:

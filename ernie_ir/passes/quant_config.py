@@ -235,6 +235,8 @@ class QuantConfig(BaseModel):
             raise QuantConfigError(f"{p}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
         except UnicodeDecodeError:
             raise QuantConfigError(f"{p}: not UTF-8 text: a quant config is a YAML file") from None
+        except RecursionError:
+            raise QuantConfigError(f"{p}: the YAML nests too deeply to be a quant config") from None
         cfg = cls.from_dict(data, str(p))
         return cfg if cfg.name != "custom" else cfg.model_copy(update={"name": p.stem})
 
