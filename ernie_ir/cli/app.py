@@ -244,6 +244,12 @@ def _logits(graph: Graph, ids: np.ndarray, emulate: str | None) -> np.ndarray:
     if len(graph.inputs) != 1 or not graph.inputs[0].type.dtype.is_int or not graph.outputs:
         raise ErnieIRError(f"graph {graph.name} does not take token ids: inputs "
                            f"{[v.name for v in graph.inputs]}")
+    seq = int(ids.shape[1])
+    for n in graph.nodes:  # before any activation of [batch, seq, hidden] is allocated
+        limit = getattr(n.attrs, "limit", None) if n.op == "position_ids" else None
+        if limit is not None and n.attrs.offset + n.attrs.stride * (seq - 1) >= limit:  # type: ignore[attr-defined]
+            raise ErnieIRError(f"--tokens: {seq} tokens per sequence, but {graph.name} has {limit} positions "
+                               "(max_position_embeddings): give shorter sequences")
     mode = DType.parse(emulate) if emulate else None
     outputs = Interpreter(graph, emulate=mode).run({graph.inputs[0].name or "": ids})
     return outputs[graph.output_names[0]]

@@ -689,7 +689,8 @@ for name, tokens, expect in [
     ("huge", str(HUGE), "--tokens"),
     ("negative", "-1,2", "token id"),
     ("out-of-vocab", "999999", "token id"),
-    ("too-many", ",".join(["1"] * 2000), "positions"),
+    ("too-many", ",".join(["1"] * 2000), "max_position_embeddings"),
+    ("far-too-many", ",".join(["1"] * 3_000_000), "max_position_embeddings"),
     ("nan", "nan", "--tokens"),
     ("inf", "inf", "--tokens"),
     ("long-literal", "9" * 5000, "--tokens"),
@@ -712,7 +713,7 @@ for name, setup, expect in [
     ("empty-file", write_file("t.npy", b""), "t.npy"),
     ("out-of-vocab", _npy("t.npy", np.full((1, 3), 10**9, np.int64)), "token id"),
     ("negative", _npy("t.npy", np.full((1, 3), -5, np.int64)), "token id"),
-    ("too-long", _npy("t.npy", np.ones((1, 5000), np.int64)), "positions"),
+    ("too-long", _npy("t.npy", np.ones((1, 5000), np.int64)), "max_position_embeddings"),
     ("uint64-huge", _npy("t.npy", np.full((1, 2), 2**63 + 5, np.uint64)), "9223372036854775813"),
     ("huge-shape-header", write_file("t.npy", b"\x93NUMPY\x01\x00v\x00{'descr': '<i8', 'fortran_order': False, "
                                               b"'shape': (1000000000000, 1000000000000), }" + b" " * 40 + b"\n"),
