@@ -26,6 +26,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from ernie_ir.ir.inputs import read_bytes
+
 from .base import Pass, PipelineError
 from .registry import REGISTRY
 
@@ -287,10 +289,10 @@ def load_pipeline(spec: str, *, initial: Iterable[str] = ()) -> Pipeline:
     """A pipeline from text, or from a YAML file when `spec` names one."""
     path = Path(spec)
     if spec.endswith((".yaml", ".yml")):
-        if not path.is_file():
+        if not path.exists():
             raise PipelineError(f"pipeline file {spec} does not exist")
-        try:
-            text = path.read_text(encoding="utf-8")
+        try:  # a FIFO or device is refused, not waited on
+            text = read_bytes(path, "pipeline file", PipelineError).decode("utf-8")
         except UnicodeDecodeError:
             raise PipelineError(f"pipeline file {spec} is not UTF-8 text: give a YAML list of passes"
                                 ) from None

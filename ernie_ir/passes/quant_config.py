@@ -45,6 +45,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ernie_ir.ir import ErnieIRError, Graph, Node, Param
+from ernie_ir.ir.inputs import read_bytes
 
 
 class QuantConfigError(ErnieIRError):
@@ -225,10 +226,10 @@ class QuantConfig(BaseModel):
     @classmethod
     def from_yaml(cls, path: str | Path) -> QuantConfig:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise QuantConfigError(f"quant config file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        try:  # a FIFO or device is refused, not waited on
+            data = yaml.safe_load(read_bytes(p, "quant config file", QuantConfigError).decode("utf-8"))
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
