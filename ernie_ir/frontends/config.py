@@ -40,19 +40,17 @@ MAX_POSITIONS = 1 << 24
 MAX_EXPERTS = 1024
 
 
-def _capped(cap: int, low: int = 1) -> Any:
-    return Annotated[int, Field(ge=low, le=cap, strict=False)]
-
-
-Layers = _capped(MAX_LAYERS)
-Hidden = _capped(MAX_HIDDEN)
-Intermediate = _capped(MAX_INTERMEDIATE)
-Vocab = _capped(MAX_VOCAB)
-Heads = _capped(MAX_HEADS)
-HeadDim = _capped(MAX_HEAD_DIM)
-Positions = _capped(MAX_POSITIONS)
-Experts = _capped(MAX_EXPERTS)
-LayerIndex = _capped(MAX_LAYERS, low=0)
+Layers = Annotated[int, Field(ge=1, le=MAX_LAYERS)]
+LayerIndex = Annotated[int, Field(ge=0, le=MAX_LAYERS)]
+EndIndex = Annotated[int, Field(ge=-1, le=MAX_LAYERS)]
+Hidden = Annotated[int, Field(ge=1, le=MAX_HIDDEN)]
+Intermediate = Annotated[int, Field(ge=1, le=MAX_INTERMEDIATE)]
+Vocab = Annotated[int, Field(ge=1, le=MAX_VOCAB)]
+Heads = Annotated[int, Field(ge=1, le=MAX_HEADS)]
+HeadDim = Annotated[int, Field(ge=1, le=MAX_HEAD_DIM)]
+Positions = Annotated[int, Field(ge=1, le=MAX_POSITIONS)]
+Experts = Annotated[int, Field(ge=1, le=MAX_EXPERTS)]
+SharedExperts = Annotated[int, Field(ge=0, le=MAX_EXPERTS)]
 Eps = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 """A normalization epsilon: finite, in (0, 1] (published: 1e-5, 1e-6)."""
 Theta = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -214,9 +212,9 @@ class Ernie45MoeConfig(Ernie45Config):
     moe_num_experts: Experts
     moe_k: Experts
     moe_intermediate_size: Intermediate
-    moe_num_shared_experts: _capped(MAX_EXPERTS, low=0) = 2
+    moe_num_shared_experts: SharedExperts = 2
     moe_layer_start_index: LayerIndex = 1
-    moe_layer_end_index: _capped(MAX_LAYERS, low=-1) = -1
+    moe_layer_end_index: EndIndex = -1
     """-1: the last layer."""
     moe_layer_interval: Layers = 1
     moe_norm_min: Eps = 1e-12

@@ -16,6 +16,8 @@ import stat
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 from .errors import ErnieIRError
 
 MAX_JSON_BYTES = 1 << 30
@@ -112,13 +114,11 @@ def read_json(path: str | os.PathLike[str], what: str = "file", error: type[Erni
 
 
 def read_token_ids(path: str | os.PathLike[str], what: str = "token file",
-                   error: type[ErnieIRError] = ErnieIRError) -> Any:
+                   error: type[ErnieIRError] = ErnieIRError) -> np.ndarray:
     """A .npy file of integer token ids as int64 [batch, seq] (a 1-D array is one sequence).
 
     Refused with one line: not a regular file, not a plain .npy array (pickled objects are
     never loaded), empty or truncated, not integers, not 1-D/2-D, no ids, values outside int64."""
-    import numpy as np
-
     with open_regular(path, what, error) as f:
         try:
             ids = np.load(f, allow_pickle=False)
