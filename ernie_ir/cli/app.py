@@ -296,22 +296,11 @@ def _parse_tokens(tokens: str) -> np.ndarray:
     from ernie_ir.ir import ErnieIRError
 
     if tokens.endswith(".npy"):
-        path = Path(tokens)
-        if not path.is_file():
+        from ernie_ir.ir.inputs import read_token_ids
+
+        if not Path(tokens).exists():
             raise ErnieIRError(f"--tokens {tokens}: no such file")
-        try:
-            ids = np.load(path, allow_pickle=False)
-        except ValueError as e:
-            raise ErnieIRError(f"--tokens {tokens}: not a plain .npy array ({e})") from None
-        if ids.ndim == 1:
-            ids = ids[None, :]
-        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-            raise ErnieIRError(f"--tokens {tokens}: expected integer ids [batch, seq], got "
-                               f"{ids.dtype}{list(ids.shape)}")
-        if ids.size == 0:
-            raise ErnieIRError(f"--tokens {tokens}: the array is empty {list(ids.shape)}: give at "
-                               "least one token id per sequence")
-        return ids.astype(np.int64)
+        return read_token_ids(tokens, "--tokens file")
     try:
         values = [int(t) for t in tokens.split(",") if t.strip()]
         if not values:
@@ -324,11 +313,13 @@ def _parse_tokens(tokens: str) -> np.ndarray:
 
 def _logits(graph: Graph, ids: np.ndarray, emulate: str | None) -> np.ndarray:
     from ernie_ir.ir import DType, ErnieIRError
+    from ernie_ir.ops.positions import check_sequence_length
     from ernie_ir.runtime import Interpreter
 
     if len(graph.inputs) != 1 or not graph.inputs[0].type.dtype.is_int or not graph.outputs:
         raise ErnieIRError(f"graph {graph.name} does not take token ids: inputs "
                            f"{[v.name for v in graph.inputs]}")
+    check_sequence_length(graph, int(ids.shape[1]))  # before any [batch, seq, hidden] is allocated
     mode = DType.parse(emulate) if emulate else None
     outputs = Interpreter(graph, emulate=mode).run({graph.inputs[0].name or "": ids})
     return outputs[graph.output_names[0]]
@@ -423,7 +414,11 @@ def run(
         from ernie_ir.targets import read_manifest, require_weights
 
         require_weights(Path(model), read_manifest(model))
+    if backend not in ("interpreter", "onnxruntime", "paddle"):
+        raise ErnieIRError(f"--backend {backend!r}: choose interpreter, onnxruntime or paddle")
     ids = _parse_tokens(tokens)
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise ErnieIRError(f"--timeout {timeout}: give a finite number of seconds above 0")
     if emulate is not None and emulate not in ("bf16", "f16"):
         raise ErnieIRError(f"--emulate {emulate!r}: choose bf16 or f16 (activation rounding)")
     if save_logits is not None and not save_logits.parent.is_dir():
@@ -966,6 +961,14 @@ def _run(argv: list[str] | None) -> None:
     except KeyboardInterrupt:
         err.print("aborted", markup=False)
         sys.exit(_interrupted())
+    except MemoryError:  # numpy or Paddle could not allocate: one line, not a traceback
+        err.print("[bold red]error:[/] out of memory: the model or the input is too large for this "
+                  "machine; try --meta, a smaller model, fewer tokens or a smaller batch", markup=True)
+        sys.exit(2)
+    except RecursionError:  # a reader without its own depth check met a deeply nested input
+        err.print("[bold red]error:[/] an input nests too deeply to read (thousands of brackets or "
+                  "indents): check the files and options given", markup=True)
+        sys.exit(2)
     except Exception as e:
         from rich.markup import escape
 
@@ -976,6 +979,11 @@ def _run(argv: list[str] | None) -> None:
         usage = _usage_error(e)
         if usage is None:
             if type(e).__name__ == "Abort":
+                if isinstance(e.__cause__, EOFError):  # click turns any EOFError into Abort
+                    why = escape(str(e.__cause__) or "end of file")
+                    err.print(f"[bold red]error:[/] an input ended early ({why}): a file given is empty "
+                              "or truncated", markup=True)
+                    sys.exit(2)
                 err.print("aborted", markup=False)
                 sys.exit(_interrupted())
             raise

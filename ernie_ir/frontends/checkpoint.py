@@ -15,12 +15,12 @@ a lazy, memory-mapped `WeightSource`.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from ernie_ir.ir import DType, WeightError
+from ernie_ir.ir.inputs import read_json
 from ernie_ir.ir.weights import SafetensorsFile, WeightSource
 
 from .errors import CheckpointError, UntrustedPickleError, name_some
@@ -89,15 +89,13 @@ def _open_safetensors(path: Path) -> SafetensorsFile:
 
 
 def _index_files(index: Path) -> list[Path]:
-    try:
-        data = json.loads(index.read_text(encoding="utf-8"))
-        weight_map = data["weight_map"]
-        if not isinstance(weight_map, dict):
-            raise TypeError
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
-        raise CheckpointError(f"{index} is not a valid index (a JSON object with a 'weight_map')") from None
-    names = list(dict.fromkeys(str(v) for v in weight_map.values()))
-    missing = [n for n in names if not (index.parent / n).is_file()]
+    weight_map = _weight_map(index)
+    names = list(dict.fromkeys(weight_map.values()))
+    outside = [n for n in names if Path(n).name != n]
+    if outside:
+        raise CheckpointError(f"{index} names shard {outside[0]!r}, which is not a file name in "
+                              f"{index.parent}: an index lists shards by name, next to it")
+    missing = [n for n in names if not (index.parent / n).exists()]
     if missing:
         raise CheckpointError(
             f"{index.name} lists shard(s) that are not in {index.parent}: {name_some(missing)}; "
@@ -106,8 +104,18 @@ def _index_files(index: Path) -> list[Path]:
     return [index.parent / n for n in names]
 
 
+def _weight_map(index: Path) -> dict[str, str]:
+    """The index's `weight_map`, {tensor: shard file name}, checked to be one."""
+    data = read_json(index, "checkpoint index", CheckpointError)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index} is not a valid index (a JSON object with a 'weight_map' of tensor "
+                              "names to shard file names): re-export the checkpoint")
+    return weight_map
+
+
 def _check_index(index: Path, store: TensorStore) -> None:
-    weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    weight_map = _weight_map(index)
     wrong = [k for k, f in weight_map.items() if k not in store or store._where[k].path.name != f]
     if wrong:
         raise CheckpointError(

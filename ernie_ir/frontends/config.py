@@ -16,21 +16,45 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ernie_ir.ir.inputs import read_json
 
 from .errors import ConfigError
 
 GELU_NAMES = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+# Caps on the sizes a config may declare (docs/frontends.md, "Limits"). Each is far above
+# every published model (ERNIE 4.5 300B: 54 layers, hidden 8192, vocab 103424, 64 experts;
+# GPT-3: 96 layers, hidden 12288), and low enough that a graph of that size is built in
+# bounded time and memory: a config claiming 10**30 layers is refused, not looped over.
+MAX_LAYERS = 1024
+MAX_HIDDEN = 1 << 16
+MAX_INTERMEDIATE = 1 << 18
+MAX_VOCAB = 1 << 22
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_POSITIONS = 1 << 24
+MAX_EXPERTS = 1024
+
+
+Layers = Annotated[int, Field(ge=1, le=MAX_LAYERS)]
+LayerIndex = Annotated[int, Field(ge=0, le=MAX_LAYERS)]
+EndIndex = Annotated[int, Field(ge=-1, le=MAX_LAYERS)]
+Hidden = Annotated[int, Field(ge=1, le=MAX_HIDDEN)]
+Intermediate = Annotated[int, Field(ge=1, le=MAX_INTERMEDIATE)]
+Vocab = Annotated[int, Field(ge=1, le=MAX_VOCAB)]
+Heads = Annotated[int, Field(ge=1, le=MAX_HEADS)]
+HeadDim = Annotated[int, Field(ge=1, le=MAX_HEAD_DIM)]
+Positions = Annotated[int, Field(ge=1, le=MAX_POSITIONS)]
+Experts = Annotated[int, Field(ge=1, le=MAX_EXPERTS)]
+SharedExperts = Annotated[int, Field(ge=0, le=MAX_EXPERTS)]
+Eps = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+"""A normalization epsilon: finite, in (0, 1] (published: 1e-5, 1e-6)."""
+Theta = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A finite positive float (RoPE base: 10000, 500000)."""
 
 
 class ArchConfig(BaseModel):
@@ -79,8 +103,18 @@ def _describe(e: ValidationError, cls: type[ArchConfig], source: str) -> str:
         return f"{source}: missing required key {key!r} for {arch}: {fix}"
     if err["type"] == "value_error":
         return f"{source}: {err.get('ctx', {}).get('error', err['msg'])}"
-    got = err.get("input")
-    return f"{source}: key {key!r}: {err['msg']} (got {json.dumps(got, default=str)})"
+    fix = ("; that is above ernie-ir's cap for it (docs/frontends.md, Limits): check config.json"
+           if err["type"] == "less_than_equal" else "")
+    return f"{source}: key {key!r}: {err['msg']} (got {_shown(err.get('input'))}){fix}"
+
+
+def _shown(value: Any) -> str:
+    """A config value for a message: JSON, cut short (a value can be a 1000-deep list)."""
+    try:
+        text = json.dumps(value, default=str)
+    except (RecursionError, ValueError):
+        text = type(value).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _rope_theta_from_parameters(data: Any) -> Any:
@@ -96,7 +130,7 @@ def _rope_theta_from_parameters(data: Any) -> Any:
             data = {**data, "rope_theta": params["rope_theta"]}
     scaling = data.get("rope_scaling")
     if scaling not in (None, {}):
-        raise ValueError(f"rope_scaling {json.dumps(scaling)} is not supported (only default RoPE)")
+        raise ValueError(f"rope_scaling {_shown(scaling)} is not supported (only default RoPE)")
     return data
 
 
@@ -106,21 +140,21 @@ class Ernie45Config(ArchConfig):
     ARCHITECTURES = ("Ernie4_5_ForCausalLM", "Ernie4_5ForCausalLM")  # published Paddle; transformers
     HINTS = {"rms_norm_eps": "1e-05", "rope_theta": "500000.0"}
 
-    vocab_size: PositiveInt
-    hidden_size: PositiveInt
-    intermediate_size: PositiveInt
-    num_hidden_layers: PositiveInt
-    num_attention_heads: PositiveInt
-    num_key_value_heads: PositiveInt | None = None
+    vocab_size: Vocab
+    hidden_size: Hidden
+    intermediate_size: Intermediate
+    num_hidden_layers: Layers
+    num_attention_heads: Heads
+    num_key_value_heads: Heads | None = None
     """Absent: as many as query heads (MHA), as both libraries do."""
-    head_dim: PositiveInt | None = None
+    head_dim: HeadDim | None = None
     """Absent: 128 for the dense model (both libraries' default), hidden/heads for MoE."""
-    rms_norm_eps: PositiveFloat
-    rope_theta: PositiveFloat
+    rms_norm_eps: Eps
+    rope_theta: Theta
     tie_word_embeddings: bool = True
     use_bias: bool = False
     hidden_act: str = "silu"
-    max_position_embeddings: PositiveInt | None = None
+    max_position_embeddings: Positions | None = None
 
     DEFAULT_HEAD_DIM: ClassVar[int | None] = 128
 
@@ -175,18 +209,18 @@ class Ernie45MoeConfig(Ernie45Config):
     }
     DEFAULT_HEAD_DIM = None
 
-    moe_num_experts: PositiveInt
-    moe_k: PositiveInt
-    moe_intermediate_size: PositiveInt
-    moe_num_shared_experts: NonNegativeInt = 2
-    moe_layer_start_index: NonNegativeInt = 1
-    moe_layer_end_index: int = -1
+    moe_num_experts: Experts
+    moe_k: Experts
+    moe_intermediate_size: Intermediate
+    moe_num_shared_experts: SharedExperts = 2
+    moe_layer_start_index: LayerIndex = 1
+    moe_layer_end_index: EndIndex = -1
     """-1: the last layer."""
-    moe_layer_interval: PositiveInt = 1
-    moe_norm_min: PositiveFloat = 1e-12
+    moe_layer_interval: Layers = 1
+    moe_norm_min: Eps = 1e-12
     moe_use_aux_free: bool | None = None
     """True: the checkpoint must carry `moe_statics.e_score_correction_bias`; None: use it if present."""
-    num_nextn_predict_layers: NonNegativeInt = 0
+    num_nextn_predict_layers: LayerIndex = 0
 
     def resolve(self) -> None:
         super().resolve()
@@ -217,22 +251,22 @@ class Ernie35SEConfig(ArchConfig):
 
     ARCHITECTURES = ("Ernie35ForCausalLM",)
 
-    vocab_size: PositiveInt
-    hidden_size: PositiveInt
-    intermediate_size: PositiveInt
-    num_hidden_layers: PositiveInt
-    num_attention_heads: PositiveInt
-    layer_norm_eps: PositiveFloat = 1e-6
+    vocab_size: Vocab
+    hidden_size: Hidden
+    intermediate_size: Intermediate
+    num_hidden_layers: Layers
+    num_attention_heads: Heads
+    layer_norm_eps: Eps = 1e-6
     use_bias: bool = False
     parallel_attn_hatf: bool = True
     """Head attention, tail FFN: layer 0 is attention only, the last layer FFN only."""
     enable_random_position_ids: bool = False
     """At inference the reference then uses positions 8(s+1)-1 (see docs/frontends.md)."""
-    max_position_embeddings: PositiveInt = 2048
+    max_position_embeddings: Positions = 2048
     tie_word_embeddings: bool = False
     weight_share_add_bias: bool = True
     """With use_bias: the lm_head has a bias [V]."""
-    rope_theta: PositiveFloat = 10000.0
+    rope_theta: Theta = 10000.0
 
     def resolve(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -275,12 +309,12 @@ class GPTConfig(ArchConfig):
 
     ARCHITECTURES = ("GPTForCausalLM", "GPTForPretraining", "GPTLMHeadModel")
 
-    vocab_size: PositiveInt
-    hidden_size: PositiveInt
-    num_hidden_layers: PositiveInt
-    num_attention_heads: PositiveInt
-    intermediate_size: PositiveInt
-    max_position_embeddings: PositiveInt
+    vocab_size: Vocab
+    hidden_size: Hidden
+    num_hidden_layers: Layers
+    num_attention_heads: Heads
+    intermediate_size: Intermediate
+    max_position_embeddings: Positions
     hidden_activation: str = "gelu"
     normalize_before: bool = True
     fuse_attention_qkv: bool = False
@@ -333,7 +367,7 @@ def config_class_for(data: Mapping[str, Any], source: str) -> type[ArchConfig]:
     if isinstance(archs, str):
         archs = [archs]
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
-        raise ConfigError(f"{source}: 'architectures' must be a list of names, got {json.dumps(archs)}")
+        raise ConfigError(f"{source}: 'architectures' must be a list of names, got {_shown(archs)}")
     for arch in archs:
         for cls in CONFIG_CLASSES:
             if arch in cls.ARCHITECTURES:
@@ -355,14 +389,9 @@ def parse_config(data: Mapping[str, Any], source: str = "config.json") -> ArchCo
 def read_config(folder: Path) -> ArchConfig:
     """Parse `folder/config.json`."""
     path = folder / "config.json"
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(
             f"{folder} has no config.json: a model folder needs config.json next to its weights"
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path} is not valid JSON ({e}): fix or re-export it") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read {path} ({e.strerror})") from None
+    data = read_json(path, "config file", ConfigError)
     return parse_config(data, str(path))

@@ -149,6 +149,22 @@ def build_graph(cfg: ArchConfig, weights: WeightProvider, *, name: str, dtype: D
                         **options)
 
 
+_LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _check_layer_count(store: TensorStore, cfg: ArchConfig) -> None:
+    """Refuse a config that claims more decoder layers than the checkpoint holds, before the
+    graph builder creates a node and a param per layer (a config can claim 1024 layers over
+    a two-layer checkpoint)."""
+    want = int(getattr(cfg, "num_hidden_layers", 0))
+    found = {int(m.group(1)) for k in store if (m := _LAYER_KEY.search(k))}
+    if found and max(found) + 1 < want:
+        raise CheckpointError(
+            f"{store.folder}: config.json says num_hidden_layers {want}, but the checkpoint holds "
+            f"layers 0..{max(found)} only ({max(found) + 1} layers): fix num_hidden_layers or copy "
+            "the missing shards")
+
+
 def load_folder(folder: str | os.PathLike[str], *, trust_pickle: bool = False, meta: bool = False) -> Graph:
     """The graph of a checkpoint folder (config.json + safetensors or trusted .pdparams).
 
@@ -160,6 +176,7 @@ def load_folder(folder: str | os.PathLike[str], *, trust_pickle: bool = False, m
         graph = build_graph(cfg, MetaWeights(), name=root.resolve().name)
         return _finish(graph, cfg, {"source": str(folder), "weights": "meta"})
     store = open_checkpoint(root, trust_pickle=trust_pickle)
+    _check_layer_count(store, cfg)
     plan = FAMILIES[type(cfg)].plan(store, cfg)
     weights = CheckpointWeights(store, plan.layout, plan.ignore, plan.hint)
     graph = build_graph(cfg, weights, name=root.resolve().name, **plan.options)

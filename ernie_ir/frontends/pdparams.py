@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ernie_ir.ir import DType, WeightError
+from ernie_ir.ir.inputs import open_regular
 from ernie_ir.ir.weights import WeightSource
 
 _SPAN_MIN = 4096  # byte strings at least this long (and outside a frame) are left on disk
@@ -152,8 +153,8 @@ class PdparamsFile:
         self.entries: dict[str, _ArrayStub] = {}
         self._mmap: np.memmap | None = None
         try:
-            size = self.path.stat().st_size
-            with open(self.path, "rb") as fh:
+            with open_regular(self.path, "checkpoint", WeightError) as fh:
+                size = os.fstat(fh.fileno()).st_size
                 obj = _LazyUnpickler(fh).load()
         except OSError as e:
             raise WeightError(f"{self.path}: cannot read ({e.strerror})") from None
@@ -164,6 +165,9 @@ class PdparamsFile:
         except (pickle.UnpicklingError, ValueError) as e:
             hint = "the file is truncated" if "exhausted" in str(e) or "truncated" in str(e) else str(e)
             raise WeightError(f"{self.path}: not a readable Paddle state dict ({hint})") from None
+        except RecursionError:
+            raise WeightError(f"{self.path}: the pickle nests too deeply for a state dict: the file is "
+                              "corrupt or not a checkpoint") from None
         except (KeyError, IndexError, TypeError, AttributeError):  # malformed opcodes or stack
             raise WeightError(f"{self.path}: not a readable Paddle state dict (corrupt or not a pickle)"
                               ) from None

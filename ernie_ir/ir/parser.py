@@ -115,10 +115,16 @@ class _Line:
         """The value of a quoted string token (JSON escapes); a bad escape is a parse error."""
         text = tok.text if text is None else text
         try:
-            return json.loads(text)
+            value = json.loads(text)
         except json.JSONDecodeError as e:
             col = tok.col + len(tok.text) - len(text) + e.pos
             raise self.error_at(col, f"invalid string {text}: {e.msg}") from None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate escape such as \ud800 is no text
+            raise self.error_at(tok.col, f"invalid string {text}: a lone surrogate escape is not "
+                                "UTF-8 text") from None
+        return value
 
     def tensor_type(self) -> TensorType:
         t = self.expect_kind("ident", "a type such as f32[B,S,1024]")
@@ -147,6 +153,8 @@ class _Line:
                 break
             self.take()
         if len(parts) == 1 and parts[0].isdigit():
+            if len(parts[0]) > 18:  # past 10**18 no tensor fits in memory; int() also has a cap
+                raise self.error_at(t.col, f"dim {parts[0][:20]}... is too large (at most 18 digits)")
             return int(parts[0])
         return "*".join(parts)
 
@@ -157,6 +165,8 @@ class _Line:
                 return float("-inf")
             if any(c in t.text for c in ".eE"):
                 return float(t.text)
+            if len(t.text) > 40:  # int() refuses 4300+ digits; no attribute needs 40
+                raise self.error_at(t.col, f"integer {t.text[:20]}... is too long (at most 40 digits)")
             return int(t.text)
         if t.kind == "string":
             return self.unquote(t)
@@ -279,6 +289,7 @@ class _GraphParser:
         self.type_cache: dict[str, list[TensorType]] = {}
         self.opdefs: dict[str, OpDef] = {}
         self.attr_cache: dict[tuple[str, str], Any] = {}
+        self.at_line = 1
 
     def line(self, idx: int) -> _Line:
         return _Line(self.lines[idx], idx + 1, self.source)
@@ -287,10 +298,12 @@ class _GraphParser:
         idx = self._skip(0)
         if idx >= len(self.lines):
             raise IRParseError("empty input: expected 'graph @name(...) -> (...) {'", 1, 1, self.source)
+        self.at_line = idx + 1
         self.header(self.line(idx))
         idx += 1
         closed = 0  # line number of the closing brace, once seen
         while idx < len(self.lines):
+            self.at_line = idx + 1  # for an error no statement parser raises (RecursionError)
             raw = self.lines[idx]
             stripped = raw.strip()
             if not stripped or stripped.startswith("//"):
@@ -621,4 +634,9 @@ def parse_graph(text: str, *, source: str = "<ir>", check_types: bool = True,
     op's type rule infers; a mismatch is an error at that line. `fast=False`
     forces the general parser for every line (used by tests).
     """
-    return _GraphParser(text, source, check_types, fast).run()
+    parser = _GraphParser(text, source, check_types, fast)
+    try:
+        return parser.run()
+    except RecursionError:  # brackets nested thousands deep: one line, not a traceback
+        raise IRParseError("brackets or braces nest too deeply to parse: the file is corrupt or not "
+                           "ernie-ir IR text", parser.at_line, 1, source) from None

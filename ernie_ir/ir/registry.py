@@ -51,6 +51,10 @@ class OpAttrs(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
 
+_NUMBERS: tuple[Any, ...] = (int, float, int | None, float | None)
+"""Attribute annotations a bool must not pass as (True is an int to pydantic)."""
+
+
 class NoAttrs(OpAttrs):
     """For ops without attributes."""
 
@@ -139,6 +143,10 @@ class OpDef(ABC):
             hit = self._attr_cache.get(key)
             if hit is not None:
                 return hit
+        fields = self.Attrs.model_fields
+        for name, v in (values or {}).items():  # pydantic reads true as 1: a bool is no number
+            if isinstance(v, bool) and name in fields and fields[name].annotation in _NUMBERS:
+                raise OpError(f"op {self.name}: attribute {name}: expected a number, got {v}")
         try:
             attrs = self.Attrs.model_validate(values or {})
             # pydantic lets an Enum (a bare `u8` in IR text) through an int field as its str

@@ -35,14 +35,19 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 
 
 def write_graph_files(graph: Graph, folder: Path,
-                      on_tensor: Callable[[str, int, int], None] | None = None) -> dict[str, str]:
-    """Write graph.ir and weights.safetensors into an existing folder; returns {file: sha256}."""
+                      on_tensor: Callable[[str, int, int], None] | None = None, *,
+                      require_finite: bool = True) -> dict[str, str]:
+    """Write graph.ir and weights.safetensors into an existing folder; returns {file: sha256}.
+
+    `require_finite`: a float param holding NaN or Inf is refused (WeightError naming it) as
+    its values are written, so a compiled artifact never carries weights that cannot compute."""
     text = print_graph(graph).encode("utf-8")
     (folder / GRAPH_FILE).write_bytes(text)
     weights = write_safetensors(
         folder / WEIGHTS_FILE,
         ((p.name, p.source) for p in graph.params.values() if p.source is not None),
         on_tensor=on_tensor,
+        require_finite=require_finite,
     )
     return {GRAPH_FILE: hashlib.sha256(text).hexdigest(), WEIGHTS_FILE: weights}
 
@@ -55,7 +60,7 @@ def save_graph(graph: Graph, folder: str | os.PathLike[str], *, overwrite: bool 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        write_graph_files(graph, tmp)
+        write_graph_files(graph, tmp, require_finite=False)  # a graph folder may hold what it is given
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import mmap
@@ -33,6 +34,7 @@ import numpy as np
 
 from .dtypes import DType
 from .errors import WeightError
+from .inputs import open_regular
 
 _ST_DTYPES: dict[str, DType] = {
     "F32": DType.F32,
@@ -170,8 +172,8 @@ class SafetensorsFile:
 
     def _read_header(self) -> None:
         try:
-            size = self.path.stat().st_size
-            with open(self.path, "rb") as f:
+            with open_regular(self.path, "safetensors file", WeightError) as f:
+                size = os.fstat(f.fileno()).st_size
                 head = f.read(8)
                 if len(head) < 8:
                     raise self._fail("not a safetensors file (shorter than its 8-byte header length)")
@@ -188,6 +190,12 @@ class SafetensorsFile:
             header = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise self._fail("header is not valid JSON: the file is corrupt") from None
+        except RecursionError:
+            raise self._fail("header nests JSON too deeply to be a safetensors header: the file is "
+                             "corrupt") from None
+        except ValueError:  # an integer literal longer than int() converts
+            raise self._fail("header holds an integer literal too long to read: the file is "
+                             "corrupt") from None
         self._data_start = 8 + n
         data_size = size - self._data_start
         if not isinstance(header, dict) or not isinstance(header.get("__metadata__") or {}, dict):
@@ -196,7 +204,7 @@ class SafetensorsFile:
         self.metadata = {str(k): str(v) for k, v in meta.items()}
         try:
             listed = json.loads(self.metadata.get(_INT4_META, "[]"))
-        except (json.JSONDecodeError, TypeError):
+        except (json.JSONDecodeError, TypeError, RecursionError, ValueError):
             listed = None
         if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
             int4: dict[str, list[int] | None] = dict.fromkeys(listed)  # logical shape in the header
@@ -240,6 +248,12 @@ class SafetensorsFile:
                     f"{data_size} bytes: the file is truncated"
                 )
             self.entries[name] = _TensorEntry(dtype, tuple(shape), start, end, packed)
+        # Two tensors sharing bytes would alias each other's data: safetensors refuses it too.
+        spans = sorted((e.start, e.end, n) for n, e in self.entries.items() if e.end > e.start)
+        for (_, end_a, a), (start_b, _, b) in itertools.pairwise(spans):
+            if start_b < end_a:
+                raise self._fail(f"tensors {a!r} and {b!r} overlap in the data section (bytes "
+                                 f"{start_b}..{end_a}): the file is corrupt")
 
     def keys(self) -> list[str]:
         return list(self.entries)
@@ -454,18 +468,51 @@ class _PendingTensor:
     meta: dict[str, object] = field(default_factory=dict)
 
 
+_EXPONENT_MASKS: dict[DType, tuple[type[np.unsignedinteger], int]] = {
+    DType.F32: (np.uint32, 0x7F800000),
+    DType.BF16: (np.uint16, 0x7F80),
+    DType.F16: (np.uint16, 0x7C00),
+}
+"""Per float dtype: (same-width uint, exponent bits). All exponent bits set is Inf or NaN."""
+_FINITE_CHUNK = 1 << 22
+
+
+def count_nonfinite(array: np.ndarray) -> int:
+    """NaN and Inf values in a float array (0 for other dtypes), in bounded extra memory: the
+    exponent bits are tested chunk by chunk on the raw bits, so a multi-GB tensor needs no
+    float32 copy and no bool array of its size."""
+    dtype = DType.from_numpy(array.dtype)
+    if not dtype.is_float:
+        return 0
+    flat = np.ascontiguousarray(array).reshape(-1)
+    bad = 0
+    mask = _EXPONENT_MASKS.get(dtype)
+    for lo in range(0, flat.size, _FINITE_CHUNK):
+        chunk = flat[lo:lo + _FINITE_CHUNK]
+        if mask is not None:
+            bits = chunk.view(mask[0]) & mask[0](mask[1])
+            bad += int(np.count_nonzero(bits == mask[1]))
+        else:
+            bad += int(chunk.size - np.count_nonzero(np.isfinite(chunk.astype(np.float32))))
+    return bad
+
+
 def write_safetensors(
     path: str | os.PathLike[str],
     tensors: Iterable[tuple[str, WeightSource | np.ndarray]],
     metadata: dict[str, str] | None = None,
     on_tensor: Callable[[str, int, int], None] | None = None,
+    *,
+    require_finite: bool = False,
 ) -> str:
     """Write tensors to a safetensors file, reading one source at a time; returns the file's sha256.
 
     Only one tensor's values are in memory at once, so writing a graph never
     needs its whole checkpoint in RAM. `on_tensor(name, done, total)` reports
     progress after each tensor. The digest is taken from the bytes as they are
-    written, so nobody has to read the file again to hash it.
+    written, so nobody has to read the file again to hash it. `require_finite`:
+    a float tensor holding NaN or Inf raises WeightError naming it (checked on the
+    values as they are written, so it costs no extra pass over the checkpoint).
     """
     pending: list[_PendingTensor] = []
     offset = 0
@@ -503,6 +550,11 @@ def write_safetensors(
                     f"source of {p.name!r} produced {arr.dtype}{list(arr.shape)}, "
                     f"declared {p.source.dtype}{list(p.source.shape)}"
                 )
+            if require_finite and (bad := count_nonfinite(arr)):
+                raise WeightError(
+                    f"tensor {p.name!r} holds {bad} NaN/Inf value(s) of {arr.size} "
+                    f"(from {p.source.describe()}): the checkpoint is broken or overflowed; fix or "
+                    "re-export it")
             data = pack_int4(arr) if p.source.dtype == DType.I4 else np.ascontiguousarray(arr)
             view = memoryview(data.reshape(-1).view(np.uint8))
             # sha256 and the write both release the GIL: hash on the other core while writing

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import Field
 
-from ernie_ir.ir import Input, OpAttrs, OpDef, OpError, TensorType, i64, register_op
+from ernie_ir.ir import Graph, Input, OpAttrs, OpDef, OpError, TensorType, i64, register_op
 
 from ._checks import need, need_int, need_rank
 
@@ -44,9 +44,21 @@ class PositionIds(OpDef):
         assert ids is not None
         b, s = ids.shape
         pos = attrs.offset + attrs.stride * np.arange(s, dtype=np.int64)
-        if attrs.limit is not None and s and pos[-1] >= attrs.limit:
-            raise OpError(
-                f"position_ids: sequence length {s} reaches position {int(pos[-1])}, "
-                f"beyond the model's {attrs.limit} positions"
-            )
+        check_positions(attrs, s)
         return [np.broadcast_to(pos, (b, s)).copy()]
+
+
+def check_positions(attrs: PositionIdsAttrs, seq: int) -> None:
+    """OpError if a sequence of `seq` tokens reaches a position at or beyond `attrs.limit`."""
+    last = attrs.offset + attrs.stride * (seq - 1)
+    if attrs.limit is not None and seq and last >= attrs.limit:
+        raise OpError(f"position_ids: sequence length {seq} reaches position {last}, "
+                      f"beyond the model's {attrs.limit} positions")
+
+
+def check_sequence_length(graph: Graph, seq: int) -> None:
+    """Refuse `seq` tokens per sequence where a `position_ids` node of `graph` could not place
+    them: before anything of [batch, seq, ...] is allocated (compiled backends, the CLI)."""
+    for node in graph.nodes:
+        if node.op == "position_ids":
+            check_positions(node.attrs, seq)  # type: ignore[arg-type]

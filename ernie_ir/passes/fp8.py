@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from ernie_ir.ir import DType, ErnieIRError, Graph, GraphBuilder, Node, Param, Value, f32, tensor
+from ernie_ir.ir.inputs import read_token_ids
 from ernie_ir.ir.weights import ArraySource, WeightSource
 from ernie_ir.ops.quant_numerics import FP8_MAX, NonFiniteWeightError, abs_max, fp8_quantize, fp8_scale
 
@@ -46,7 +48,7 @@ FMT = DType.F8E4M3
 
 class Fp8Options(PassOptions):
     form: Literal["inference", "fake"] = "inference"
-    calibration_tokens: int = 32
+    calibration_tokens: int = Field(32, ge=1, le=1 << 16)
     """Length of the seeded random token sequence used to calibrate activation scales."""
     calibration_seed: int = 0
     calibration_file: str | None = None
@@ -91,6 +93,11 @@ def _weight_scale(w: Param, per_leading: bool) -> np.ndarray | None:
             f"param {w.name} holds NaN or Inf: it cannot be quantized to FP8") from None
 
 
+def _vocab(graph: Graph) -> int:
+    tables = [n.inputs[1] for n in graph if n.op == "embedding"]
+    return int(tables[0].type.shape[0]) if tables else 2  # type: ignore[union-attr]
+
+
 def _calibrate(graph: Graph, watch: dict[Value, list[Node]], opts: Fp8Options,
                ctx: PassContext) -> dict[Node, float] | None:
     """Input abs-max of each watched linear over one run of `ctx.evaluator` (None if not possible)."""
@@ -109,12 +116,15 @@ def _calibrate(graph: Graph, watch: dict[Value, list[Node]], opts: Fp8Options,
                            "CLI do), or give the graph without weights")
     if opts.calibration_file is not None:
         path = Path(opts.calibration_file)
-        if not path.is_file():
+        if not path.exists():
             raise ErnieIRError(f"fp8-quant: calibration file {path} does not exist")
-        ids = np.load(path)
+        ids = read_token_ids(path, "fp8-quant calibration file")
+        vocab = _vocab(graph)
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ErnieIRError(f"fp8-quant: calibration file {path}: token ids must be in [0, {vocab}), got "
+                               f"{int(ids.min())}..{int(ids.max())}")
     else:
-        tables = [n.inputs[1] for n in graph if n.op == "embedding"]
-        vocab = int(tables[0].type.shape[0]) if tables else 2  # type: ignore[union-attr]
+        vocab = _vocab(graph)
         rng = np.random.default_rng(opts.calibration_seed)
         ids = rng.integers(0, vocab, size=(1, opts.calibration_tokens))
     seen: dict[Node, float] = {}

@@ -58,10 +58,14 @@ class LoraError(ErnieIRError):
     """LoRA targets, adapters or merges that cannot be applied."""
 
 
+MAX_LORA_RANK = 65536
+"""The cap on a LoRA rank; an adapter's rank is also at most min(in, out) of its linear."""
+
+
 class LoraOptions(PassOptions):
-    rank: int = Field(ge=1)
+    rank: int = Field(ge=1, le=MAX_LORA_RANK)
     """The adapter rank r (required, so every pipeline records it)."""
-    alpha: float | None = None
+    alpha: float | None = Field(None, gt=0, allow_inf_nan=False)
     """Defaults to 2 * rank (ERNIEKit)."""
     targets: tuple[str, ...] | None = None
     """Regexes (full match) or `glob:` patterns; None: the architecture's defaults
@@ -129,6 +133,12 @@ def attach_adapters(graph: Graph, placer: ParamPlacer, chosen: list[WeightSite],
     """Insert adapters on `chosen` targets; returns the names of the new params."""
     values = values or {}
     created: list[str] = []
+    for t in chosen:  # every target checked before the graph changes
+        k, n = _dims(t)
+        if rank > min(k, n):
+            raise LoraError(f"LoRA rank {rank} exceeds min(in, out) = {min(k, n)} of {t.path} ({k} x {n}): "
+                            f"an adapter of that linear cannot have a higher rank; choose --lora-rank <= "
+                            f"{min(k, n)} or other --lora-targets")
 
     def make(t: WeightSite) -> tuple[Param, Param]:
         k, n = _dims(t)

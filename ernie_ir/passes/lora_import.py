@@ -21,7 +21,6 @@ module the model does not have, shapes that do not fit the model.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -32,10 +31,11 @@ from pydantic import Field
 
 from ernie_ir.ir import DType, Graph
 from ernie_ir.ir.errors import WeightError
-from ernie_ir.ir.weights import ArraySource, SafetensorsFile
+from ernie_ir.ir.inputs import read_json
+from ernie_ir.ir.weights import ArraySource, SafetensorsFile, count_nonfinite
 
 from .base import Pass, PassContext, PassOptions
-from .lora import AdapterValues, LoraError, attach_adapters, freeze_all_but
+from .lora import MAX_LORA_RANK, AdapterValues, LoraError, attach_adapters, freeze_all_but
 from .param_edit import ParamPlacer
 from .quant_config import WeightSite, find_targets
 from .registry import register_pass
@@ -59,12 +59,10 @@ def read_adapter(folder: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], d
     cfg_path = folder / "lora_config.json"
     if not cfg_path.is_file():
         raise LoraError(f"{folder} is not a LoRA adapter folder (no lora_config.json)")
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise LoraError(f"{cfg_path}: invalid JSON ({e.msg} at line {e.lineno})") from None
-    except UnicodeDecodeError:
-        raise LoraError(f"{cfg_path}: not UTF-8 text: re-export the adapter") from None
+    cfg = read_json(cfg_path, "LoRA adapter config", LoraError, "re-export the adapter")
+    if not isinstance(cfg, dict):
+        raise LoraError(f"{cfg_path}: expected a JSON object (r, lora_alpha, target_modules, ...), got "
+                        f"{type(cfg).__name__}: re-export the adapter")
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise LoraError(f"{folder}: no adapter weights (*.safetensors)")
@@ -75,13 +73,35 @@ def read_adapter(folder: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], d
             tensors.update({k: np.asarray(st.read(k)) for k in st})
         except WeightError as e:
             raise LoraError(f"LoRA adapter: {e}") from None
+    for key, arr in tensors.items():
+        if bad := count_nonfinite(arr):
+            raise LoraError(f"{folder}: adapter tensor {key!r} holds {bad} NaN/Inf value(s): the adapter "
+                            "diverged in training or is corrupt; re-export a finite one")
     base: dict[str, Any] = {}
-    if (folder / "config.json").is_file():
-        try:
-            base = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            base = {}
+    if (folder / "config.json").exists():  # optional: its head counts, else the graph's, are used
+        loaded = read_json(folder / "config.json", "base model config", LoraError, "re-export the adapter")
+        base = loaded if isinstance(loaded, dict) else {}
     return cfg, tensors, base
+
+
+def _number(cfg: dict[str, Any], key: str, source: Path, *, default: float | None = None,
+            high: float = math.inf, probability: bool = False) -> float | None:
+    """A finite number of the adapter config in (0, high] (a probability: [0, 1)), or default."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    finite = type(value) in (int, float) and math.isfinite(value)
+    ok = finite and ((0 <= value < 1) if probability else (0 < value <= high))
+    if not ok:
+        span = "[0, 1)" if probability else f"(0, {high:g}]"
+        raise LoraError(f"{source}: '{key}' must be a finite number in {span}, got {_shown(value)}: fix "
+                        "it or re-export the adapter")
+    return float(value)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, (list, dict)) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def kv_group_to_plain(b: np.ndarray, heads: int, kv_heads: int, head_dim: int) -> np.ndarray:
@@ -96,12 +116,15 @@ def kv_group_to_plain(b: np.ndarray, heads: int, kv_heads: int, head_dim: int) -
 
 
 def _heads(base: dict[str, Any], graph: Graph) -> tuple[int, int, int] | None:
+    def count(value: Any) -> int | None:  # a positive int, else unknown (a base config is optional)
+        return value if type(value) is int and 0 < value <= 1 << 20 else None
+
     for cfg in (base, graph.metadata.get("config") or {}):
-        nh, nkv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
-        hidden = cfg.get("hidden_size")
-        hd = cfg.get("head_dim") or (hidden // nh if nh and hidden else None)
+        nh, nkv = count(cfg.get("num_attention_heads")), count(cfg.get("num_key_value_heads"))
+        hidden = count(cfg.get("hidden_size"))
+        hd = count(cfg.get("head_dim")) or (hidden // nh if nh and hidden else None)
         if nh and hd:
-            return int(nh), int(nkv or nh), int(hd)
+            return nh, nkv or nh, hd
     return None
 
 
@@ -125,15 +148,25 @@ class LoraImport(Pass):
         opts: LoraImportOptions = self.options  # type: ignore[assignment]
         folder = Path(opts.path)
         cfg, tensors, base_cfg = read_adapter(folder)
-        try:
-            rank = int(cfg["r"])
-            alpha = float(cfg.get("lora_alpha", 2 * rank))
-        except (KeyError, TypeError, ValueError):
-            raise LoraError(f"{folder}/lora_config.json: needs an integer 'r' (and 'lora_alpha')") from None
-        rslora = bool(cfg.get("rslora", False))
-        scale = float(cfg["scaling"]) if cfg.get("scaling") is not None else \
-            (alpha / math.sqrt(rank) if rslora else alpha / rank)
-        dropout = float(cfg.get("lora_dropout") or 0.0)
+        source = folder / "lora_config.json"
+        rank = cfg.get("r")
+        if type(rank) is not int or not 1 <= rank <= MAX_LORA_RANK:
+            raise LoraError(f"{source}: 'r' must be an integer rank in [1, {MAX_LORA_RANK}], got "
+                            f"{_shown(rank)}: fix it or re-export the adapter")
+        alpha = _number(cfg, "lora_alpha", source, default=2.0 * rank, high=1e6)
+        assert alpha is not None
+        rslora = cfg.get("rslora", False)
+        if type(rslora) is not bool:
+            raise LoraError(f"{source}: 'rslora' must be true or false, got {_shown(rslora)}")
+        modules = cfg.get("target_modules")
+        if modules is not None and not isinstance(modules, str) and not (
+                isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
+            raise LoraError(f"{source}: 'target_modules' must be a name pattern or a list of them, got "
+                            f"{_shown(modules)}")
+        scaling = _number(cfg, "scaling", source, high=1e6)
+        scale = scaling if scaling is not None else (alpha / math.sqrt(rank) if rslora else alpha / rank)
+        dropout = _number(cfg, "lora_dropout", source, default=0.0, probability=True)
+        assert dropout is not None
 
         targets: dict[str, WeightSite] = {t.path: t for t in find_targets(graph)}
         pairs: dict[str, dict[str, np.ndarray]] = {}

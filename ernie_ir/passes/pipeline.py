@@ -28,6 +28,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from ernie_ir.ir.inputs import read_bytes
+
 from .base import Pass, PipelineError
 from .registry import REGISTRY
 
@@ -172,7 +174,11 @@ def parse_pipeline_text(text: str) -> list[PassSpec]:
     """Split pipeline text into specs (no validation against the registry yet)."""
     if not text.strip():
         return []
-    return _TextReader(text).specs()
+    reader = _TextReader(text)
+    try:
+        return reader.specs()
+    except RecursionError:  # an option value of lists nested thousands deep
+        raise reader.fail("option values nest too deeply ([[[...]]]): give a flat value") from None
 
 
 def parse_pipeline_yaml(text: str, source: str = "<yaml>") -> list[PassSpec]:
@@ -182,6 +188,9 @@ def parse_pipeline_yaml(text: str, source: str = "<yaml>") -> list[PassSpec]:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise PipelineError(f"{source}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+    except RecursionError:
+        raise PipelineError(f"{source}: the YAML nests too deeply to be a pipeline: give a list of "
+                            "passes") from None
     if isinstance(data, dict):
         keys = set(data)
         if keys - {"pipeline", "passes", "description"}:
@@ -383,10 +392,10 @@ def load_pipeline(spec: str, *, initial: Iterable[str] = ()) -> Pipeline:
     """A pipeline from text, or from a YAML file when `spec` names one."""
     path = Path(spec)
     if spec.endswith((".yaml", ".yml")):
-        if not path.is_file():
+        if not path.exists():
             raise PipelineError(f"pipeline file {spec} does not exist")
-        try:
-            text = path.read_text(encoding="utf-8")
+        try:  # a FIFO or device is refused, not waited on
+            text = read_bytes(path, "pipeline file", PipelineError).decode("utf-8")
         except UnicodeDecodeError:
             raise PipelineError(f"pipeline file {spec} is not UTF-8 text: give a YAML list of passes"
                                 ) from None

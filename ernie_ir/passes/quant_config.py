@@ -45,6 +45,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ernie_ir.ir import ErnieIRError, Graph, Node, Param
+from ernie_ir.ir.inputs import read_bytes
 
 
 class QuantConfigError(ErnieIRError):
@@ -225,16 +226,18 @@ class QuantConfig(BaseModel):
     @classmethod
     def from_yaml(cls, path: str | Path) -> QuantConfig:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise QuantConfigError(f"quant config file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        try:  # a FIFO or device is refused, not waited on
+            data = yaml.safe_load(read_bytes(p, "quant config file", QuantConfigError).decode("utf-8"))
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
             raise QuantConfigError(f"{p}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
         except UnicodeDecodeError:
             raise QuantConfigError(f"{p}: not UTF-8 text: a quant config is a YAML file") from None
+        except RecursionError:
+            raise QuantConfigError(f"{p}: the YAML nests too deeply to be a quant config") from None
         cfg = cls.from_dict(data, str(p))
         return cfg if cfg.name != "custom" else cfg.model_copy(update={"name": p.stem})
 

@@ -179,6 +179,9 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
             raise PlanError(f"{model} is a compiled artifact: its quantization, LoRA and layout are fixed; "
                             "drop --quant/--lora-rank/--tp/--ep (or plan its source model)")
         return _plan_artifact(model, target, opts, memory, given)
+    for flag, degree in (("--tp", tp), ("--ep", ep)):
+        if degree is not None and degree < 1:
+            raise PlanError(f"{flag} {degree}: a parallel degree is a positive integer")
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp or 1, ep or 1)
     targets = list(lora_targets) if lora_targets else None
     quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, targets, None)
@@ -265,6 +268,9 @@ class _Options(BaseModel):
             raise PlanError(f"unknown --mode {mode!r}: choose inference or training")
         if seq_len < 1 or batch < 1:
             raise PlanError(f"--seq-len {seq_len} --batch {batch}: both must be positive integers")
+        if seq_len > 1 << 24 or batch > 1 << 20:  # the config cap on positions; a batch of 1M sequences
+            raise PlanError(f"--seq-len {seq_len} --batch {batch}: at most {1 << 24} tokens per sequence and "
+                            f"{1 << 20} sequences")
         if mode == "inference" and (offload_optimizer or recompute):
             flag = "--offload-optimizer" if offload_optimizer else "--recompute"
             raise PlanError(f"{flag} applies to --mode training (inference keeps no optimizer states or "

@@ -30,9 +30,14 @@ def parse_memory(text: str, *, option: str = "--device-memory") -> int:
         raise MemorySizeError(f"{option} {text!r}: not a memory size; write a number with K, M, G or T "
                               "(optionally followed by B or iB; all binary: 80G = 80GB = 80GiB = 80 * 2^30 "
                               "bytes), e.g. 80GiB, or a byte count")
-    number = float(m.group(1)) * (10 ** int(m.group(2)) if m.group(2) else 1)
     prefix = (m.group(3) or "").upper()
-    value = number * 1024 ** _PREFIX[prefix]
+    try:
+        number = float(m.group(1)) * (10.0 ** int(m.group(2)) if m.group(2) else 1)
+        value = number * 1024 ** _PREFIX[prefix]
+    except (OverflowError, ValueError):  # 1e400: no float holds it
+        value = math.inf
+    if value > 1 << 70:
+        raise MemorySizeError(f"{option} {text!r}: more than a zebibyte is no memory size: check the number")
     if not math.isfinite(value) or value < 1:
         raise MemorySizeError(f"{option} {text!r}: a memory size must be at least one byte")
     return int(value)

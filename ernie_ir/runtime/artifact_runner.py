@@ -74,6 +74,7 @@ def run_artifact(path: Path, input_ids: np.ndarray, backend: str, *,
 def _check_ids(root: Path, ids: np.ndarray) -> None:
     """Token ids the rank-0 graph accepts: the interpreter's checks, for the compiled backends."""
     from ernie_ir.ir.parser import parse_graph
+    from ernie_ir.ops.positions import check_sequence_length
 
     from .paddle_dist import check_token_ids
 
@@ -82,11 +83,4 @@ def _check_ids(root: Path, ids: np.ndarray) -> None:
     if not graph.inputs or ids.size == 0:
         return
     check_token_ids(graph, ids)
-    for node in graph.nodes:
-        limit = getattr(node.attrs, "limit", None) if node.op == "position_ids" else None
-        if limit is not None:
-            s = ids.shape[-1]
-            last = node.attrs.offset + node.attrs.stride * (s - 1)
-            if last >= limit:
-                raise ErnieIRError(f"position_ids: sequence length {s} reaches position {last}, "
-                                   f"beyond the model's {limit} positions")
+    check_sequence_length(graph, int(ids.shape[-1]))

@@ -49,6 +49,7 @@ import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ernie_ir.ir import ErnieIRError
+from ernie_ir.ir.inputs import MAX_JSON_BYTES, read_bytes
 
 from .paddle_layer import require_paddle
 
@@ -66,10 +67,9 @@ def _read_data(path: Path, vocab: int, max_len: int | None = None,
     length (ERNIEKit's SFT convention: `ignore_index` where no loss is wanted, e.g. the prompt);
     without labels every token is a target."""
     seqs: list[Sequence] = []
+    data = read_bytes(path, "training data file")  # a FIFO or device is refused, not waited on
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise ErnieIRError(f"cannot read training data {path}: {e.strerror}") from None
+        lines = data.decode("utf-8").splitlines()
     except UnicodeDecodeError:
         raise ErnieIRError(f"{path}: not UTF-8 text: training data is JSON lines "
                            '{"input_ids": [...]}') from None
@@ -82,11 +82,17 @@ def _read_data(path: Path, vocab: int, max_len: int | None = None,
             labels = row.get("labels", ids)
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise ErnieIRError(f'{path}:{i}: expected a JSON object {{"input_ids": [...]}}') from None
+        except RecursionError:
+            raise ErnieIRError(f"{path}:{i}: the line nests JSON too deeply: expected "
+                               '{"input_ids": [...]} with a flat list of token ids') from None
+        except ValueError as e:  # an integer literal longer than int() converts
+            raise ErnieIRError(f"{path}:{i}: {str(e).split(';')[0]}: token ids are small integers") from None
+        # type(t) is int: a JSON true/false is a Python bool, an int subclass, not a token id
         if (not isinstance(ids, list) or len(ids) < 2
-                or not all(isinstance(t, int) and 0 <= t < vocab for t in ids)):
+                or not all(type(t) is int and 0 <= t < vocab for t in ids)):
             raise ErnieIRError(f"{path}:{i}: input_ids must be a list of >= 2 token ids in [0, {vocab})")
         if (not isinstance(labels, list) or len(labels) != len(ids)
-                or not all(isinstance(t, int) and (0 <= t < vocab or t == ignore_index) for t in labels)):
+                or not all(type(t) is int and (0 <= t < vocab or t == ignore_index) for t in labels)):
             raise ErnieIRError(f"{path}:{i}: labels must be a list as long as input_ids of token ids in "
                                f"[0, {vocab}) or the ignore index {ignore_index}")
         if all(t == ignore_index for t in labels[1:]):
@@ -121,6 +127,9 @@ def _batches(seqs: list[Sequence], size: int, pad_id: int = 0,
 
 Schedule = Literal["constant", "linear", "cosine"]
 MAX_LR = 10.0
+MAX_CLIP_NORM = 1e6
+"""A larger global-norm clip never clips: write 0 for no clipping."""
+MAX_STEPS = 100_000_000
 
 
 def _alias(*names: str) -> AliasChoices:
@@ -139,7 +148,7 @@ class TrainOptions(BaseModel):
                             validation_alias=_alias("batch_size", "per_device_train_batch_size"))
     grad_accum: int = Field(1, ge=1, le=65536,
                             validation_alias=_alias("grad_accum", "gradient_accumulation_steps"))
-    clip_norm: float = Field(1.0, ge=0, allow_inf_nan=False,
+    clip_norm: float = Field(1.0, ge=0, le=MAX_CLIP_NORM, allow_inf_nan=False,
                                     validation_alias=_alias("clip_norm", "max_grad_norm", "grad_clip_norm"))
     weight_decay: float = Field(0.0, ge=0, le=1.0, allow_inf_nan=False,
                                 validation_alias=_alias("weight_decay"))
@@ -151,8 +160,8 @@ class TrainOptions(BaseModel):
     warmup_steps: int = Field(0, ge=0, le=10_000_000, validation_alias=_alias("warmup_steps"))
     schedule: Schedule = Field("constant", validation_alias=_alias("schedule", "lr_scheduler_type"))
     seed: int = Field(0, ge=0, lt=2**32, validation_alias=_alias("seed"))
-    pad_id: int = Field(0, ge=0, validation_alias=_alias("pad_id", "pad_token_id"))
-    ignore_index: int = Field(IGNORE, validation_alias=_alias("ignore_index"))
+    pad_id: int = Field(0, ge=0, lt=2**31, validation_alias=_alias("pad_id", "pad_token_id"))
+    ignore_index: int = Field(IGNORE, ge=-(2**31), lt=2**31, validation_alias=_alias("ignore_index"))
 
     @model_validator(mode="after")
     def _no_collision(self) -> TrainOptions:
@@ -233,9 +242,7 @@ def read_config(path: Path) -> dict[str, Any]:
     """A training config file (.yaml/.yml or .json): a mapping of option names or ERNIEKit names
     to values (keys ERNIEKit has that ernie-ir does not use, such as output_dir, are refused)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ErnieIRError(f"cannot read training config {path}: {e.strerror}") from None
+        text = read_bytes(path, "training config", limit=MAX_JSON_BYTES).decode("utf-8")
     except UnicodeDecodeError:
         raise ErnieIRError(f"{path}: not UTF-8 text: a training config is YAML or JSON") from None
     try:
@@ -362,13 +369,27 @@ def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.nd
             loss_sum, _ = token_loss_sum(paddle, layer, ids, labels, opts.ignore_index)
             (loss_sum / max(count, 1)).backward()
             total += float(loss_sum.numpy())
+        if not math.isfinite(total):
+            raise ErnieIRError(f"training step {step + 1}: the loss is {total} (NaN or Inf): stopped, "
+                               "no checkpoint written; lower --lr, set --clip-norm or check the weights "
+                               "and data")
         optimizer.step()
         optimizer.clear_grad()
+        _require_finite_params(layer, step + 1)
         layer.commit_state()
         losses.append(total / max(count, 1))
         if on_step is not None:
             on_step(step + 1, losses[-1])
     return losses
+
+
+def _require_finite_params(layer: Any, step: int) -> None:
+    """A step that made a trainable param NaN or Inf stops the run (the params are LoRA
+    adapters or QAT scales: small, so this check costs little next to the step)."""
+    for name in getattr(layer, "trainable_names", ()):
+        if not np.isfinite(layer.tensor(name).numpy()).all():
+            raise ErnieIRError(f"training step {step}: param {name} became NaN or Inf: stopped, no "
+                               "checkpoint written; lower --lr or set --clip-norm")
 
 
 def token_loss_sum(paddle: Any, layer: Any, ids: np.ndarray, labels: np.ndarray,
@@ -429,8 +450,8 @@ def train_artifact(path: Path, steps: int, data: Path | None = None, lr: float |
     """
     paddle = require_paddle()
     root = Path(path)
-    if steps < 1:
-        raise ErnieIRError(f"--steps must be >= 1, got {steps}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise ErnieIRError(f"--steps must be in [1, {MAX_STEPS}], got {steps}")
     manifest, recipe, world = read_training_artifact(root)
     given = options.model_dump() if isinstance(options, TrainOptions) else dict(options or {})
     opts = resolve_options(recipe, {**given, **({"lr": lr} if lr is not None else {}),

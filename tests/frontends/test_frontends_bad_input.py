@@ -145,9 +145,21 @@ def test_missing_tensors_are_listed(good: Path):
 
 
 def test_many_missing_tensors_name_the_first_few(good: Path):
-    _rewrite_config(good, lambda c: c.update(num_hidden_layers=5))
-    msg = expect(good, CheckpointError, "tensor(s) the config needs are missing", "ernie.layers.2.")
+    _rewrite_tensors(good, lambda t: [t.pop(k) for k in list(t)
+                                      if ".layers." in k and "qkv_proj" not in k])
+    msg = expect(good, CheckpointError, "tensor(s) the config needs are missing", "ernie.layers.0.")
     assert "more)" in msg
+
+
+def test_a_config_claiming_more_layers_is_refused_before_the_build(good: Path, monkeypatch):
+    from ernie_ir.frontends import loader
+
+    def no_build(*a, **k):  # the check comes before a node or param per layer is made
+        raise AssertionError("built the graph")
+
+    monkeypatch.setattr(loader, "build_graph", no_build)
+    _rewrite_config(good, lambda c: c.update(num_hidden_layers=1000))
+    expect(good, CheckpointError, "num_hidden_layers 1000", "layers 0..1 only")
 
 
 def test_extra_tensors_are_refused(good: Path):

@@ -115,7 +115,7 @@ def test_missing_or_malformed_adapter_folders(tmp_path: Path) -> None:
     with pytest.raises(LoraError, match=r"not a LoRA adapter folder \(no lora_config\.json\)"):
         run_pipeline(g, f'lora-import{{path="{tmp_path}"}}')
     (tmp_path / "lora_config.json").write_text("{")
-    with pytest.raises(LoraError, match="invalid JSON"):
+    with pytest.raises(LoraError, match="not valid JSON"):
         run_pipeline(g, f'lora-import{{path="{tmp_path}"}}')
     (tmp_path / "lora_config.json").write_text('{"r": 4}')
     with pytest.raises(LoraError, match=r"no adapter weights \(\*\.safetensors\)"):
