@@ -11,8 +11,11 @@
 - A `Graph` is an ordered sequence of nodes (a linked list, so inserting and
   erasing are O(1) during rewrites) plus its inputs, outputs and params.
 
-Mutation goes through the graph's helpers, which keep use lists exact; the
-verifier checks the remaining invariants (types, order, param use).
+Mutation goes through the graph's helpers, which keep use lists exact and are
+all or nothing: a node whose type rule refuses its inputs records no use on
+them, and a batch insert that cannot link every node links none. The
+verifier checks the remaining invariants (types, order, param use) and the
+use lists in both directions.
 """
 
 from __future__ import annotations
@@ -160,9 +163,8 @@ class Node:
         self.graph: Graph | None = None
         self._prev: Node | None = None
         self._next: Node | None = None
-        for i, v in enumerate(self.inputs):
-            if v is not None:
-                v._uses[(self, i)] = None
+        # Infer before recording uses: a type rule that refuses the inputs must leave no
+        # use behind on them (creating a node is all or nothing).
         if output_types is None:
             output_types = self.infer_types()
         if output_names:
@@ -175,6 +177,9 @@ class Node:
             self.outputs = (Value(output_types[0], None, self, 0),)
         else:
             self.outputs = tuple(Value(t, None, self, i) for i, t in enumerate(output_types))
+        for i, v in enumerate(self.inputs):
+            if v is not None:
+                v._uses[(self, i)] = None
 
     def input_types(self) -> list[TensorType | None]:
         return [v.type if v is not None else None for v in self.inputs]
@@ -298,17 +303,28 @@ class Graph:
         self._link(node, self._tail, None)
         return node
 
-    def insert_before(self, anchor: Node, nodes: Node | Iterable[Node]) -> None:
-        """Insert node(s), in order, right before `anchor`."""
+    def _insertable(self, anchor: Node, nodes: Node | Iterable[Node]) -> list[Node]:
+        """The nodes to insert, checked before any is linked (inserting is all or nothing)."""
         self._check_member(anchor)
-        for n in [nodes] if isinstance(nodes, Node) else list(nodes):
+        batch = [nodes] if isinstance(nodes, Node) else list(nodes)
+        seen: set[int] = set()
+        for n in batch:
+            if n.graph is not None:
+                raise ValueError(f"{n} already belongs to a graph")
+            if id(n) in seen:
+                raise ValueError(f"{n} appears twice in the nodes to insert")
+            seen.add(id(n))
+        return batch
+
+    def insert_before(self, anchor: Node, nodes: Node | Iterable[Node]) -> None:
+        """Insert node(s), in order, right before `anchor` (all, or none if one cannot be)."""
+        for n in self._insertable(anchor, nodes):
             self._link(n, anchor._prev, anchor)
 
     def insert_after(self, anchor: Node, nodes: Node | Iterable[Node]) -> None:
-        """Insert node(s), in order, right after `anchor`."""
-        self._check_member(anchor)
+        """Insert node(s), in order, right after `anchor` (all, or none if one cannot be)."""
         prev = anchor
-        for n in [nodes] if isinstance(nodes, Node) else list(nodes):
+        for n in self._insertable(anchor, nodes):
             self._link(n, prev, prev._next)
             prev = n
 

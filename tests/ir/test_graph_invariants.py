@@ -15,13 +15,13 @@ import sys
 import pytest
 
 import ernie_ir  # noqa: F401  (registers the op set)
-from ernie_ir.ir import DType, GraphBuilder, Node, OpError, Param, tensor
+from ernie_ir.ir import DType, GraphBuilder, Node, OpError, Param, Value, tensor
 from ernie_ir.ir.verifier import verify_problems
 
 F = DType.F32
 
 
-def linear_graph() -> tuple[GraphBuilder, object, object]:
+def linear_graph() -> tuple[GraphBuilder, Value, Param]:
     b = GraphBuilder("g")
     x = b.input("x", tensor(F, "B", 4))
     w = b.param("w", tensor(F, 4, 8))
@@ -42,7 +42,7 @@ def test_a_node_whose_type_rule_raises_leaves_no_use_on_its_inputs():
 
 
 def test_a_builder_op_whose_type_rule_raises_leaves_the_graph_as_it_was():
-    b, x, w = linear_graph()
+    b, x, _w = linear_graph()
     nodes_before = b.graph.nodes
     with pytest.raises(OpError):
         b.linear(x, b.param("w2", tensor(F, 7, 8)))
@@ -70,11 +70,11 @@ def test_the_verifier_reports_a_use_of_a_node_outside_the_graph():
     b, x, _w = linear_graph()
     Node("silu", [x])  # built but never inserted: its use on x is stale
     assert verify_problems(b.graph) == [
-        "graph input x: use list records input x of silu, which is not in this graph"]
+        "graph input x: use list records input x of silu, which is in no graph (erased, or never inserted)"]
 
 
 def test_the_verifier_reports_a_use_that_is_not_a_real_input():
-    b, x, w = linear_graph()
+    b, _x, w = linear_graph()
     (lin,) = b.graph.nodes
     w._uses[(lin, 0)] = None  # says linear's input 0 reads w; it reads x
     assert verify_problems(b.graph) == [
@@ -83,7 +83,7 @@ def test_the_verifier_reports_a_use_that_is_not_a_real_input():
 
 def test_the_verifier_reports_an_input_missing_from_the_use_list():
     b, x, _w = linear_graph()
-    (lin,) = b.graph.nodes
+    (_lin,) = b.graph.nodes
     x._uses.clear()
     assert verify_problems(b.graph) == [
         "node #0 linear at proj: input x is missing from its value's use list"]
