@@ -328,17 +328,27 @@ class Graph:
             self._link(n, prev, prev._next)
             prev = n
 
-    def erase(self, node: Node, *, force: bool = False) -> None:
-        """Remove a node. Its outputs must be unused unless `force` (then uses dangle)."""
-        self._check_member(node)
-        if not force:
-            for v in node.outputs:
-                if v._uses or v in self.outputs:
-                    raise ValueError(
-                        f"cannot erase {node}: output {v.index} is still used; "
-                        "replace its uses first"
-                    )
-        node.drop_inputs()
+    def move_after(self, anchor: Node | None, nodes: Sequence[Node]) -> None:
+        """Move nodes of this graph, in order, right after `anchor` (None: to the front).
+
+        Inputs and uses stay as they are; only the order changes (the caller keeps it
+        valid: rewrites use this to put readers after a replacement they now read).
+        """
+        if anchor is not None:
+            self._check_member(anchor)
+        batch = list(nodes)
+        for n in batch:
+            self._check_member(n)
+            if n is anchor:
+                raise ValueError(f"cannot move {n} after itself")
+        for n in batch:
+            self._unlink(n)
+        prev = anchor
+        for n in batch:
+            self._link(n, prev, prev._next if prev is not None else self._head)
+            prev = n
+
+    def _unlink(self, node: Node) -> None:
         prev, nxt = node._prev, node._next
         if prev is None:
             self._head = nxt
@@ -351,6 +361,19 @@ class Graph:
         node._prev = node._next = None
         node.graph = None
         self._count -= 1
+
+    def erase(self, node: Node, *, force: bool = False) -> None:
+        """Remove a node. Its outputs must be unused unless `force` (then uses dangle)."""
+        self._check_member(node)
+        if not force:
+            for v in node.outputs:
+                if v._uses or v in self.outputs:
+                    raise ValueError(
+                        f"cannot erase {node}: output {v.index} is still used; "
+                        "replace its uses first"
+                    )
+        node.drop_inputs()
+        self._unlink(node)
 
     def _check_member(self, node: Node) -> None:
         if node.graph is not self:

@@ -92,7 +92,7 @@ class DataflowRule(RewriteRule):
         raise TypeError(f"rule {self.name} rewrites through apply_plan")
 
     def compiled(self) -> tuple[list[PatternOutput], int]:
-        return [], self.steps  # no pattern outputs: RuleSet.apply passes no order
+        return [], self.steps  # no pattern outputs: plan() finds the nodes
 
     @property
     def root_op(self) -> str:
@@ -111,7 +111,7 @@ class DataflowRule(RewriteRule):
         nodes = list(dict.fromkeys([node, *plan.nodes]))
         return Match(self, nodes, {"plan": plan}, []), self.steps, ""
 
-    def apply_match(self, graph: Graph, m: Match, order: dict[Node, int] | None = None) -> list[Node]:
+    def apply_match(self, graph: Graph, m: Match) -> list[Node]:
         return self.apply_plan(graph, m.bindings["plan"])
 
 

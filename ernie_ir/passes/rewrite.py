@@ -39,6 +39,7 @@ match with the reason it failed.
 from __future__ import annotations
 
 import fnmatch
+import heapq
 import inspect
 import re
 from abc import ABC, abstractmethod
@@ -46,9 +47,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, Value, get_op, has_op
 
 from .base import NoOptions, Pass, PassContext
+
+_UNBOUND: Any = object()
 
 # -- pattern language ----------------------------------------------------------------
 
@@ -63,12 +68,20 @@ class PatternValue:
         self.single_use = False
         self.optional = False
         self.predicate: Callable[[Value], bool] | None = None
+        self.value: Any = _UNBOUND
 
     def where(self, *, dtype: DType | None = None, rank: int | None = None,
               param: bool | None = None, single_use: bool | None = None,
               optional: bool | None = None,
-              predicate: Callable[[Value], bool] | None = None) -> PatternValue:
-        """Add constraints (returns self, for use inside expressions)."""
+              predicate: Callable[[Value], bool] | None = None,
+              value: Any = _UNBOUND) -> PatternValue:
+        """Add constraints (returns self, for use inside expressions).
+
+        `value` makes the variable a constant: it matches a param with data whose every
+        element equals `value` (a number, or an array it broadcasts to).
+        """
+        if value is not _UNBOUND:
+            self.value = value
         if dtype is not None:
             self.dtype = dtype
         if rank is not None:
@@ -97,9 +110,34 @@ class PatternValue:
             return f"{self.describe()} must have rank {self.rank}, found {v.type}"
         if self.single_use and v.num_uses() != 1:
             return f"{self.describe()} must have a single use, has {v.num_uses()}"
+        if self.value is not _UNBOUND:
+            why = _constant_failure(v, self.value)
+            if why:
+                return f"{self.describe()} must be the constant {_show(self.value)} ({why})"
         if self.predicate is not None and not self.predicate(v):
             return f"{self.describe()} fails its predicate"
         return None
+
+
+def _show(value: Any) -> str:
+    arr = np.asarray(value)
+    return repr(arr.item()) if arr.ndim == 0 else f"array{list(arr.shape)}"
+
+
+def _constant_failure(v: Value, want: Any) -> str:
+    """Why `v` is not a constant equal to `want` everywhere ("" when it is)."""
+    if not isinstance(v, Param):
+        return "found a computed value, not a param"
+    if not v.has_data:
+        return f"@{v.name} has no data"
+    want_arr = np.asarray(want)
+    try:
+        target = np.broadcast_to(want_arr, v.read().shape)
+    except ValueError:
+        return f"@{v.name} has shape {list(v.type.shape)}"
+    if not np.array_equal(v.read(), target):
+        return f"@{v.name} holds other values"
+    return ""
 
 
 class Var(PatternValue):
@@ -150,11 +188,59 @@ class PatternOutput(PatternValue):
         return f"result of {self.node.op}"
 
 
+class Either(PatternValue):
+    """Alternatives: matches the first of several sub-patterns that matches, in order.
+
+    Variables that only some alternatives use are bound to None when another one
+    matched; `tag` (if given) binds the index of the alternative that matched.
+    """
+
+    def __init__(self, alternatives: Sequence[PatternValue], tag: str | None) -> None:
+        super().__init__()
+        if len(alternatives) < 2:
+            raise TypeError("either() needs at least two alternatives")
+        if not all(isinstance(a, PatternValue) for a in alternatives):
+            raise TypeError("either() takes pattern values (variables or op results)")
+        self.alternatives = list(alternatives)
+        self.tag = tag
+        names: dict[str, None] = {}
+        for a in self.alternatives:
+            names.update(dict.fromkeys(_var_names(a)))
+        self.var_names = list(names)
+
+    def describe(self) -> str:
+        return "either " + " or ".join(a.describe() for a in self.alternatives)
+
+
+def _var_names(pv: PatternValue | None) -> list[str]:
+    """Variables a pattern value mentions, in first-seen order."""
+    found: dict[str, None] = {}
+    stack: list[PatternValue | None] = [pv]
+    seen: set[int] = set()
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if isinstance(v, Var):
+            found[v.name] = None
+        elif isinstance(v, Either):
+            stack.extend(reversed(v.alternatives))
+        elif isinstance(v, PatternOutput):
+            stack.extend(reversed(v.node.inputs))
+    return list(found)
+
+
 class PatternBuilder:
     """`op.<name>(inputs..., **attr_constraints)` builds pattern nodes, like GraphBuilder."""
 
     def attr(self, name: str) -> AttrVar:
+        """Bind an attribute's value to `name` (passed to check and rewrite)."""
         return AttrVar(name)
+
+    def either(self, *alternatives: PatternValue, _tag: str | None = None) -> Either:
+        """Match the first alternative that matches (in order); `_tag` binds its index."""
+        return Either(alternatives, _tag)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name.startswith("_") or not has_op(name):
@@ -242,13 +328,12 @@ class _Fail(Exception):
 
 
 class _State:
-    __slots__ = ("bindings", "deepest", "depth", "node_map")
+    __slots__ = ("bindings", "depth", "node_map")
 
     def __init__(self) -> None:
         self.bindings: dict[str, Any] = {}
         self.node_map: dict[PatternNode, Node] = {}
-        self.depth = 0
-        self.deepest = 0  # most pattern nodes matched by any attempt (kept across restores)
+        self.depth = 0  # pattern nodes matched by the attempt in progress (or that failed)
 
     def snapshot(self) -> tuple[dict[str, Any], dict[PatternNode, Node], int]:
         return dict(self.bindings), dict(self.node_map), self.depth
@@ -295,20 +380,12 @@ class RewriteRule(ABC):
             outs = self.pattern(PatternBuilder(), *(Var(p) for p in params))
             outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
             if not outs or not all(isinstance(o, PatternOutput) for o in outs):
-                raise TypeError(f"rule {self.name}: pattern must return op results")
-            seen: set[PatternNode] = set()
-
-            def count(n: PatternNode) -> None:
-                if n in seen:
-                    return
-                seen.add(n)
-                for i in n.inputs:
-                    if isinstance(i, PatternOutput):
-                        count(i.node)
-
+                raise TypeError(f"rule {self.name}: pattern must return op results (put "
+                                "alternatives at an input, or write one rule per root op)")
+            nodes: set[PatternNode] = set()
             for o in outs:
-                count(o.node)
-            self._compiled = (outs, len(seen))
+                nodes |= _pattern_nodes(o)
+            self._compiled = (outs, len(nodes))
         return self._compiled
 
     @property
@@ -317,7 +394,7 @@ class RewriteRule(ABC):
 
     @property
     def size(self) -> int:
-        """Number of nodes in the pattern."""
+        """Number of nodes in the pattern (with alternatives: in its largest alternative)."""
         return self.compiled()[1]
 
     def __repr__(self) -> str:
@@ -326,29 +403,62 @@ class RewriteRule(ABC):
     # -- matching ------------------------------------------------------------------------
 
     def try_match(self, node: Node) -> tuple[Match | None, int, str]:
-        """Match with `node` as the root. Returns (match, nodes matched, failure reason)."""
-        outs, total = self.compiled()
+        """Match with `node` as the root. Returns (match, nodes matched, failure reason).
+
+        On failure, the count and the reason are those of the attempt that got deepest
+        (over commuted inputs, alternatives and candidate nodes for further roots).
+        """
+        outs, _ = self.compiled()
         state = _State()
         try:
             self._match_output(outs[0], node.outputs[0] if len(node.outputs) == 1 else None,
                                node, state)
-            for extra in outs[1:]:
-                self._match_extra_root(extra, state)
+            m = self._match_roots(outs, 1, state)
         except _Fail as f:
-            return None, state.deepest, f.reason
+            return None, state.depth, f.reason
+        return m, self.size, ""
+
+    def _match_roots(self, outs: list[PatternOutput], k: int, state: _State) -> Match:
+        """Match outputs k.. (further roots), backtracking over their candidate nodes."""
+        if k == len(outs):
+            return self._complete(outs, state)
+        po = outs[k]
+        candidates = self._root_candidates(po, state)
+        if not candidates:
+            raise _Fail(f"no {po.node.op} reads the values bound so far")
+        best: _Fail | None = None
+        best_depth = -1
+        for cand in candidates:
+            snap = state.snapshot()
+            try:
+                self._match_output(po, None, cand, state)
+                return self._match_roots(outs, k + 1, state)
+            except _Fail as f:
+                if state.depth > best_depth:
+                    best, best_depth = f, state.depth
+                state.restore(snap)
+        assert best is not None
+        state.depth = best_depth
+        raise best
+
+    def _complete(self, outs: list[PatternOutput], state: _State) -> Match:
+        """Checks on a full match: escaping values, independent roots, the rule's check."""
+        state.depth = self.size
         matched = list(dict.fromkeys([state.node_map[o.node] for o in outs]
                                      + list(state.node_map.values())))
         out_values = [state.node_map[o.node].outputs[o.index] for o in outs]
         reason = self._interior_escapes(matched, out_values)
+        if not reason and len(outs) > 1:
+            reason = _root_dependency(matched, state.bindings)
         if reason:
-            return None, total, reason
+            raise _Fail(reason)
         m = Match(self, matched, dict(state.bindings), out_values)
         result = self.check(MatchContext(m), **m.bindings)
         if isinstance(result, bool):
             result = MatchResult(result, "" if result else "check() refused (no reason given)")
         if not result:
-            return None, total, f"check: {result.reason}"
-        return m, total, ""
+            raise _Fail(f"check: {result.reason}")
+        return m
 
     def _match_output(self, po: PatternOutput, value: Value | None, node: Node, state: _State) -> None:
         if value is None:
@@ -370,8 +480,8 @@ class RewriteRule(ABC):
             return
         if value is None:
             if pv.optional:
-                if isinstance(pv, Var):
-                    state.bindings.setdefault(pv.name, None)
+                for name in _var_names(pv):
+                    state.bindings.setdefault(name, None)
                 return
             raise _Fail(f"{where} is absent but the pattern needs {pv.describe()}")
         if isinstance(pv, Var):
@@ -385,6 +495,9 @@ class RewriteRule(ABC):
                 raise _Fail(why)
             state.bindings[pv.name] = value
             return
+        if isinstance(pv, Either):
+            self._match_either(pv, value, state, where)
+            return
         assert isinstance(pv, PatternOutput)
         producer = value.producer
         if producer is None:
@@ -397,6 +510,33 @@ class RewriteRule(ABC):
         why = pv.constraint_failure(value)
         if why:
             raise _Fail(why)
+
+    def _match_either(self, pv: Either, value: Value, state: _State, where: str) -> None:
+        best: _Fail | None = None
+        best_depth = -1
+        for i, alt in enumerate(pv.alternatives):
+            snap = state.snapshot()
+            try:
+                self._match_value(alt, value, state, where)
+                why = pv.constraint_failure(value)
+                if why:
+                    raise _Fail(why)
+            except _Fail as f:
+                if state.depth > best_depth:
+                    best, best_depth = f, state.depth
+                state.restore(snap)
+                continue
+            for name in pv.var_names:
+                state.bindings.setdefault(name, None)
+            if pv.tag is not None:
+                bound = state.bindings.get(pv.tag, _UNBOUND)
+                if bound is not _UNBOUND and bound != i:
+                    raise _Fail(f"{where}: alternative {i} matched but {pv.tag} is {bound}")
+                state.bindings[pv.tag] = i
+            return
+        assert best is not None
+        state.depth = best_depth
+        raise _Fail(f"no alternative matches; the closest: {best.reason}")
 
     def _match_node(self, pn: PatternNode, node: Node, state: _State) -> None:
         mapped = state.node_map.get(pn)
@@ -425,7 +565,6 @@ class RewriteRule(ABC):
                 raise _Fail(f"{where}: attribute {key} is {have!r}, pattern wants {want!r}")
         state.node_map[pn] = node
         state.depth += 1
-        state.deepest = max(state.deepest, state.depth)
         n = max(len(pn.inputs), len(node.inputs))
         orders = [list(range(n))]
         if self.commute and pn.op in ("add", "mul") and n == 2:
@@ -450,26 +589,28 @@ class RewriteRule(ABC):
         state.depth = best_depth
         raise best_fail
 
-    def _match_extra_root(self, po: PatternOutput, state: _State) -> None:
-        """Find a node for another pattern output among readers of bound values."""
-        candidates: dict[Node, None] = {}
-        known = [v for v in state.bindings.values() if isinstance(v, Value)]
+    def _root_candidates(self, po: PatternOutput, state: _State) -> list[Node]:
+        """Nodes that may match a further pattern output: nodes of its op reachable from the
+        values bound so far within as many steps as its sub-pattern is deep."""
+        taken = set(state.node_map.values())
+        known: list[Value] = [v for v in state.bindings.values() if isinstance(v, Value)]
         for n in state.node_map.values():
             known.extend(v for v in n.inputs if v is not None)
-        for v in known:
-            for user, _ in v.uses:
-                if user.op == po.node.op and user not in state.node_map.values():
-                    candidates[user] = None
-        best = _Fail(f"no {po.node.op} reads the values bound so far")
-        for cand in candidates:
-            snap = state.snapshot()
-            try:
-                self._match_output(po, None, cand, state)
-                return
-            except _Fail as f:
-                best = f
-                state.restore(snap)
-        raise best
+        candidates: dict[Node, None] = {}
+        frontier = list(dict.fromkeys(known))
+        seen: set[Node] = set()
+        for _ in range(_pattern_depth(po)):
+            nxt: list[Value] = []
+            for v in frontier:
+                for user, _i in v.uses:
+                    if user in seen or user in taken:
+                        continue
+                    seen.add(user)
+                    if user.op == po.node.op:
+                        candidates[user] = None
+                    nxt.extend(user.outputs)
+            frontier = nxt
+        return list(candidates)
 
     @staticmethod
     def _interior_escapes(nodes: list[Node], outputs: list[Value]) -> str:
@@ -489,14 +630,30 @@ class RewriteRule(ABC):
 
     # -- rewriting -------------------------------------------------------------------------
 
-    def apply_match(self, graph: Graph, m: Match, order: dict[Node, int] | None = None) -> list[Node]:
-        """Replace the matched outputs with what `rewrite` builds; erase dead matched nodes."""
-        anchor = self._anchor(m, order)
+    def apply_match(self, graph: Graph, m: Match) -> list[Node]:
+        """Replace the matched outputs with what `rewrite` builds; erase dead matched nodes.
+
+        The replacement of a one-root pattern goes right before the root, after every value
+        the pattern read. Of a multi-root pattern it goes right before the last matched node
+        (after every value any root reads); readers of the replaced results that sat between
+        the roots move after it, keeping their order (the roots are independent, checked when
+        matching, so such an order exists). Returns the nodes created.
+        """
+        multi = len(m.outputs) > 1
+        span = _span(m.nodes) if multi else [m.nodes[0]]
+        anchor = span[-1]
+        start = span[0].prev  # outside the match: stays while matched nodes are erased
         b = GraphBuilder(graph)
         b.insert_point = anchor
         before = anchor.prev
         with b.at_scope(m.nodes[0].scope):
             new = self.rewrite(b, **m.bindings)
+        created: list[Node] = []
+        node = anchor.prev
+        while node is not None and node is not before:
+            created.append(node)
+            node = node.prev
+        created.reverse()
         new_values = list(new) if isinstance(new, (tuple, list)) else [new]
         if len(new_values) != len(m.outputs):
             raise TypeError(f"rule {self.name}: rewrite returned {len(new_values)} values for "
@@ -505,6 +662,7 @@ class RewriteRule(ABC):
             if old.type != nv.type:
                 raise TypeError(f"rule {self.name}: rewrite changes a type ({old.type} -> {nv.type})")
             graph.replace_all_uses_with(old, nv)
+        end = anchor.next
         # Root first, then producers: erasing a reader can make its producer dead.
         pending = list(m.nodes)
         progress = True
@@ -521,28 +679,138 @@ class RewriteRule(ABC):
         for v in m.bindings.values():
             if isinstance(v, Param) and not v.num_uses() and graph.params.get(v.name) is v:
                 graph.remove_param(v.name)
-        created = []
-        node = before.next if before is not None else graph.first
-        while node is not None and node is not anchor and node.graph is graph:
-            created.append(node)
-            node = node.next
+        if multi:
+            _restore_order(graph, start, end, self.name)
         return created
 
-    @staticmethod
-    def _anchor(m: Match, order: dict[Node, int] | None) -> Node:
-        """Where new nodes go: before the first matched node when every bound value is
-        defined by then, else before the root."""
-        if len(m.nodes) == 1 or order is None:
-            return m.nodes[0]
-        first = min(m.nodes, key=lambda n: order.get(n, 0))
-        limit = order.get(first, 0)
-        for v in m.bindings.values():
-            if isinstance(v, Value) and v.producer is not None and order.get(v.producer, -1) >= limit:
-                return m.nodes[0]
-        return first
+
+def _pattern_nodes(pv: PatternValue | None) -> set[PatternNode]:
+    """Pattern nodes under a value; of alternatives, those of the largest."""
+    if isinstance(pv, Either):
+        return max((_pattern_nodes(a) for a in pv.alternatives), key=len)
+    if not isinstance(pv, PatternOutput):
+        return set()
+    nodes = {pv.node}
+    for i in pv.node.inputs:
+        nodes |= _pattern_nodes(i)
+    return nodes
 
 
-_UNBOUND = object()
+def _pattern_depth(pv: PatternValue | None) -> int:
+    """Pattern nodes on the longest path from a value down to a variable."""
+    if isinstance(pv, Either):
+        return max(_pattern_depth(a) for a in pv.alternatives)
+    if not isinstance(pv, PatternOutput):
+        return 0
+    return 1 + max((_pattern_depth(i) for i in pv.node.inputs), default=0)
+
+
+def _where_node(n: Node) -> str:
+    return f"{n.op}{' at ' + n.scope if n.scope else ''}"
+
+
+def _span(nodes: Sequence[Node]) -> list[Node]:
+    """The graph's nodes from the first matched node to the last, in order.
+
+    Walks both ways from the root until every matched node is seen, so the cost is the
+    distance between the matched nodes, not the size of the graph.
+    """
+    root = nodes[0]
+    left = set(nodes) - {root}
+    back: list[Node] = []
+    fwd: list[Node] = []
+    b, f = root.prev, root.next
+    while left:
+        if b is None and f is None:
+            raise ValueError("matched nodes are not all in the root's graph")
+        if b is not None:
+            back.append(b)
+            left.discard(b)
+            b = b.prev
+        if f is not None:
+            fwd.append(f)
+            left.discard(f)
+            f = f.next
+    seq = [*reversed(back), root, *fwd]
+    inside = set(nodes)
+    first = next(i for i, n in enumerate(seq) if n in inside)
+    last = max(i for i, n in enumerate(seq) if n in inside)
+    return seq[first:last + 1]
+
+
+def _root_dependency(nodes: list[Node], bindings: dict[str, Any]) -> str:
+    """Why the roots of a multi-root match depend on each other ("" when they do not).
+
+    One replacement stands for all roots, so it must not read what one of them computes:
+    neither directly (a variable bound to a matched node's result) nor through nodes
+    outside the match. Such a path lies between the first and the last matched node,
+    so the search is bounded by that span.
+    """
+    inside = set(nodes)
+    names = {id(v): k for k, v in bindings.items() if isinstance(v, Value)}
+    for n in nodes:
+        for v in n.inputs:
+            if v is not None and id(v) in names and v.producer in inside:
+                assert v.producer is not None
+                return (f"the roots depend on each other: {_where_node(n)} reads the result of "
+                        f"{_where_node(v.producer)} (as {names[id(v)]}), which the match replaces")
+    span = set(_span(nodes))
+    stack: list[tuple[Node, Node]] = []
+    for n in nodes:
+        for v in n.inputs:
+            if v is not None and v.producer is not None and v.producer not in inside:
+                stack.append((v.producer, n))
+    seen: set[Node] = set()
+    while stack:
+        p, reader = stack.pop()
+        if p in seen or p not in span:  # outside the span: before every matched node
+            continue
+        seen.add(p)
+        for v in p.inputs:
+            q = v.producer if v is not None else None
+            if q is None:
+                continue
+            if q in inside:
+                return (f"the roots depend on each other: the result of {_where_node(q)} reaches "
+                        f"{_where_node(reader)} through {_where_node(p)}")
+            stack.append((q, reader))
+    return ""
+
+
+def _restore_order(graph: Graph, start: Node | None, end: Node | None, rule: str) -> None:
+    """Reorder the nodes strictly between `start` and `end` (None: the graph's ends) so each
+    reads only values defined before it, moving as few as possible (a stable order)."""
+    segment: list[Node] = []
+    node = start.next if start is not None else graph.first
+    while node is not None and node is not end:
+        segment.append(node)
+        node = node.next
+    members = set(segment)
+    defined: set[Node] = set()
+    for n in segment:
+        if any(v is not None and v.producer in members and v.producer not in defined
+               for v in n.inputs):
+            break
+        defined.add(n)
+    else:
+        return  # already in order: the common case
+    pos = {n: i for i, n in enumerate(segment)}
+    waiting = {n: len({v.producer for v in n.inputs if v is not None and v.producer in members})
+               for n in segment}
+    heap = [(pos[n], n) for n in segment if waiting[n] == 0]
+    heapq.heapify(heap)
+    order: list[Node] = []
+    while heap:
+        _, n = heapq.heappop(heap)
+        order.append(n)
+        for user in dict.fromkeys(u for v in n.outputs for u, _ in v.uses):
+            if user in members:
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    heapq.heappush(heap, (pos[user], user))
+    if len(order) != len(segment):
+        raise RuntimeError(f"rule {rule}: the rewrite made a cycle (a bug in the rule's rewrite)")
+    graph.move_after(start, order)
 
 
 # -- rule sets ------------------------------------------------------------------------------
@@ -599,9 +867,7 @@ class RuleSet:
     def apply(self, graph: Graph, ctx: PassContext | None = None, *, max_sweeps: int = 100) -> int:
         """Rewrite until no rule matches; returns the number of rewrites."""
         total = 0
-        multi_root = any(len(r.compiled()[0]) > 1 for r in self.rules)
         for _ in range(max_sweeps):
-            order = {n: i for i, n in enumerate(graph)} if multi_root else None
             changed = 0
             node = graph.first
             while node is not None:
@@ -610,7 +876,7 @@ class RuleSet:
                     m, _, _ = rule.try_match(node)
                     if m is None:
                         continue
-                    rule.apply_match(graph, m, order)
+                    rule.apply_match(graph, m)
                     changed += 1
                     if ctx is not None:
                         ctx.count(rule.name)
