@@ -39,12 +39,12 @@ class FuseTwoLinears(RewriteRule):
         return op.split(op.linear(x, op.concat(w1, w2, axis=1)), axis=-1, sizes=sizes)
 
 
-def fuse_and_compare(text: str, expected_rewrites: int) -> Any:
+def fuse_and_compare(text: str, expected_rewrites: int, rule: RewriteRule | None = None) -> Any:
     g = with_weights(ir(text))
     verify(g)
     inputs = random_inputs(g, {"B": 3})
     before = run_graph(g, inputs)
-    n = RuleSet([FuseTwoLinears()]).apply(g)
+    n = RuleSet([rule or FuseTwoLinears()]).apply(g)
     assert verify_problems(g) == [], print_graph(g)
     assert n == expected_rewrites
     after = run_graph(g, inputs)
@@ -160,3 +160,97 @@ def test_a_root_reading_another_roots_result_directly_is_refused():
 def test_find_reports_the_matches_apply_makes(text: str):
     g = with_weights(ir(text))
     assert len(RuleSet([FuseTwoLinears()]).find(g)) >= 1
+
+
+# -- the tracer on multi-root rules ----------------------------------------------------------------
+
+
+class FuseQKVParams(RewriteRule):
+    """q, k, v linears (by scope) with param weights, reading one x."""
+
+    name = "fuse-qkv-params"
+
+    def pattern(self, op: PatternBuilder, x: Var, wq: Var, wk: Var, wv: Var) -> Any:
+        return (op.linear(x, wq.where(param=True), _scope="*.q_proj"),
+                op.linear(x, wk.where(param=True), _scope="*.k_proj"),
+                op.linear(x, wv.where(param=True), _scope="*.v_proj"))
+
+    def rewrite(self, op: GraphBuilder, x: Value, wq: Value, wk: Value, wv: Value) -> Any:
+        sizes = [int(w.shape[1]) for w in (wq, wk, wv)]
+        return op.split(op.linear(x, op.concat(wq, wk, wv, axis=1)), axis=-1, sizes=sizes)
+
+
+QKV_TWO_NEAR_MISSES = """
+graph @g(%x: f32[B,8], %s: f32[8,4]) -> (y: f32[B,4]) {
+  param @q : f32[8,4]
+  param @k : f32[8,4]
+  param @o : f32[8,4]
+  %0 = linear(%x, @q) : f32[B,4] loc("attn.q_proj")
+  %1 = linear(%x, @k) : f32[B,4] loc("attn.k_proj")
+  %2 = linear(%x, %s) : f32[B,4] loc("attn.v_proj")
+  %3 = linear(%x, @o) : f32[B,4] loc("attn.o_proj")
+  %4 = add(%0, %1) : f32[B,4]
+  %5 = add(%4, %2) : f32[B,4]
+  %6 = add(%5, %3) : f32[B,4]
+  return %6
+}
+"""
+
+
+def test_explain_names_the_deepest_near_miss_among_the_candidates_for_a_further_root():
+    # For v, the v_proj linear gets further (its scope holds, its weight is no param) than the
+    # o_proj linear (wrong scope), which is tried last: the tracer reports the v_proj attempt.
+    trace = explain_one(with_weights(ir(QKV_TWO_NEAR_MISSES)), FuseQKVParams())
+    assert trace.matches == 0 and trace.best is not None, trace.summary()
+    assert trace.best.reason == "variable wv must be a param", trace.summary()
+    assert (trace.best.matched, trace.best.total) == (3, 3)
+
+
+class LinearAndBiasedLinear(RewriteRule):
+    """A second root two pattern nodes above the shared input: add(linear(x, wk), bk)."""
+
+    name = "linear-and-biased-linear"
+
+    def pattern(self, op: PatternBuilder, x: Var, wq: Var, wk: Var, bk: Var) -> Any:
+        return op.linear(x, wq), op.add(op.linear(x, wk), bk.where(param=True))
+
+    def rewrite(self, op: GraphBuilder, x: Value, wq: Value, wk: Value, bk: Value) -> Any:
+        q, k = op.split(op.linear(x, op.concat(wq, wk, axis=1)), axis=-1,
+                        sizes=[int(wq.shape[1]), int(wk.shape[1])])
+        return q, op.add(k, bk)
+
+
+def test_a_further_root_above_the_shared_input_is_found():
+    text = """
+    graph @g(%x: f32[B,8]) -> (y: f32[B,4]) {
+      param @q : f32[8,4]
+      param @k : f32[8,4]
+      param @kb : f32[4]
+      %0 = linear(%x, @q) : f32[B,4] loc("q")
+      %1 = linear(%x, @k) : f32[B,4] loc("k")
+      %2 = add(%1, @kb) : f32[B,4] loc("k")
+      %3 = mul(%0, %2) : f32[B,4]
+      return %3
+    }"""
+    (m,) = RuleSet([LinearAndBiasedLinear()]).find(with_weights(ir(text)))
+    assert [n.scope for n in m.nodes] == ["q", "k", "k"]
+    assert [n.op for n in m.nodes] == ["linear", "add", "linear"]
+    g = fuse_and_compare(text, 1, LinearAndBiasedLinear())
+    assert [n.op for n in g] == ["concat", "linear", "split", "add", "mul"]
+
+
+def test_explain_on_the_command_line_shows_why_dependent_roots_are_refused(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str]):
+    from _passes_testkit import cli, registered
+
+    from ernie_ir.ir.storage import save_graph
+    from ernie_ir.passes import rewrite_pass
+
+    model = tmp_path / "model"
+    save_graph(with_weights(ir(DEPENDENT_ROOTS)), model)
+    with registered(rewrite_pass("fuse-two-linears", "Fuse two linears that share an input.",
+                                 [FuseTwoLinears()])):
+        code, out, err = cli(capsys, "explain", "fuse-two-linears", str(model))
+    assert code == 0, err
+    assert "0 match(es) among 2 candidate node(s)" in out
+    assert "the roots depend on each other" in out, out
