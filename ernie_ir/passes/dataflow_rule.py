@@ -120,7 +120,7 @@ class UnfusePass(RewritePass):
     nothing and says so, since cut weights no longer hold whole parts."""
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
-        changed = RuleSet(self.rules).apply(graph, ctx) > 0
+        changed = RuleSet(self.active_rules()).apply(graph, ctx) > 0
         if not changed and "split" in graph_properties(graph):
             ctx.warn("the graph is split into rank graphs, whose fused weights are cut "
                      "shards: unfuse before split")

@@ -48,10 +48,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from pydantic import ValidationError
 
 from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, Value, get_op, has_op
 
-from .base import NoOptions, Pass, PassContext
+from .base import NoOptions, Pass, PassContext, PassOptions
 
 _UNBOUND: Any = object()
 
@@ -127,7 +128,7 @@ def _show(value: Any) -> str:
 def _constant_failure(v: Value, want: Any) -> str:
     """Why `v` is not a constant equal to `want` everywhere ("" when it is)."""
     if not isinstance(v, Param):
-        return "found a computed value, not a param"
+        return "found a value that is not a param"
     if not v.has_data:
         return f"@{v.name} has no data"
     want_arr = np.asarray(want)
@@ -423,6 +424,10 @@ class RewriteRule(ABC):
         if k == len(outs):
             return self._complete(outs, state)
         po = outs[k]
+        mapped = state.node_map.get(po.node)
+        if mapped is not None:  # another result of a node already matched (e.g. a split)
+            self._match_output(po, None, mapped, state)
+            return self._match_roots(outs, k + 1, state)
         candidates = self._root_candidates(po, state)
         if not candidates:
             raise _Fail(f"no {po.node.op} reads the values bound so far")
@@ -594,16 +599,17 @@ class RewriteRule(ABC):
         values bound so far within as many steps as its sub-pattern is deep."""
         taken = set(state.node_map.values())
         known: list[Value] = [v for v in state.bindings.values() if isinstance(v, Value)]
-        for n in state.node_map.values():
+        for n in taken:
             known.extend(v for v in n.inputs if v is not None)
+            known.extend(n.outputs)
         candidates: dict[Node, None] = {}
         frontier = list(dict.fromkeys(known))
-        seen: set[Node] = set()
+        seen: set[Node] = set(taken)
         for _ in range(_pattern_depth(po)):
             nxt: list[Value] = []
             for v in frontier:
                 for user, _i in v.uses:
-                    if user in seen or user in taken:
+                    if user in seen:
                         continue
                     seen.add(user)
                     if user.op == po.node.op:
@@ -914,27 +920,61 @@ class RuleSet:
 
 
 class RewritePass(Pass):
-    """A pass that applies `rules` to a fixed point. Subclass and set name/description/rules."""
+    """A pass that applies rules to a fixed point. Subclass and set name/description/rules,
+    or `rule_factory` (options -> rules) for rules that depend on the pass's options."""
 
     rules: ClassVar[Sequence[RewriteRule]] = ()
+    """The rules (of a factory: those for the default options, for `explain` and listings)."""
+    rule_factory: ClassVar[Callable[[Any], Sequence[RewriteRule]] | None] = None
     Options = NoOptions
 
+    def active_rules(self) -> Sequence[RewriteRule]:
+        """The rules this pass runs with its options."""
+        factory = type(self).rule_factory
+        return self.rules if factory is None else list(factory(self.options))
+
     def run(self, graph: Graph, ctx: PassContext) -> bool:
-        return RuleSet(self.rules).apply(graph, ctx) > 0
+        return RuleSet(self.active_rules()).apply(graph, ctx) > 0
 
 
-def rewrite_pass(name: str, description: str, rules: Sequence[RewriteRule], *,
-                 requires: tuple[str, ...] = (), produces: tuple[str, ...] = ()) -> type[Pass]:
-    """Make a Pass class from rules (register it with `register_pass`)."""
+RuleSource = Sequence[RewriteRule] | Callable[[Any], Sequence[RewriteRule]]
+
+
+def rewrite_pass(name: str, description: str, rules: RuleSource, *,
+                 options: type[PassOptions] = NoOptions,
+                 requires: tuple[str, ...] = (), produces: tuple[str, ...] = (),
+                 invalidates: tuple[str, ...] = ()) -> type[Pass]:
+    """Make a Pass class from rules (register it with `register_pass`).
+
+    `rules` is a sequence of rules, or a function of the pass's options (an instance of
+    `options`, a PassOptions model) returning them: `rewrite_pass("fold", "...",
+    lambda o: [Fold(o.threshold)], options=FoldOptions)`. `requires`, `produces` and
+    `invalidates` are graph properties, as for any pass.
+    """
+    factory: Callable[[Any], Sequence[RewriteRule]] | None = None
+    if callable(rules) and not isinstance(rules, (list, tuple)):
+        factory = rules
+        try:
+            default_rules: tuple[RewriteRule, ...] = tuple(factory(options()))
+        except (ValidationError, TypeError):  # options without defaults: none until given
+            default_rules = ()
+    else:
+        default_rules = tuple(rules)
+    for r in default_rules:
+        if not isinstance(r, RewriteRule):
+            raise TypeError(f"rewrite pass {name}: {r!r} is not a RewriteRule")
     return type(
         "".join(part.capitalize() for part in name.split("-")) + "Pass",
         (RewritePass,),
         {
             "name": name,
             "description": description,
-            "rules": tuple(rules),
+            "rules": default_rules,
+            "rule_factory": staticmethod(factory) if factory is not None else None,
+            "Options": options,
             "requires": frozenset(requires),
             "produces": frozenset(produces),
+            "invalidates": frozenset(invalidates),
             "__module__": inspect.stack()[1].frame.f_globals.get("__name__", __name__),
         },
     )
