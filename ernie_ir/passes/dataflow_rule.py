@@ -1,12 +1,11 @@
 """Rules that find their matches by walking the dataflow, behind the pattern rules' interface.
 
-Some rewrites are not one connected pattern with one root: "the q, k and v
-projections of this attention", "a whole parallel block". A pattern rule can
-say part of that, but its replacement is anchored before the first matched
-node, which may come before a value the replacement reads (use before
-definition). A `DataflowRule` instead finds its match from a root node in
-code, step by step, refusing with a reason at the first step that fails, and
-places the nodes it creates itself, after every value they read. It has the
+Some rewrites are not one pattern: "the q, k and v projections of this
+attention, however its heads are laid out", "a whole parallel block". A
+multi-root pattern rule covers a fixed set of roots; a `DataflowRule` instead
+finds its match from a root node in code, step by step, refusing with a
+reason at the first step that fails, and places the nodes it creates itself,
+after every value they read. It has the
 interface `RuleSet` and the tracer use (`root_op`, `size`, `try_match`,
 `apply_match`), so it runs in rule sets and passes, and `ernie-ir explain
 RULE MODEL` reports its best partial match and the reason it failed.

@@ -20,20 +20,28 @@ A rule reads like the math it replaces:
 - `pattern(op, *vars)` is written with `op`, a PatternBuilder that has one
   method per registered op, exactly like GraphBuilder. The parameters after
   `op` are pattern variables; each matches any value, or what its `.where(...)`
-  allows (dtype, rank, param or not, single use, optional, a predicate).
-  Keyword arguments constrain attributes (a value, a predicate, or
-  `op.attr("name")` to bind it); `_scope="*.mlp.*"` (glob) or
+  allows (dtype, rank, param or not, single use, optional, a constant value,
+  a predicate). Keyword arguments constrain attributes (a value, a predicate,
+  or `op.attr("name")` to bind it); `_scope="*.mlp.*"` (glob) or
   `_scope="re:..."` (regex, full match) constrains the node's scope;
-  `_single_use=True` requires the result to have one reader. A pattern may
-  return several values (e.g. three linears sharing one input).
+  `_single_use=True` requires the result to have one reader; `_outputs=n`
+  names the results of a multi-result op. `op.either(a, b, _tag="t")` is an
+  input matching the first alternative that matches.
+- A pattern may return several values. When they are not all reached from
+  the first (e.g. three linears sharing one input) the rule is multi-root:
+  further roots are searched near what is matched, a match whose roots
+  depend on each other is refused with a reason, and the replacement goes
+  before the last matched node, readers between the roots moved after it.
 - `check(ctx, **bindings)` returns `ctx.ok()` or `ctx.fail("why", *values)`.
 - `rewrite(op, **bindings)` builds the replacement with a GraphBuilder
-  positioned before the matched nodes (scope: the root node's) and returns
-  the new value(s), one per pattern output.
+  positioned before the root (or the last matched node), under the root's
+  scope, and returns the new value(s), one per pattern output.
 
 `RuleSet.apply` rewrites to a fixed point; `RuleSet.find` only reports
 matches; `explain` reports, for each rule, matches and the best partial
-match with the reason it failed.
+match (the attempt that matched most pattern nodes) with the reason it
+failed. `rewrite_pass` makes a pass of rules, or of a function of the
+pass's options returning rules. docs/pass-authoring.md is the reference.
 """
 
 from __future__ import annotations
