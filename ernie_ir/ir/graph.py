@@ -306,7 +306,11 @@ class Graph:
     def _insertable(self, anchor: Node, nodes: Node | Iterable[Node]) -> list[Node]:
         """The nodes to insert, checked before any is linked (inserting is all or nothing)."""
         self._check_member(anchor)
-        batch = [nodes] if isinstance(nodes, Node) else list(nodes)
+        if isinstance(nodes, Node):  # the common case (every GraphBuilder op): no batch to check
+            if nodes.graph is not None:
+                raise ValueError(f"{nodes} already belongs to a graph")
+            return [nodes]
+        batch = list(nodes)
         seen: set[int] = set()
         for n in batch:
             if n.graph is not None:

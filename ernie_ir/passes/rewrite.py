@@ -417,15 +417,15 @@ class RewriteRule(ABC):
         On failure, the count and the reason are those of the attempt that got deepest
         (over commuted inputs, alternatives and candidate nodes for further roots).
         """
-        outs, _ = self.compiled()
+        outs, total = self.compiled()
         state = _State()
         try:
             self._match_output(outs[0], node.outputs[0] if len(node.outputs) == 1 else None,
                                node, state)
-            m = self._match_roots(outs, 1, state)
+            m = self._match_roots(outs, 1, state) if len(outs) > 1 else self._complete(outs, state)
         except _Fail as f:
             return None, state.depth, f.reason
-        return m, self.size, ""
+        return m, total, ""
 
     def _match_roots(self, outs: list[PatternOutput], k: int, state: _State) -> Match:
         """Match outputs k.. (further roots), backtracking over their candidate nodes."""
@@ -456,9 +456,9 @@ class RewriteRule(ABC):
 
     def _complete(self, outs: list[PatternOutput], state: _State) -> Match:
         """Checks on a full match: escaping values, independent roots, the rule's check."""
-        state.depth = self.size
-        matched = list(dict.fromkeys([state.node_map[o.node] for o in outs]
-                                     + list(state.node_map.values())))
+        state.depth = self.compiled()[1]
+        node_map = state.node_map
+        matched = list(dict.fromkeys([node_map[o.node] for o in outs] + list(node_map.values())))
         out_values = [state.node_map[o.node].outputs[o.index] for o in outs]
         reason = self._interior_escapes(matched, out_values)
         if not reason and len(outs) > 1:
@@ -508,10 +508,10 @@ class RewriteRule(ABC):
                 raise _Fail(why)
             state.bindings[pv.name] = value
             return
-        if isinstance(pv, Either):
+        if not isinstance(pv, PatternOutput):
+            assert isinstance(pv, Either)
             self._match_either(pv, value, state, where)
             return
-        assert isinstance(pv, PatternOutput)
         producer = value.producer
         if producer is None:
             kind = f"param @{value.name}" if isinstance(value, Param) else f"graph input {value.name}"
