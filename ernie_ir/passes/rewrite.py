@@ -486,17 +486,18 @@ class RewriteRule(ABC):
             raise _Fail(why)
 
     def _match_value(self, pv: PatternValue | None, value: Value | None, state: _State,
-                     where: str) -> None:
+                     site: tuple[Node, int]) -> None:
+        """Match input `site` = (node, input index), whose value is `value`, against `pv`."""
         if pv is None:
             if value is not None:
-                raise _Fail(f"{where} is present but the pattern has none")
+                raise _Fail(f"{_site(site)} is present but the pattern has none")
             return
         if value is None:
             if pv.optional:
                 for name in _var_names(pv):
                     state.bindings.setdefault(name, None)
                 return
-            raise _Fail(f"{where} is absent but the pattern needs {pv.describe()}")
+            raise _Fail(f"{_site(site)} is absent but the pattern needs {pv.describe()}")
         if isinstance(pv, Var):
             bound = state.bindings.get(pv.name, _UNBOUND)
             if bound is not _UNBOUND:
@@ -510,27 +511,27 @@ class RewriteRule(ABC):
             return
         if not isinstance(pv, PatternOutput):
             assert isinstance(pv, Either)
-            self._match_either(pv, value, state, where)
+            self._match_either(pv, value, state, site)
             return
         producer = value.producer
         if producer is None:
             kind = f"param @{value.name}" if isinstance(value, Param) else f"graph input {value.name}"
-            raise _Fail(f"{where}: expected {pv.describe()}, found {kind}")
+            raise _Fail(f"{_site(site)}: expected {pv.describe()}, found {kind}")
         if value.index != pv.index:
-            raise _Fail(f"{where}: expected result {pv.index} of {pv.node.op}, found result "
+            raise _Fail(f"{_site(site)}: expected result {pv.index} of {pv.node.op}, found result "
                         f"{value.index}")
         self._match_node(pv.node, producer, state)
         why = pv.constraint_failure(value)
         if why:
             raise _Fail(why)
 
-    def _match_either(self, pv: Either, value: Value, state: _State, where: str) -> None:
+    def _match_either(self, pv: Either, value: Value, state: _State, site: tuple[Node, int]) -> None:
         best: _Fail | None = None
         best_depth = -1
         for i, alt in enumerate(pv.alternatives):
             snap = state.snapshot()
             try:
-                self._match_value(alt, value, state, where)
+                self._match_value(alt, value, state, site)
                 why = pv.constraint_failure(value)
                 if why:
                     raise _Fail(why)
@@ -544,7 +545,7 @@ class RewriteRule(ABC):
             if pv.tag is not None:
                 bound = state.bindings.get(pv.tag, _UNBOUND)
                 if bound is not _UNBOUND and bound != i:
-                    raise _Fail(f"{where}: alternative {i} matched but {pv.tag} is {bound}")
+                    raise _Fail(f"{_site(site)}: alternative {i} matched but {pv.tag} is {bound}")
                 state.bindings[pv.tag] = i
             return
         assert best is not None
@@ -559,29 +560,34 @@ class RewriteRule(ABC):
             return
         if node in state.node_map.values():
             raise _Fail(f"{node.op} at {node.scope} would match two pattern nodes")
-        where = f"{node.op}{' at ' + node.scope if node.scope else ''}"
+        # Messages name the node as `op at scope`; built only on failure (this is hot).
         if node.op != pn.op:
-            raise _Fail(f"expected {pn.op}, found {where}")
-        if not pn.scope_matches(node.scope):
-            raise _Fail(f"{where}: scope does not match {pn.scope!r}")
+            raise _Fail(f"expected {pn.op}, found {_where_node(node)}")
+        if pn.scope is not None and not pn.scope_matches(node.scope):
+            raise _Fail(f"{_where_node(node)}: scope does not match {pn.scope!r}")
         for key, want in pn.attrs.items():
             have = getattr(node.attrs, key)
             if isinstance(want, AttrVar):
                 bound = state.bindings.get(want.name, _UNBOUND)
                 if bound is not _UNBOUND and bound != have:
-                    raise _Fail(f"{where}: attribute {key}={have!r} differs from {want.name}={bound!r}")
+                    raise _Fail(f"{_where_node(node)}: attribute {key}={have!r} differs from "
+                                f"{want.name}={bound!r}")
                 state.bindings[want.name] = have
             elif callable(want) and not isinstance(want, (DType, type)):
                 if not want(have):
-                    raise _Fail(f"{where}: attribute {key}={have!r} fails its predicate")
+                    raise _Fail(f"{_where_node(node)}: attribute {key}={have!r} fails its predicate")
             elif _norm(want) != _norm(have):
-                raise _Fail(f"{where}: attribute {key} is {have!r}, pattern wants {want!r}")
+                raise _Fail(f"{_where_node(node)}: attribute {key} is {have!r}, pattern wants {want!r}")
         state.node_map[pn] = node
         state.depth += 1
         n = max(len(pn.inputs), len(node.inputs))
-        orders = [list(range(n))]
-        if self.commute and pn.op in ("add", "mul") and n == 2:
-            orders.append([1, 0])
+        if not (self.commute and pn.op in ("add", "mul") and n == 2):
+            # One order: a failure propagates, and whoever tries something else restores.
+            for i in range(n):
+                self._match_value(pn.inputs[i] if i < len(pn.inputs) else None,
+                                  node.inputs[i] if i < len(node.inputs) else None, state, (node, i))
+            return
+        orders = ((0, 1), (1, 0))
         # Of the failed input orders, report the one that got furthest (the tracer's best
         # partial match), not merely the last one tried.
         best_fail: _Fail | None = None
@@ -592,7 +598,7 @@ class RewriteRule(ABC):
                 for i, j in enumerate(order):
                     pv = pn.inputs[i] if i < len(pn.inputs) else None
                     v = node.inputs[j] if j < len(node.inputs) else None
-                    self._match_value(pv, v, state, f"{where}: input {node.opdef.input_name(j)}")
+                    self._match_value(pv, v, state, (node, j))
                 return
             except _Fail as f:
                 if state.depth > best_depth:
@@ -721,6 +727,11 @@ def _pattern_depth(pv: PatternValue | None) -> int:
 
 def _where_node(n: Node) -> str:
     return f"{n.op}{' at ' + n.scope if n.scope else ''}"
+
+
+def _site(site: tuple[Node, int]) -> str:
+    node, j = site
+    return f"{_where_node(node)}: input {node.opdef.input_name(j)}"
 
 
 def _span(nodes: Sequence[Node]) -> list[Node]:
