@@ -21,6 +21,10 @@ def _where(pos: int, node: Node) -> str:
     return f"node #{pos} {node.op}{scope}"
 
 
+def _where_node(node: Node) -> str:
+    return f"{node.op}{' at ' + node.scope if node.scope else ''}"
+
+
 def _find_cycle(graph: Graph) -> list[Node] | None:
     """Nodes on one dataflow cycle, in edge order, or None.
 
@@ -67,17 +71,23 @@ def _stale_uses(graph: Graph) -> list[str]:
     """
     problems: list[str] = []
     positions = {n: i for i, n in enumerate(graph)}
-    labelled: list[tuple[str, Value]] = [(f"graph input {v.name}", v) for v in graph.inputs]
-    labelled += [(f"param @{name}", p) for name, p in graph.params.items()]
+    # (label, value, whether nodes of other graphs may read it)
+    labelled: list[tuple[str, Value, bool]] = [(f"graph input {v.name}", v, True)
+                                               for v in graph.inputs]
+    labelled += [(f"param @{name}", p, True) for name, p in graph.params.items()]
     for node, pos in positions.items():
         for j, v in enumerate(node.outputs):
-            labelled.append((f"{_where(pos, node)}: output {j}", v))
-    for label, v in labelled:
+            labelled.append((f"{_where(pos, node)}: output {j}", v, False))
+    for label, v, shared in labelled:
         for user, i in v._uses:
-            if user.graph is None:
-                where = f"{user.op}{' at ' + user.scope if user.scope else ''}"
+            if user.graph is not graph and user.graph is not None and not shared:
                 problems.append(f"{label}: use list records input {user.opdef.input_name(i)} "
-                                f"of {where}, which is in no graph (erased, or never inserted)")
+                                f"of {_where_node(user)} in graph {user.graph.name}: a node "
+                                "result read by another graph")
+            elif user.graph is None:
+                problems.append(f"{label}: use list records input {user.opdef.input_name(i)} "
+                                f"of {_where_node(user)}, which is in no graph (erased, or never "
+                                "inserted)")
             elif user.graph is graph and (i >= len(user.inputs) or user.inputs[i] is not v):
                 problems.append(f"{label}: use list records input {user.opdef.input_name(i)} "
                                 f"of {_where(positions[user], user)}, which reads another value")

@@ -880,12 +880,16 @@ class RuleSet:
             self._by_root.setdefault(r.root_op, []).append(r)
 
     def find(self, graph: Graph) -> list[Match]:
-        """All matches in the current graph, without rewriting."""
+        """All matches in the current graph, without rewriting.
+
+        A multi-root match found again from another of its roots is reported once.
+        """
         found = []
+        seen: set[tuple[int, frozenset[Node]]] = set()
         for node in graph:
             for rule in self._by_root.get(node.op, ()):
                 m, _, _ = rule.try_match(node)
-                if m is not None:
+                if m is not None and not _seen_before(m, seen):
                     found.append(m)
         return found
 
@@ -920,19 +924,31 @@ class RuleSet:
         traces = []
         for rule in self.rules:
             t = RuleTrace(rule.name)
+            seen: set[tuple[int, frozenset[Node]]] = set()
             for node in graph:
                 if node.op != rule.root_op:
                     continue
                 t.candidates += 1
                 m, depth, reason = rule.try_match(node)
                 if m is not None:
-                    t.matches += 1
+                    t.matches += 0 if _seen_before(m, seen) else 1
                 elif t.best is None or depth > t.best.matched:
                     t.best = RuleAttempt(node, depth, rule.size, reason)
             if t.matches:
                 t.best = None
             traces.append(t)
         return traces
+
+
+def _seen_before(m: Match, seen: set[tuple[int, frozenset[Node]]]) -> bool:
+    """Whether this multi-root match (the same nodes, by the same rule) was already found."""
+    if len(m.outputs) < 2:
+        return False
+    key = (id(m.rule), frozenset(m.nodes))
+    if key in seen:
+        return True
+    seen.add(key)
+    return False
 
 
 # -- rules as passes -------------------------------------------------------------------------

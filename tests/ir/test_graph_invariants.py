@@ -73,6 +73,16 @@ def test_the_verifier_reports_a_use_of_a_node_outside_the_graph():
         "graph input x: use list records input x of silu, which is in no graph (erased, or never inserted)"]
 
 
+def test_the_verifier_reports_a_node_result_read_by_another_graph():
+    b, _x, _w = linear_graph()
+    (lin,) = b.graph.nodes
+    other = GraphBuilder("other")
+    other.silu(lin.output)  # a node of `other` reads a result of `g`
+    assert verify_problems(b.graph) == [
+        "node #0 linear at proj: output 0: use list records input x of silu in graph other: a "
+        "node result read by another graph"]
+
+
 def test_the_verifier_reports_a_use_that_is_not_a_real_input():
     b, _x, w = linear_graph()
     (lin,) = b.graph.nodes
