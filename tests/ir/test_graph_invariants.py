@@ -113,3 +113,18 @@ def test_the_verifier_does_not_import_networkx():
             "assert 'networkx' not in sys.modules, 'networkx imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_cycle_through_a_long_chain_is_found_without_recursion():
+    b = GraphBuilder("chain")
+    x = b.input("x", tensor(F, "B", 4))
+    v = x
+    for _ in range(5000):  # deeper than Python's recursion limit
+        v = b.silu(v)
+    b.output(v, name="y")
+    first = b.graph.first
+    assert first is not None
+    first.set_input(0, v)  # the first silu reads the last: one cycle through all of them
+    problems = verify_problems(b.graph)
+    assert problems[-1].startswith("graph has a cycle: silu -> silu")
+    assert problems[-1].count("silu") == 5000
