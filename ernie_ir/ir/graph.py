@@ -11,8 +11,11 @@
 - A `Graph` is an ordered sequence of nodes (a linked list, so inserting and
   erasing are O(1) during rewrites) plus its inputs, outputs and params.
 
-Mutation goes through the graph's helpers, which keep use lists exact; the
-verifier checks the remaining invariants (types, order, param use).
+Mutation goes through the graph's helpers, which keep use lists exact and are
+all or nothing: a node whose type rule refuses its inputs records no use on
+them, and a batch insert that cannot link every node links none. The
+verifier checks the remaining invariants (types, order, param use) and the
+use lists in both directions.
 """
 
 from __future__ import annotations
@@ -160,9 +163,8 @@ class Node:
         self.graph: Graph | None = None
         self._prev: Node | None = None
         self._next: Node | None = None
-        for i, v in enumerate(self.inputs):
-            if v is not None:
-                v._uses[(self, i)] = None
+        # Infer before recording uses: a type rule that refuses the inputs must leave no
+        # use behind on them (creating a node is all or nothing).
         if output_types is None:
             output_types = self.infer_types()
         if output_names:
@@ -175,6 +177,9 @@ class Node:
             self.outputs = (Value(output_types[0], None, self, 0),)
         else:
             self.outputs = tuple(Value(t, None, self, i) for i, t in enumerate(output_types))
+        for i, v in enumerate(self.inputs):
+            if v is not None:
+                v._uses[(self, i)] = None
 
     def input_types(self) -> list[TensorType | None]:
         return [v.type if v is not None else None for v in self.inputs]
@@ -298,31 +303,56 @@ class Graph:
         self._link(node, self._tail, None)
         return node
 
-    def insert_before(self, anchor: Node, nodes: Node | Iterable[Node]) -> None:
-        """Insert node(s), in order, right before `anchor`."""
+    def _insertable(self, anchor: Node, nodes: Node | Iterable[Node]) -> list[Node]:
+        """The nodes to insert, checked before any is linked (inserting is all or nothing)."""
         self._check_member(anchor)
-        for n in [nodes] if isinstance(nodes, Node) else list(nodes):
+        if isinstance(nodes, Node):  # the common case (every GraphBuilder op): no batch to check
+            if nodes.graph is not None:
+                raise ValueError(f"{nodes} already belongs to a graph")
+            return [nodes]
+        batch = list(nodes)
+        seen: set[int] = set()
+        for n in batch:
+            if n.graph is not None:
+                raise ValueError(f"{n} already belongs to a graph")
+            if id(n) in seen:
+                raise ValueError(f"{n} appears twice in the nodes to insert")
+            seen.add(id(n))
+        return batch
+
+    def insert_before(self, anchor: Node, nodes: Node | Iterable[Node]) -> None:
+        """Insert node(s), in order, right before `anchor` (all, or none if one cannot be)."""
+        for n in self._insertable(anchor, nodes):
             self._link(n, anchor._prev, anchor)
 
     def insert_after(self, anchor: Node, nodes: Node | Iterable[Node]) -> None:
-        """Insert node(s), in order, right after `anchor`."""
-        self._check_member(anchor)
+        """Insert node(s), in order, right after `anchor` (all, or none if one cannot be)."""
         prev = anchor
-        for n in [nodes] if isinstance(nodes, Node) else list(nodes):
+        for n in self._insertable(anchor, nodes):
             self._link(n, prev, prev._next)
             prev = n
 
-    def erase(self, node: Node, *, force: bool = False) -> None:
-        """Remove a node. Its outputs must be unused unless `force` (then uses dangle)."""
-        self._check_member(node)
-        if not force:
-            for v in node.outputs:
-                if v._uses or v in self.outputs:
-                    raise ValueError(
-                        f"cannot erase {node}: output {v.index} is still used; "
-                        "replace its uses first"
-                    )
-        node.drop_inputs()
+    def move_after(self, anchor: Node | None, nodes: Sequence[Node]) -> None:
+        """Move nodes of this graph, in order, right after `anchor` (None: to the front).
+
+        Inputs and uses stay as they are; only the order changes (the caller keeps it
+        valid: rewrites use this to put readers after a replacement they now read).
+        """
+        if anchor is not None:
+            self._check_member(anchor)
+        batch = list(nodes)
+        for n in batch:
+            self._check_member(n)
+            if n is anchor:
+                raise ValueError(f"cannot move {n} after itself")
+        for n in batch:
+            self._unlink(n)
+        prev = anchor
+        for n in batch:
+            self._link(n, prev, prev._next if prev is not None else self._head)
+            prev = n
+
+    def _unlink(self, node: Node) -> None:
         prev, nxt = node._prev, node._next
         if prev is None:
             self._head = nxt
@@ -335,6 +365,19 @@ class Graph:
         node._prev = node._next = None
         node.graph = None
         self._count -= 1
+
+    def erase(self, node: Node, *, force: bool = False) -> None:
+        """Remove a node. Its outputs must be unused unless `force` (then uses dangle)."""
+        self._check_member(node)
+        if not force:
+            for v in node.outputs:
+                if v._uses or v in self.outputs:
+                    raise ValueError(
+                        f"cannot erase {node}: output {v.index} is still used; "
+                        "replace its uses first"
+                    )
+        node.drop_inputs()
+        self._unlink(node)
 
     def _check_member(self, node: Node) -> None:
         if node.graph is not self:

@@ -1,12 +1,11 @@
 """Rules that find their matches by walking the dataflow, behind the pattern rules' interface.
 
-Some rewrites are not one connected pattern with one root: "the q, k and v
-projections of this attention", "a whole parallel block". A pattern rule can
-say part of that, but its replacement is anchored before the first matched
-node, which may come before a value the replacement reads (use before
-definition). A `DataflowRule` instead finds its match from a root node in
-code, step by step, refusing with a reason at the first step that fails, and
-places the nodes it creates itself, after every value they read. It has the
+Some rewrites are not one pattern: "the q, k and v projections of this
+attention, however its heads are laid out", "a whole parallel block". A
+multi-root pattern rule covers a fixed set of roots; a `DataflowRule` instead
+finds its match from a root node in code, step by step, refusing with a
+reason at the first step that fails, and places the nodes it creates itself,
+after every value they read. It has the
 interface `RuleSet` and the tracer use (`root_op`, `size`, `try_match`,
 `apply_match`), so it runs in rule sets and passes, and `ernie-ir explain
 RULE MODEL` reports its best partial match and the reason it failed.
@@ -92,7 +91,7 @@ class DataflowRule(RewriteRule):
         raise TypeError(f"rule {self.name} rewrites through apply_plan")
 
     def compiled(self) -> tuple[list[PatternOutput], int]:
-        return [], self.steps  # no pattern outputs: RuleSet.apply passes no order
+        return [], self.steps  # no pattern outputs: plan() finds the nodes
 
     @property
     def root_op(self) -> str:
@@ -111,7 +110,7 @@ class DataflowRule(RewriteRule):
         nodes = list(dict.fromkeys([node, *plan.nodes]))
         return Match(self, nodes, {"plan": plan}, []), self.steps, ""
 
-    def apply_match(self, graph: Graph, m: Match, order: dict[Node, int] | None = None) -> list[Node]:
+    def apply_match(self, graph: Graph, m: Match) -> list[Node]:
         return self.apply_plan(graph, m.bindings["plan"])
 
 
@@ -120,7 +119,7 @@ class UnfusePass(RewritePass):
     nothing and says so, since cut weights no longer hold whole parts."""
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
-        changed = RuleSet(self.rules).apply(graph, ctx) > 0
+        changed = RuleSet(self.active_rules()).apply(graph, ctx) > 0
         if not changed and "split" in graph_properties(graph):
             ctx.warn("the graph is split into rank graphs, whose fused weights are cut "
                      "shards: unfuse before split")

@@ -20,25 +20,34 @@ A rule reads like the math it replaces:
 - `pattern(op, *vars)` is written with `op`, a PatternBuilder that has one
   method per registered op, exactly like GraphBuilder. The parameters after
   `op` are pattern variables; each matches any value, or what its `.where(...)`
-  allows (dtype, rank, param or not, single use, optional, a predicate).
-  Keyword arguments constrain attributes (a value, a predicate, or
-  `op.attr("name")` to bind it); `_scope="*.mlp.*"` (glob) or
+  allows (dtype, rank, param or not, single use, optional, a constant value,
+  a predicate). Keyword arguments constrain attributes (a value, a predicate,
+  or `op.attr("name")` to bind it); `_scope="*.mlp.*"` (glob) or
   `_scope="re:..."` (regex, full match) constrains the node's scope;
-  `_single_use=True` requires the result to have one reader. A pattern may
-  return several values (e.g. three linears sharing one input).
+  `_single_use=True` requires the result to have one reader; `_outputs=n`
+  names the results of a multi-result op. `op.either(a, b, _tag="t")` is an
+  input matching the first alternative that matches.
+- A pattern may return several values. When they are not all reached from
+  the first (e.g. three linears sharing one input) the rule is multi-root:
+  further roots are searched near what is matched, a match whose roots
+  depend on each other is refused with a reason, and the replacement goes
+  before the last matched node, readers between the roots moved after it.
 - `check(ctx, **bindings)` returns `ctx.ok()` or `ctx.fail("why", *values)`.
 - `rewrite(op, **bindings)` builds the replacement with a GraphBuilder
-  positioned before the matched nodes (scope: the root node's) and returns
-  the new value(s), one per pattern output.
+  positioned before the root (or the last matched node), under the root's
+  scope, and returns the new value(s), one per pattern output.
 
 `RuleSet.apply` rewrites to a fixed point; `RuleSet.find` only reports
 matches; `explain` reports, for each rule, matches and the best partial
-match with the reason it failed.
+match (the attempt that matched most pattern nodes) with the reason it
+failed. `rewrite_pass` makes a pass of rules, or of a function of the
+pass's options returning rules. docs/pass-authoring.md is the reference.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import heapq
 import inspect
 import re
 from abc import ABC, abstractmethod
@@ -46,9 +55,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+from pydantic import ValidationError
+
 from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, Value, get_op, has_op
 
-from .base import NoOptions, Pass, PassContext
+from .base import NoOptions, Pass, PassContext, PassOptions
+
+_UNBOUND: Any = object()
 
 # -- pattern language ----------------------------------------------------------------
 
@@ -63,12 +77,20 @@ class PatternValue:
         self.single_use = False
         self.optional = False
         self.predicate: Callable[[Value], bool] | None = None
+        self.value: Any = _UNBOUND
 
     def where(self, *, dtype: DType | None = None, rank: int | None = None,
               param: bool | None = None, single_use: bool | None = None,
               optional: bool | None = None,
-              predicate: Callable[[Value], bool] | None = None) -> PatternValue:
-        """Add constraints (returns self, for use inside expressions)."""
+              predicate: Callable[[Value], bool] | None = None,
+              value: Any = _UNBOUND) -> PatternValue:
+        """Add constraints (returns self, for use inside expressions).
+
+        `value` makes the variable a constant: it matches a param with data whose every
+        element equals `value` (a number, or an array it broadcasts to).
+        """
+        if value is not _UNBOUND:
+            self.value = value
         if dtype is not None:
             self.dtype = dtype
         if rank is not None:
@@ -97,9 +119,34 @@ class PatternValue:
             return f"{self.describe()} must have rank {self.rank}, found {v.type}"
         if self.single_use and v.num_uses() != 1:
             return f"{self.describe()} must have a single use, has {v.num_uses()}"
+        if self.value is not _UNBOUND:
+            why = _constant_failure(v, self.value)
+            if why:
+                return f"{self.describe()} must be the constant {_show(self.value)} ({why})"
         if self.predicate is not None and not self.predicate(v):
             return f"{self.describe()} fails its predicate"
         return None
+
+
+def _show(value: Any) -> str:
+    arr = np.asarray(value)
+    return repr(arr.item()) if arr.ndim == 0 else f"array{list(arr.shape)}"
+
+
+def _constant_failure(v: Value, want: Any) -> str:
+    """Why `v` is not a constant equal to `want` everywhere ("" when it is)."""
+    if not isinstance(v, Param):
+        return "found a value that is not a param"
+    if not v.has_data:
+        return f"@{v.name} has no data"
+    want_arr = np.asarray(want)
+    try:
+        target = np.broadcast_to(want_arr, v.read().shape)
+    except ValueError:
+        return f"@{v.name} has shape {list(v.type.shape)}"
+    if not np.array_equal(v.read(), target):
+        return f"@{v.name} holds other values"
+    return ""
 
 
 class Var(PatternValue):
@@ -150,11 +197,59 @@ class PatternOutput(PatternValue):
         return f"result of {self.node.op}"
 
 
+class Either(PatternValue):
+    """Alternatives: matches the first of several sub-patterns that matches, in order.
+
+    Variables that only some alternatives use are bound to None when another one
+    matched; `tag` (if given) binds the index of the alternative that matched.
+    """
+
+    def __init__(self, alternatives: Sequence[PatternValue], tag: str | None) -> None:
+        super().__init__()
+        if len(alternatives) < 2:
+            raise TypeError("either() needs at least two alternatives")
+        if not all(isinstance(a, PatternValue) for a in alternatives):
+            raise TypeError("either() takes pattern values (variables or op results)")
+        self.alternatives = list(alternatives)
+        self.tag = tag
+        names: dict[str, None] = {}
+        for a in self.alternatives:
+            names.update(dict.fromkeys(_var_names(a)))
+        self.var_names = list(names)
+
+    def describe(self) -> str:
+        return "either " + " or ".join(a.describe() for a in self.alternatives)
+
+
+def _var_names(pv: PatternValue | None) -> list[str]:
+    """Variables a pattern value mentions, in first-seen order."""
+    found: dict[str, None] = {}
+    stack: list[PatternValue | None] = [pv]
+    seen: set[int] = set()
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if isinstance(v, Var):
+            found[v.name] = None
+        elif isinstance(v, Either):
+            stack.extend(reversed(v.alternatives))
+        elif isinstance(v, PatternOutput):
+            stack.extend(reversed(v.node.inputs))
+    return list(found)
+
+
 class PatternBuilder:
     """`op.<name>(inputs..., **attr_constraints)` builds pattern nodes, like GraphBuilder."""
 
     def attr(self, name: str) -> AttrVar:
+        """Bind an attribute's value to `name` (passed to check and rewrite)."""
         return AttrVar(name)
+
+    def either(self, *alternatives: PatternValue, _tag: str | None = None) -> Either:
+        """Match the first alternative that matches (in order); `_tag` binds its index."""
+        return Either(alternatives, _tag)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name.startswith("_") or not has_op(name):
@@ -238,13 +333,12 @@ class _Fail(Exception):
 
 
 class _State:
-    __slots__ = ("bindings", "deepest", "depth", "node_map")
+    __slots__ = ("bindings", "depth", "node_map")
 
     def __init__(self) -> None:
         self.bindings: dict[str, Any] = {}
         self.node_map: dict[PatternNode, Node] = {}
-        self.depth = 0
-        self.deepest = 0  # most pattern nodes matched by any attempt (kept across restores)
+        self.depth = 0  # pattern nodes matched by the attempt in progress (or that failed)
 
     def snapshot(self) -> tuple[dict[str, Any], dict[PatternNode, Node], int]:
         return dict(self.bindings), dict(self.node_map), self.depth
@@ -291,20 +385,12 @@ class RewriteRule(ABC):
             outs = self.pattern(PatternBuilder(), *(Var(p) for p in params))
             outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
             if not outs or not all(isinstance(o, PatternOutput) for o in outs):
-                raise TypeError(f"rule {self.name}: pattern must return op results")
-            seen: set[PatternNode] = set()
-
-            def count(n: PatternNode) -> None:
-                if n in seen:
-                    return
-                seen.add(n)
-                for i in n.inputs:
-                    if isinstance(i, PatternOutput):
-                        count(i.node)
-
+                raise TypeError(f"rule {self.name}: pattern must return op results (put "
+                                "alternatives at an input, or write one rule per root op)")
+            nodes: set[PatternNode] = set()
             for o in outs:
-                count(o.node)
-            self._compiled = (outs, len(seen))
+                nodes |= _pattern_nodes(o)
+            self._compiled = (outs, len(nodes))
         return self._compiled
 
     @property
@@ -313,7 +399,7 @@ class RewriteRule(ABC):
 
     @property
     def size(self) -> int:
-        """Number of nodes in the pattern."""
+        """Number of nodes in the pattern (with alternatives: in its largest alternative)."""
         return self.compiled()[1]
 
     def __repr__(self) -> str:
@@ -322,29 +408,66 @@ class RewriteRule(ABC):
     # -- matching ------------------------------------------------------------------------
 
     def try_match(self, node: Node) -> tuple[Match | None, int, str]:
-        """Match with `node` as the root. Returns (match, nodes matched, failure reason)."""
+        """Match with `node` as the root. Returns (match, nodes matched, failure reason).
+
+        On failure, the count and the reason are those of the attempt that got deepest
+        (over commuted inputs, alternatives and candidate nodes for further roots).
+        """
         outs, total = self.compiled()
         state = _State()
         try:
             self._match_output(outs[0], node.outputs[0] if len(node.outputs) == 1 else None,
                                node, state)
-            for extra in outs[1:]:
-                self._match_extra_root(extra, state)
+            m = self._match_roots(outs, 1, state) if len(outs) > 1 else self._complete(outs, state)
         except _Fail as f:
-            return None, state.deepest, f.reason
-        matched = list(dict.fromkeys([state.node_map[o.node] for o in outs]
-                                     + list(state.node_map.values())))
+            return None, state.depth, f.reason
+        return m, total, ""
+
+    def _match_roots(self, outs: list[PatternOutput], k: int, state: _State) -> Match:
+        """Match outputs k.. (further roots), backtracking over their candidate nodes."""
+        if k == len(outs):
+            return self._complete(outs, state)
+        po = outs[k]
+        mapped = state.node_map.get(po.node)
+        if mapped is not None:  # another result of a node already matched (e.g. a split)
+            self._match_output(po, None, mapped, state)
+            return self._match_roots(outs, k + 1, state)
+        candidates = self._root_candidates(po, state)
+        if not candidates:
+            raise _Fail(f"no {po.node.op} reads the values bound so far")
+        best: _Fail | None = None
+        best_depth = -1
+        for cand in candidates:
+            snap = state.snapshot()
+            try:
+                self._match_output(po, None, cand, state)
+                return self._match_roots(outs, k + 1, state)
+            except _Fail as f:
+                if state.depth > best_depth:
+                    best, best_depth = f, state.depth
+                state.restore(snap)
+        assert best is not None
+        state.depth = best_depth
+        raise best
+
+    def _complete(self, outs: list[PatternOutput], state: _State) -> Match:
+        """Checks on a full match: escaping values, independent roots, the rule's check."""
+        state.depth = self.compiled()[1]
+        node_map = state.node_map
+        matched = list(dict.fromkeys([node_map[o.node] for o in outs] + list(node_map.values())))
         out_values = [state.node_map[o.node].outputs[o.index] for o in outs]
         reason = self._interior_escapes(matched, out_values)
+        if not reason and len(outs) > 1:
+            reason = _root_dependency(matched, state.bindings)
         if reason:
-            return None, total, reason
+            raise _Fail(reason)
         m = Match(self, matched, dict(state.bindings), out_values)
         result = self.check(MatchContext(m), **m.bindings)
         if isinstance(result, bool):
             result = MatchResult(result, "" if result else "check() refused (no reason given)")
         if not result:
-            return None, total, f"check: {result.reason}"
-        return m, total, ""
+            raise _Fail(f"check: {result.reason}")
+        return m
 
     def _match_output(self, po: PatternOutput, value: Value | None, node: Node, state: _State) -> None:
         if value is None:
@@ -359,17 +482,18 @@ class RewriteRule(ABC):
             raise _Fail(why)
 
     def _match_value(self, pv: PatternValue | None, value: Value | None, state: _State,
-                     where: str) -> None:
+                     site: tuple[Node, int]) -> None:
+        """Match input `site` = (node, input index), whose value is `value`, against `pv`."""
         if pv is None:
             if value is not None:
-                raise _Fail(f"{where} is present but the pattern has none")
+                raise _Fail(f"{_site(site)} is present but the pattern has none")
             return
         if value is None:
             if pv.optional:
-                if isinstance(pv, Var):
-                    state.bindings.setdefault(pv.name, None)
+                for name in _var_names(pv):
+                    state.bindings.setdefault(name, None)
                 return
-            raise _Fail(f"{where} is absent but the pattern needs {pv.describe()}")
+            raise _Fail(f"{_site(site)} is absent but the pattern needs {pv.describe()}")
         if isinstance(pv, Var):
             bound = state.bindings.get(pv.name, _UNBOUND)
             if bound is not _UNBOUND:
@@ -381,18 +505,48 @@ class RewriteRule(ABC):
                 raise _Fail(why)
             state.bindings[pv.name] = value
             return
-        assert isinstance(pv, PatternOutput)
+        if not isinstance(pv, PatternOutput):
+            assert isinstance(pv, Either)
+            self._match_either(pv, value, state, site)
+            return
         producer = value.producer
         if producer is None:
             kind = f"param @{value.name}" if isinstance(value, Param) else f"graph input {value.name}"
-            raise _Fail(f"{where}: expected {pv.describe()}, found {kind}")
+            raise _Fail(f"{_site(site)}: expected {pv.describe()}, found {kind}")
         if value.index != pv.index:
-            raise _Fail(f"{where}: expected result {pv.index} of {pv.node.op}, found result "
+            raise _Fail(f"{_site(site)}: expected result {pv.index} of {pv.node.op}, found result "
                         f"{value.index}")
         self._match_node(pv.node, producer, state)
         why = pv.constraint_failure(value)
         if why:
             raise _Fail(why)
+
+    def _match_either(self, pv: Either, value: Value, state: _State, site: tuple[Node, int]) -> None:
+        best: _Fail | None = None
+        best_depth = -1
+        for i, alt in enumerate(pv.alternatives):
+            snap = state.snapshot()
+            try:
+                self._match_value(alt, value, state, site)
+                why = pv.constraint_failure(value)
+                if why:
+                    raise _Fail(why)
+            except _Fail as f:
+                if state.depth > best_depth:
+                    best, best_depth = f, state.depth
+                state.restore(snap)
+                continue
+            for name in pv.var_names:
+                state.bindings.setdefault(name, None)
+            if pv.tag is not None:
+                bound = state.bindings.get(pv.tag, _UNBOUND)
+                if bound is not _UNBOUND and bound != i:
+                    raise _Fail(f"{_site(site)}: alternative {i} matched but {pv.tag} is {bound}")
+                state.bindings[pv.tag] = i
+            return
+        assert best is not None
+        state.depth = best_depth
+        raise _Fail(f"no alternative matches; the closest: {best.reason}")
 
     def _match_node(self, pn: PatternNode, node: Node, state: _State) -> None:
         mapped = state.node_map.get(pn)
@@ -402,30 +556,34 @@ class RewriteRule(ABC):
             return
         if node in state.node_map.values():
             raise _Fail(f"{node.op} at {node.scope} would match two pattern nodes")
-        where = f"{node.op}{' at ' + node.scope if node.scope else ''}"
+        # Messages name the node as `op at scope`; built only on failure (this is hot).
         if node.op != pn.op:
-            raise _Fail(f"expected {pn.op}, found {where}")
-        if not pn.scope_matches(node.scope):
-            raise _Fail(f"{where}: scope does not match {pn.scope!r}")
+            raise _Fail(f"expected {pn.op}, found {_where_node(node)}")
+        if pn.scope is not None and not pn.scope_matches(node.scope):
+            raise _Fail(f"{_where_node(node)}: scope does not match {pn.scope!r}")
         for key, want in pn.attrs.items():
             have = getattr(node.attrs, key)
             if isinstance(want, AttrVar):
                 bound = state.bindings.get(want.name, _UNBOUND)
                 if bound is not _UNBOUND and bound != have:
-                    raise _Fail(f"{where}: attribute {key}={have!r} differs from {want.name}={bound!r}")
+                    raise _Fail(f"{_where_node(node)}: attribute {key}={have!r} differs from "
+                                f"{want.name}={bound!r}")
                 state.bindings[want.name] = have
             elif callable(want) and not isinstance(want, (DType, type)):
                 if not want(have):
-                    raise _Fail(f"{where}: attribute {key}={have!r} fails its predicate")
+                    raise _Fail(f"{_where_node(node)}: attribute {key}={have!r} fails its predicate")
             elif _norm(want) != _norm(have):
-                raise _Fail(f"{where}: attribute {key} is {have!r}, pattern wants {want!r}")
+                raise _Fail(f"{_where_node(node)}: attribute {key} is {have!r}, pattern wants {want!r}")
         state.node_map[pn] = node
         state.depth += 1
-        state.deepest = max(state.deepest, state.depth)
         n = max(len(pn.inputs), len(node.inputs))
-        orders = [list(range(n))]
-        if self.commute and pn.op in ("add", "mul") and n == 2:
-            orders.append([1, 0])
+        if not (self.commute and pn.op in ("add", "mul") and n == 2):
+            # One order: a failure propagates, and whoever tries something else restores.
+            for i in range(n):
+                self._match_value(pn.inputs[i] if i < len(pn.inputs) else None,
+                                  node.inputs[i] if i < len(node.inputs) else None, state, (node, i))
+            return
+        orders = ((0, 1), (1, 0))
         # Of the failed input orders, report the one that got furthest (the tracer's best
         # partial match), not merely the last one tried.
         best_fail: _Fail | None = None
@@ -436,7 +594,7 @@ class RewriteRule(ABC):
                 for i, j in enumerate(order):
                     pv = pn.inputs[i] if i < len(pn.inputs) else None
                     v = node.inputs[j] if j < len(node.inputs) else None
-                    self._match_value(pv, v, state, f"{where}: input {node.opdef.input_name(j)}")
+                    self._match_value(pv, v, state, (node, j))
                 return
             except _Fail as f:
                 if state.depth > best_depth:
@@ -446,26 +604,29 @@ class RewriteRule(ABC):
         state.depth = best_depth
         raise best_fail
 
-    def _match_extra_root(self, po: PatternOutput, state: _State) -> None:
-        """Find a node for another pattern output among readers of bound values."""
-        candidates: dict[Node, None] = {}
-        known = [v for v in state.bindings.values() if isinstance(v, Value)]
-        for n in state.node_map.values():
+    def _root_candidates(self, po: PatternOutput, state: _State) -> list[Node]:
+        """Nodes that may match a further pattern output: nodes of its op reachable from the
+        values bound so far within as many steps as its sub-pattern is deep."""
+        taken = set(state.node_map.values())
+        known: list[Value] = [v for v in state.bindings.values() if isinstance(v, Value)]
+        for n in taken:
             known.extend(v for v in n.inputs if v is not None)
-        for v in known:
-            for user, _ in v.uses:
-                if user.op == po.node.op and user not in state.node_map.values():
-                    candidates[user] = None
-        best = _Fail(f"no {po.node.op} reads the values bound so far")
-        for cand in candidates:
-            snap = state.snapshot()
-            try:
-                self._match_output(po, None, cand, state)
-                return
-            except _Fail as f:
-                best = f
-                state.restore(snap)
-        raise best
+            known.extend(n.outputs)
+        candidates: dict[Node, None] = {}
+        frontier = list(dict.fromkeys(known))
+        seen: set[Node] = set(taken)
+        for _ in range(_pattern_depth(po)):
+            nxt: list[Value] = []
+            for v in frontier:
+                for user, _i in v.uses:
+                    if user in seen:
+                        continue
+                    seen.add(user)
+                    if user.op == po.node.op:
+                        candidates[user] = None
+                    nxt.extend(user.outputs)
+            frontier = nxt
+        return list(candidates)
 
     @staticmethod
     def _interior_escapes(nodes: list[Node], outputs: list[Value]) -> str:
@@ -485,14 +646,30 @@ class RewriteRule(ABC):
 
     # -- rewriting -------------------------------------------------------------------------
 
-    def apply_match(self, graph: Graph, m: Match, order: dict[Node, int] | None = None) -> list[Node]:
-        """Replace the matched outputs with what `rewrite` builds; erase dead matched nodes."""
-        anchor = self._anchor(m, order)
+    def apply_match(self, graph: Graph, m: Match) -> list[Node]:
+        """Replace the matched outputs with what `rewrite` builds; erase dead matched nodes.
+
+        The replacement of a one-root pattern goes right before the root, after every value
+        the pattern read. Of a multi-root pattern it goes right before the last matched node
+        (after every value any root reads); readers of the replaced results that sat between
+        the roots move after it, keeping their order (the roots are independent, checked when
+        matching, so such an order exists). Returns the nodes created.
+        """
+        multi = len(m.outputs) > 1
+        span = _span(m.nodes) if multi else [m.nodes[0]]
+        anchor = span[-1]
+        start = span[0].prev  # outside the match: stays while matched nodes are erased
         b = GraphBuilder(graph)
         b.insert_point = anchor
         before = anchor.prev
         with b.at_scope(m.nodes[0].scope):
             new = self.rewrite(b, **m.bindings)
+        created: list[Node] = []
+        node = anchor.prev
+        while node is not None and node is not before:
+            created.append(node)
+            node = node.prev
+        created.reverse()
         new_values = list(new) if isinstance(new, (tuple, list)) else [new]
         if len(new_values) != len(m.outputs):
             raise TypeError(f"rule {self.name}: rewrite returned {len(new_values)} values for "
@@ -501,6 +678,7 @@ class RewriteRule(ABC):
             if old.type != nv.type:
                 raise TypeError(f"rule {self.name}: rewrite changes a type ({old.type} -> {nv.type})")
             graph.replace_all_uses_with(old, nv)
+        end = anchor.next
         # Root first, then producers: erasing a reader can make its producer dead.
         pending = list(m.nodes)
         progress = True
@@ -517,28 +695,143 @@ class RewriteRule(ABC):
         for v in m.bindings.values():
             if isinstance(v, Param) and not v.num_uses() and graph.params.get(v.name) is v:
                 graph.remove_param(v.name)
-        created = []
-        node = before.next if before is not None else graph.first
-        while node is not None and node is not anchor and node.graph is graph:
-            created.append(node)
-            node = node.next
+        if multi:
+            _restore_order(graph, start, end, self.name)
         return created
 
-    @staticmethod
-    def _anchor(m: Match, order: dict[Node, int] | None) -> Node:
-        """Where new nodes go: before the first matched node when every bound value is
-        defined by then, else before the root."""
-        if len(m.nodes) == 1 or order is None:
-            return m.nodes[0]
-        first = min(m.nodes, key=lambda n: order.get(n, 0))
-        limit = order.get(first, 0)
-        for v in m.bindings.values():
-            if isinstance(v, Value) and v.producer is not None and order.get(v.producer, -1) >= limit:
-                return m.nodes[0]
-        return first
+
+def _pattern_nodes(pv: PatternValue | None) -> set[PatternNode]:
+    """Pattern nodes under a value; of alternatives, those of the largest."""
+    if isinstance(pv, Either):
+        return max((_pattern_nodes(a) for a in pv.alternatives), key=len)
+    if not isinstance(pv, PatternOutput):
+        return set()
+    nodes = {pv.node}
+    for i in pv.node.inputs:
+        nodes |= _pattern_nodes(i)
+    return nodes
 
 
-_UNBOUND = object()
+def _pattern_depth(pv: PatternValue | None) -> int:
+    """Pattern nodes on the longest path from a value down to a variable."""
+    if isinstance(pv, Either):
+        return max(_pattern_depth(a) for a in pv.alternatives)
+    if not isinstance(pv, PatternOutput):
+        return 0
+    return 1 + max((_pattern_depth(i) for i in pv.node.inputs), default=0)
+
+
+def _where_node(n: Node) -> str:
+    return f"{n.op}{' at ' + n.scope if n.scope else ''}"
+
+
+def _site(site: tuple[Node, int]) -> str:
+    node, j = site
+    return f"{_where_node(node)}: input {node.opdef.input_name(j)}"
+
+
+def _span(nodes: Sequence[Node]) -> list[Node]:
+    """The graph's nodes from the first matched node to the last, in order.
+
+    Walks both ways from the root until every matched node is seen, so the cost is the
+    distance between the matched nodes, not the size of the graph.
+    """
+    root = nodes[0]
+    left = set(nodes) - {root}
+    back: list[Node] = []
+    fwd: list[Node] = []
+    b, f = root.prev, root.next
+    while left:
+        if b is None and f is None:
+            raise ValueError("matched nodes are not all in the root's graph")
+        if b is not None:
+            back.append(b)
+            left.discard(b)
+            b = b.prev
+        if f is not None:
+            fwd.append(f)
+            left.discard(f)
+            f = f.next
+    seq = [*reversed(back), root, *fwd]
+    inside = set(nodes)
+    first = next(i for i, n in enumerate(seq) if n in inside)
+    last = max(i for i, n in enumerate(seq) if n in inside)
+    return seq[first:last + 1]
+
+
+def _root_dependency(nodes: list[Node], bindings: dict[str, Any]) -> str:
+    """Why the roots of a multi-root match depend on each other ("" when they do not).
+
+    One replacement stands for all roots, so it must not read what one of them computes:
+    neither directly (a variable bound to a matched node's result) nor through nodes
+    outside the match. Such a path lies between the first and the last matched node,
+    so the search is bounded by that span.
+    """
+    inside = set(nodes)
+    names = {id(v): k for k, v in bindings.items() if isinstance(v, Value)}
+    for n in nodes:
+        for v in n.inputs:
+            if v is not None and id(v) in names and v.producer in inside:
+                assert v.producer is not None
+                return (f"the roots depend on each other: {_where_node(n)} reads the result of "
+                        f"{_where_node(v.producer)} (as {names[id(v)]}), which the match replaces")
+    span = set(_span(nodes))
+    stack: list[tuple[Node, Node]] = []
+    for n in nodes:
+        for v in n.inputs:
+            if v is not None and v.producer is not None and v.producer not in inside:
+                stack.append((v.producer, n))
+    seen: set[Node] = set()
+    while stack:
+        p, reader = stack.pop()
+        if p in seen or p not in span:  # outside the span: before every matched node
+            continue
+        seen.add(p)
+        for v in p.inputs:
+            q = v.producer if v is not None else None
+            if q is None:
+                continue
+            if q in inside:
+                return (f"the roots depend on each other: the result of {_where_node(q)} reaches "
+                        f"{_where_node(reader)} through {_where_node(p)}")
+            stack.append((q, reader))
+    return ""
+
+
+def _restore_order(graph: Graph, start: Node | None, end: Node | None, rule: str) -> None:
+    """Reorder the nodes strictly between `start` and `end` (None: the graph's ends) so each
+    reads only values defined before it, moving as few as possible (a stable order)."""
+    segment: list[Node] = []
+    node = start.next if start is not None else graph.first
+    while node is not None and node is not end:
+        segment.append(node)
+        node = node.next
+    members = set(segment)
+    defined: set[Node] = set()
+    for n in segment:
+        if any(v is not None and v.producer in members and v.producer not in defined
+               for v in n.inputs):
+            break
+        defined.add(n)
+    else:
+        return  # already in order: the common case
+    pos = {n: i for i, n in enumerate(segment)}
+    waiting = {n: len({v.producer for v in n.inputs if v is not None and v.producer in members})
+               for n in segment}
+    heap = [(pos[n], n) for n in segment if waiting[n] == 0]
+    heapq.heapify(heap)
+    order: list[Node] = []
+    while heap:
+        _, n = heapq.heappop(heap)
+        order.append(n)
+        for user in dict.fromkeys(u for v in n.outputs for u, _ in v.uses):
+            if user in members:
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    heapq.heappush(heap, (pos[user], user))
+    if len(order) != len(segment):
+        raise RuntimeError(f"rule {rule}: the rewrite made a cycle (a bug in the rule's rewrite)")
+    graph.move_after(start, order)
 
 
 # -- rule sets ------------------------------------------------------------------------------
@@ -583,21 +876,23 @@ class RuleSet:
             self._by_root.setdefault(r.root_op, []).append(r)
 
     def find(self, graph: Graph) -> list[Match]:
-        """All matches in the current graph, without rewriting."""
+        """All matches in the current graph, without rewriting.
+
+        A multi-root match found again from another of its roots is reported once.
+        """
         found = []
+        seen: set[tuple[int, frozenset[Node]]] = set()
         for node in graph:
             for rule in self._by_root.get(node.op, ()):
                 m, _, _ = rule.try_match(node)
-                if m is not None:
+                if m is not None and not _seen_before(m, seen):
                     found.append(m)
         return found
 
     def apply(self, graph: Graph, ctx: PassContext | None = None, *, max_sweeps: int = 100) -> int:
         """Rewrite until no rule matches; returns the number of rewrites."""
         total = 0
-        multi_root = any(len(r.compiled()[0]) > 1 for r in self.rules)
         for _ in range(max_sweeps):
-            order = {n: i for i, n in enumerate(graph)} if multi_root else None
             changed = 0
             node = graph.first
             while node is not None:
@@ -606,7 +901,7 @@ class RuleSet:
                     m, _, _ = rule.try_match(node)
                     if m is None:
                         continue
-                    rule.apply_match(graph, m, order)
+                    rule.apply_match(graph, m)
                     changed += 1
                     if ctx is not None:
                         ctx.count(rule.name)
@@ -625,13 +920,14 @@ class RuleSet:
         traces = []
         for rule in self.rules:
             t = RuleTrace(rule.name)
+            seen: set[tuple[int, frozenset[Node]]] = set()
             for node in graph:
                 if node.op != rule.root_op:
                     continue
                 t.candidates += 1
                 m, depth, reason = rule.try_match(node)
                 if m is not None:
-                    t.matches += 1
+                    t.matches += 0 if _seen_before(m, seen) else 1
                 elif t.best is None or depth > t.best.matched:
                     t.best = RuleAttempt(node, depth, rule.size, reason)
             if t.matches:
@@ -640,31 +936,76 @@ class RuleSet:
         return traces
 
 
+def _seen_before(m: Match, seen: set[tuple[int, frozenset[Node]]]) -> bool:
+    """Whether this multi-root match (the same nodes, by the same rule) was already found."""
+    if len(m.outputs) < 2:
+        return False
+    key = (id(m.rule), frozenset(m.nodes))
+    if key in seen:
+        return True
+    seen.add(key)
+    return False
+
+
 # -- rules as passes -------------------------------------------------------------------------
 
 
 class RewritePass(Pass):
-    """A pass that applies `rules` to a fixed point. Subclass and set name/description/rules."""
+    """A pass that applies rules to a fixed point. Subclass and set name/description/rules,
+    or `rule_factory` (options -> rules) for rules that depend on the pass's options."""
 
     rules: ClassVar[Sequence[RewriteRule]] = ()
+    """The rules (of a factory: those for the default options, for `explain` and listings)."""
+    rule_factory: ClassVar[Callable[[Any], Sequence[RewriteRule]] | None] = None
     Options = NoOptions
 
+    def active_rules(self) -> Sequence[RewriteRule]:
+        """The rules this pass runs with its options."""
+        factory = type(self).rule_factory
+        return self.rules if factory is None else list(factory(self.options))
+
     def run(self, graph: Graph, ctx: PassContext) -> bool:
-        return RuleSet(self.rules).apply(graph, ctx) > 0
+        return RuleSet(self.active_rules()).apply(graph, ctx) > 0
 
 
-def rewrite_pass(name: str, description: str, rules: Sequence[RewriteRule], *,
-                 requires: tuple[str, ...] = (), produces: tuple[str, ...] = ()) -> type[Pass]:
-    """Make a Pass class from rules (register it with `register_pass`)."""
+RuleSource = Sequence[RewriteRule] | Callable[[Any], Sequence[RewriteRule]]
+
+
+def rewrite_pass(name: str, description: str, rules: RuleSource, *,
+                 options: type[PassOptions] = NoOptions,
+                 requires: tuple[str, ...] = (), produces: tuple[str, ...] = (),
+                 invalidates: tuple[str, ...] = ()) -> type[Pass]:
+    """Make a Pass class from rules (register it with `register_pass`).
+
+    `rules` is a sequence of rules, or a function of the pass's options (an instance of
+    `options`, a PassOptions model) returning them: `rewrite_pass("fold", "...",
+    lambda o: [Fold(o.threshold)], options=FoldOptions)`. `requires`, `produces` and
+    `invalidates` are graph properties, as for any pass.
+    """
+    factory: Callable[[Any], Sequence[RewriteRule]] | None = None
+    if callable(rules) and not isinstance(rules, (list, tuple)):
+        factory = rules
+        try:
+            default_rules: tuple[RewriteRule, ...] = tuple(factory(options()))
+        except (ValidationError, TypeError):  # options without defaults: none until given
+            default_rules = ()
+    else:
+        default_rules = tuple(rules)
+    for r in default_rules:
+        if not isinstance(r, RewriteRule):
+            raise TypeError(f"rewrite pass {name}: {r!r} is not a RewriteRule")
     return type(
         "".join(part.capitalize() for part in name.split("-")) + "Pass",
         (RewritePass,),
         {
             "name": name,
             "description": description,
-            "rules": tuple(rules),
+            "rules": default_rules,
+            "rule_factory": staticmethod(factory) if factory is not None else None,
+            "Options": options,
             "requires": frozenset(requires),
             "produces": frozenset(produces),
+            "invalidates": frozenset(invalidates),
             "__module__": inspect.stack()[1].frame.f_globals.get("__name__", __name__),
         },
     )
