@@ -12,8 +12,8 @@ through Paddle Inference, both compared with the interpreter. A second package
 is broken (its module raises ImportError): the built-in ops never notice, and
 asking for its op names it in one line.
 
-The packages carry their own stdlib-only PEP 517 backend (`backend-path`), so
-building them needs neither the network nor a wheel-capable setuptools.
+The packages are built by `ernie_ir.testing.plugins.install_plugin` (a
+stdlib-only PEP 517 backend: no network, no wheel-capable setuptools).
 """
 
 from __future__ import annotations
@@ -28,52 +28,10 @@ import numpy as np
 import pytest
 
 import ernie_ir
+from ernie_ir.testing.plugins import install_plugin
 
 ROOT = Path(ernie_ir.__file__).resolve().parents[1]  # the ernie_ir the subprocesses must import
 ERNIE_IR = str(Path(sys.executable).parent / "ernie-ir")
-
-BACKEND = '''\
-"""Stdlib-only PEP 517 backend: a pure-Python wheel of the modules beside it."""
-import base64, hashlib, pathlib, tomllib, zipfile
-
-HERE = pathlib.Path(__file__).parent
-
-
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    meta = tomllib.loads((HERE / "pyproject.toml").read_text())["project"]
-    dist = f"{meta['name'].replace('-', '_')}-{meta['version']}"
-    info = f"{dist}.dist-info"
-    files = {p.name: p.read_bytes() for p in HERE.glob("*.py") if p.name != "backend.py"}
-    groups = meta.get("entry-points", {})
-    files[f"{info}/entry_points.txt"] = "".join(
-        f"[{g}]\\n" + "".join(f"{k} = {v}\\n" for k, v in eps.items()) for g, eps in groups.items()
-    ).encode()
-    files[f"{info}/METADATA"] = (
-        f"Metadata-Version: 2.1\\nName: {meta['name']}\\nVersion: {meta['version']}\\n").encode()
-    files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\\nGenerator: backend\\n"
-                              b"Root-Is-Purelib: true\\nTag: py3-none-any\\n")
-    rows = []
-    for name, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        rows.append(f"{name},sha256={digest},{len(data)}")
-    files[f"{info}/RECORD"] = ("\\n".join([*rows, f"{info}/RECORD,,"]) + "\\n").encode()
-    wheel = f"{dist}-py3-none-any.whl"
-    with zipfile.ZipFile(pathlib.Path(wheel_directory) / wheel, "w") as z:
-        for name, data in files.items():
-            z.writestr(name, data)
-    return wheel
-'''
-
-PYPROJECT = '''\
-[build-system]
-requires = []
-build-backend = "backend"
-backend-path = ["."]
-
-[project]
-name = "{name}"
-version = "0.0.1"
-{entry_points}'''
 
 SWIGLU = '''\
 """A third-party op and the rule that makes it: swiglu(gate, up) = silu(gate) * up."""
@@ -157,32 +115,17 @@ MODEL = "ernie-4.5-0.3b@tiny"
 IDS = np.random.default_rng(3).integers(0, 1024, size=(2, 6)).astype(np.int64)
 
 
-def install(root: Path, name: str, module: str, source: str, entry_points: str) -> Path:
-    pkg = root / f"{name}-src"
-    pkg.mkdir()
-    (pkg / "pyproject.toml").write_text(PYPROJECT.format(name=name, entry_points=entry_points))
-    (pkg / "backend.py").write_text(BACKEND)
-    (pkg / f"{module}.py").write_text(source)
-    site = root / f"{name}-site"
-    run = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                          "--no-build-isolation", "--no-index", "--target", str(site), str(pkg)],
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    return site
-
-
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("op-plugins")
     for name, text in (("swiglu.ir", SWIGLU_IR), ("builtin.ir", BUILTIN_IR), ("unfused.ir", UNFUSED_IR)):
         (root / name).write_text(text)
     np.save(root / "ids.npy", IDS)
-    good = install(root, "ernie-ir-swiglu", "ernie_ir_swiglu", SWIGLU,
-                   '\n[project.entry-points."ernie_ir.ops"]\nswiglu = "ernie_ir_swiglu"\n'
-                   '\n[project.entry-points."ernie_ir.passes"]\n'
-                   'fuse-swiglu = "ernie_ir_swiglu:FuseSwigluPass"\n')
-    broken = install(root, "ernie-ir-brokenop", "ernie_ir_brokenop", BROKEN,
-                     '\n[project.entry-points."ernie_ir.ops"]\nnpu-ops = "ernie_ir_brokenop"\n')
+    good = install_plugin(root, "ernie-ir-swiglu", {"ernie_ir_swiglu": SWIGLU},
+                          {"ernie_ir.ops": {"swiglu": "ernie_ir_swiglu"},
+                           "ernie_ir.passes": {"fuse-swiglu": "ernie_ir_swiglu:FuseSwigluPass"}})
+    broken = install_plugin(root, "ernie-ir-brokenop", {"ernie_ir_brokenop": BROKEN},
+                            {"ernie_ir.ops": {"npu-ops": "ernie_ir_brokenop"}})
     return {"root": root, "good": good, "broken": broken}
 
 

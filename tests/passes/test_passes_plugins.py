@@ -6,16 +6,15 @@ preset) and a broken one (its module raises ImportError). `ernie-ir` then runs
 in a subprocess with those folders on PYTHONPATH, as it would for a user who
 pip-installed them.
 
-The packages carry their own stdlib-only PEP 517 backend (`backend-path`), so
-building them needs neither the network (for build isolation) nor a
-wheel-capable setuptools in the venv; the entry points are declared in
-`pyproject.toml` exactly as a real package declares them.
+The packages are built by `ernie_ir.testing.plugins.install_plugin` (a
+stdlib-only PEP 517 backend, so neither the network nor a wheel-capable
+setuptools is needed; the entry points are declared in `pyproject.toml`
+exactly as a real package declares them).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -25,58 +24,7 @@ from _passes_testkit import ERNIE_IR, one_error_line, run_tool
 from ernie_ir.passes import Pass, PassContext, PipelineError
 from ernie_ir.passes import registry as registry_module
 from ernie_ir.passes.registry import PassRegistry
-
-BACKEND = '''\
-"""A stdlib-only PEP 517 backend: packs the modules beside it into a pure-Python wheel."""
-import base64
-import hashlib
-import pathlib
-import tomllib
-import zipfile
-
-HERE = pathlib.Path(__file__).parent
-
-
-def _record_line(name, data):
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{name},sha256={digest},{len(data)}"
-
-
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    project = tomllib.loads((HERE / "pyproject.toml").read_text())["project"]
-    dist = project["name"].replace("-", "_") + "-" + project["version"]
-    files = {p.name: p.read_bytes() for p in HERE.glob("*.py") if p.name != "backend.py"}
-    entry_points = "".join(
-        f"[{group}]\\n" + "".join(f"{k} = {v}\\n" for k, v in items.items())
-        for group, items in project.get("entry-points", {}).items())
-    info = f"{dist}.dist-info"
-    files[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\\nName: {project['name']}\\n"
-                                 f"Version: {project['version']}\\n").encode()
-    files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\\nGenerator: backend\\n"
-                              b"Root-Is-Purelib: true\\nTag: py3-none-any\\n")
-    files[f"{info}/entry_points.txt"] = entry_points.encode()
-    record = [_record_line(name, data) for name, data in files.items()] + [f"{info}/RECORD,,"]
-    files[f"{info}/RECORD"] = ("\\n".join(record) + "\\n").encode()
-    wheel = f"{dist}-py3-none-any.whl"
-    with zipfile.ZipFile(pathlib.Path(wheel_directory) / wheel, "w") as z:
-        for name, data in files.items():
-            z.writestr(name, data)
-    return wheel
-'''
-
-PYPROJECT = '''\
-[build-system]
-requires = []
-build-backend = "backend"
-backend-path = ["."]
-
-[project]
-name = "{name}"
-version = "0.0.1"
-
-[project.entry-points."ernie_ir.passes"]
-{entry_points}
-'''
+from ernie_ir.testing.plugins import install_plugin
 
 GOOD_MODULE = '''\
 """A third-party pass: renames the graph."""
@@ -118,28 +66,15 @@ graph @g(%x: f32[B,4]) -> (y: f32[B,4]) {
 """
 
 
-def build_and_install(root: Path, name: str, module: str, source: str, entry_points: str) -> Path:
-    pkg = root / f"{name}-src"
-    pkg.mkdir()
-    (pkg / "pyproject.toml").write_text(PYPROJECT.format(name=name, entry_points=entry_points))
-    (pkg / "backend.py").write_text(BACKEND)
-    (pkg / f"{module}.py").write_text(source)
-    site = root / f"{name}-site"
-    run = run_tool(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                   "--no-build-isolation", "--no-index", "--target", str(site), str(pkg))
-    assert run.returncode == 0, run.stdout + run.stderr
-    return site
-
-
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("plugins")
     (root / "model.ir").write_text(MODEL)
-    good = build_and_install(root, "ernie-ir-testplugin", "ernie_ir_testplugin", GOOD_MODULE,
-                             'rename-graph = "ernie_ir_testplugin:RenameGraph"\n'
-                             'presets = "ernie_ir_testplugin:register"\n')
-    broken = build_and_install(root, "ernie-ir-brokenplugin", "ernie_ir_brokenplugin",
-                               BROKEN_MODULE, 'broken = "ernie_ir_brokenplugin:BrokenPass"\n')
+    good = install_plugin(root, "ernie-ir-testplugin", {"ernie_ir_testplugin": GOOD_MODULE},
+                          {"ernie_ir.passes": {"rename-graph": "ernie_ir_testplugin:RenameGraph",
+                                               "presets": "ernie_ir_testplugin:register"}})
+    broken = install_plugin(root, "ernie-ir-brokenplugin", {"ernie_ir_brokenplugin": BROKEN_MODULE},
+                            {"ernie_ir.passes": {"broken": "ernie_ir_brokenplugin:BrokenPass"}})
     return {"root": root, "good": good, "broken": broken}
 
 
