@@ -363,6 +363,10 @@ def read_config(folder: Path) -> ArchConfig:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{path} is not valid JSON ({e}): fix or re-export it") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to read: fix or re-export it") from None
+    except ValueError as e:  # an integer of more digits than int() takes
+        raise ConfigError(f"{path}: {str(e).split(';')[0]}: fix or re-export it") from None
     except OSError as e:
         raise ConfigError(f"cannot read {path} ({e.strerror})") from None
     return parse_config(data, str(path))
