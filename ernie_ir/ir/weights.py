@@ -188,6 +188,10 @@ class SafetensorsFile:
             header = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise self._fail("header is not valid JSON: the file is corrupt") from None
+        except RecursionError:
+            raise self._fail("header JSON is nested too deeply: the file is corrupt") from None
+        except ValueError:  # an integer of more digits than int() takes
+            raise self._fail("header has an integer of more than 4300 digits: the file is corrupt") from None
         self._data_start = 8 + n
         data_size = size - self._data_start
         if not isinstance(header, dict) or not isinstance(header.get("__metadata__") or {}, dict):
@@ -227,6 +231,9 @@ class SafetensorsFile:
                         raise self._fail(f"tensor {name!r}: int4 {logical} must be stored as U8"
                                          f"{list(packed_int4_shape(logical))}, not {st_dtype}{shape}")
                     shape = list(logical)
+            if math.prod(d for d in shape if d) * dtype.numpy.itemsize > 2**63 - 1:  # numpy's limit
+                raise self._fail(f"tensor {name!r}: shape {shape} is larger than 2**63 bytes: the file "
+                                 "is corrupt")
             numel = math.prod(shape)
             expect = math.ceil(numel / 2) if packed else numel * dtype.numpy.itemsize
             if end - start != expect or start < 0:
