@@ -226,8 +226,10 @@ def _parse_tokens(tokens: str) -> np.ndarray:
         if not path.is_file():
             raise ErnieIRError(f"--tokens {tokens}: no such file")
         try:
-            ids = np.load(path, allow_pickle=False)
-        except ValueError as e:
+            # Mapped, not read: a header claiming 10**9 rows must not allocate them before the
+            # size check (mapping a file shorter than its header says is a ValueError).
+            ids = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, EOFError, OSError) as e:  # EOFError: an empty file
             raise ErnieIRError(f"--tokens {tokens}: not a plain .npy array ({e})") from None
         if ids.ndim == 1:
             ids = ids[None, :]

@@ -295,8 +295,9 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
     body = pattern[3:] if pattern.startswith("re:") else pattern
     try:
         return re.compile(body)
-    except re.error as e:
-        raise QuantConfigError(f"pattern {pattern!r} is not a valid regular expression ({e})") from None
+    except (re.error, OverflowError, RecursionError) as e:  # a huge {n}; deeply nested groups
+        raise QuantConfigError(f"pattern {pattern[:60]!r} is not a valid regular expression "
+                               f"({str(e)[:80]})") from None
 
 
 def match_path(pattern: str, path: str) -> bool:

@@ -15,7 +15,7 @@ from ernie_ir.ir import ErnieIRError
 
 _PREFIX = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*"
-                   r"(?:([KMGTP])(?:I?B)?|(B))?\s*", re.IGNORECASE)
+                   r"(?:([KMGTP])(?:I?B)?|(B))?\s*", re.IGNORECASE | re.ASCII)  # ASCII: no KELVIN SIGN for K
 
 
 class MemorySizeError(ErnieIRError):
@@ -30,10 +30,13 @@ def parse_memory(text: str, *, option: str = "--device-memory") -> int:
         raise MemorySizeError(f"{option} {text!r}: not a memory size; write a number with K, M, G or T "
                               "(optionally followed by B or iB; all binary: 80G = 80GB = 80GiB = 80 * 2^30 "
                               "bytes), e.g. 80GiB, or a byte count")
-    number = float(m.group(1)) * (10 ** int(m.group(2)) if m.group(2) else 1)
+    # float() of the whole literal: 10 ** int(exponent) never returns for an exponent like 1e12
+    number = float(m.group(1) + (f"e{m.group(2)}" if m.group(2) else ""))
     prefix = (m.group(3) or "").upper()
     value = number * 1024 ** _PREFIX[prefix]
-    if not math.isfinite(value) or value < 1:
+    if not math.isfinite(value):
+        raise MemorySizeError(f"{option} {text!r}: too large to be a memory size; write e.g. 80GiB")
+    if value < 1:
         raise MemorySizeError(f"{option} {text!r}: a memory size must be at least one byte")
     return int(value)
 

@@ -721,3 +721,50 @@ def pattern_property(text: str) -> None:
     from ernie_ir.passes.quant_config import match_path
 
     match_path(text, "ernie.layers.0.self_attn.qkv_proj")
+
+
+def _npy_seed() -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.array([[1, 2, 3]], dtype=np.int64))
+    return buf.getvalue()
+
+
+@st.composite
+def npy_files(draw: Any) -> bytes:
+    """`--tokens FILE.npy` contents: a valid [1, 3] int64 file with its header fields mutated
+    (shape up to 10**9 rows, dtypes, the version), truncated or empty."""
+    raw = _npy_seed()
+    shape = draw(st.sampled_from(["(1, 3)", "(3,)", "(0, 3)", "()", "(1000000000, 3)", "(10**18,)",
+                                  "(-1, 3)", "(1, 3, 1)", "(2, 3)", "(1, 100000000)"]))
+    descr = draw(st.sampled_from(["'<i8'", "'<i4'", "'|u1'", "'<f4'", "'|O'", "'<U3'", "'>i8'",
+                                  "'|b1'", "'V8'"]))
+    (hlen,) = struct.unpack("<H", raw[8:10])
+    header = raw[10:10 + hlen].decode("latin1").rstrip().replace("(1, 3)", shape).replace("'<i8'", descr)
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"
+    version = draw(st.sampled_from([b"\x01\x00"] * 5 + [b"\x02\x00", b"\x09\x00"]))
+    body = raw[:6] + version + struct.pack("<H", len(header)) + header.encode("latin1")
+    if version == b"\x02\x00":  # version 2 has a 4-byte header length
+        body = raw[:6] + version + struct.pack("<I", len(header) - 2) + header[:-3].encode("latin1") + b" \n"
+    out = body + raw[10 + hlen:]
+    cut = draw(st.sampled_from(["none"] * 4 + ["empty", "magic", "header", "data", "extend"]))
+    if cut == "empty":
+        return b""
+    if cut == "magic":
+        return out[:draw(st.integers(0, 9))]
+    if cut == "header":
+        return out[:draw(st.integers(10, len(body)))]
+    if cut == "data":
+        return out[:draw(st.integers(len(body), len(out)))]
+    if cut == "extend":
+        return out + b"\0" * draw(st.sampled_from([1, 8, 4096]))
+    return out
+
+
+def npy_tokens_property(path: Path, raw: bytes) -> None:
+    from ernie_ir.cli.app import _parse_tokens
+
+    path.write_bytes(raw)
+    ids = _parse_tokens(str(path))
+    assert ids.dtype == np.int64 and ids.ndim == 2 and ids.size >= 1
