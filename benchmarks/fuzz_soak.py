@@ -52,6 +52,10 @@ def _short(arg: Any) -> str:
     return text if len(text) <= 300 else text[:200] + f"... ({len(text)} chars) ..." + text[-60:]
 
 
+TRACED = {"config", "safetensors", "graph-folder", "npy-tokens"}
+"""Targets whose readers allocate arrays: their peak allocation is bounded (tracemalloc)."""
+
+
 def targets(tmp: Path) -> dict[str, tuple[st.SearchStrategy[Any], Callable[[Any], None]]]:
     seed_file = fz.safetensors_seed(str(tmp))
     graph_text = fz.print_graph(fz.seed_graph(), with_hashes=True)
@@ -73,6 +77,7 @@ def targets(tmp: Path) -> dict[str, tuple[st.SearchStrategy[Any], Callable[[Any]
                          lambda raw: fz.graph_folder_property(folder, graph_text, raw)),
         "memory": (fz.MEMORY_TEXTS, fz.memory_property),
         "tokens": (fz.TOKEN_TEXTS, fz.tokens_property),
+        "npy-tokens": (fz.npy_files(), lambda raw: fz.npy_tokens_property(tmp / "ids.npy", raw)),
         "quant": (fz.QUANT_TEXTS, fz.quant_property),
         "pattern": (fz.PATTERN_TEXTS, fz.pattern_property),
     }
@@ -87,7 +92,7 @@ def run_round(name: str, strategy: st.SearchStrategy[Any], prop: Callable[[Any],
     def one(arg: Any) -> None:
         stats.inputs += 1
         try:
-            elapsed, accepted = fz.check_total(prop, arg)
+            elapsed, accepted = fz.check_total(prop, arg, trace_memory=name in TRACED)
             stats.accepted += accepted
         except (Exception, fz.FuzzHang) as e:
             key = _where(e)

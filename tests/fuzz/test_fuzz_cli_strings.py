@@ -68,7 +68,7 @@ def test_token_lists_are_total(text: str) -> None:
 @example(b"")  # EOFError from np.load
 def test_token_files_are_total(raw: bytes) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        check_total(npy_tokens_property, Path(tmp) / "ids.npy", raw)
+        check_total(npy_tokens_property, Path(tmp) / "ids.npy", raw, trace_memory=True)
 
 
 @fuzz_settings(150)

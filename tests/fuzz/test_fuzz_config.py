@@ -33,7 +33,7 @@ LONG_INT = b'{"architectures": ["GPTForCausalLM"], "vocab_size": ' + b"1" * 5000
 @given(config_dicts())
 @example(GPT)
 def test_config_dict_is_total(data: dict) -> None:
-    check_total(config_property, data)
+    check_total(config_property, data, trace_memory=True)
 
 
 @fuzz_settings(300)

@@ -26,7 +26,7 @@ SURROGATE_NAME = SMALL_IR.replace('@"quoted name"', '@"\\ud800"')
 RAW_SURROGATE = SMALL_IR.replace('"m"', '"\ud800"')
 
 
-@fuzz_settings(700)
+@fuzz_settings(500)
 @given(ir_texts())
 @example(DEEP_ATTR)  # RecursionError in the attribute reader
 @example(DEEP_META)  # RecursionError in the dict reader
@@ -41,7 +41,7 @@ def test_ir_parser_is_total(text: str) -> None:
     check_total(parse_ir_property, text)
 
 
-@fuzz_settings(250)
+@fuzz_settings(150)
 @given(ir_texts())
 @example(DEEP_ATTR)
 @example(SURROGATE_LOC)

@@ -59,7 +59,7 @@ PREFIX_MAX = b"\xff" * 8 + SEED[8:]
 @example(PREFIX_MAX)
 def test_safetensors_reader_is_total(raw: bytes) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        check_total(safetensors_property, Path(tmp) / "f.safetensors", raw)
+        check_total(safetensors_property, Path(tmp) / "f.safetensors", raw, trace_memory=True)
 
 
 @fuzz_settings(200)
@@ -68,7 +68,7 @@ def test_safetensors_reader_is_total(raw: bytes) -> None:
 @example(NESTED)
 def test_graph_folder_is_total(raw: bytes) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        check_total(graph_folder_property, Path(tmp), GRAPH_TEXT, raw)
+        check_total(graph_folder_property, Path(tmp), GRAPH_TEXT, raw, trace_memory=True)
 
 
 @pytest.mark.parametrize(("raw", "words"), [
