@@ -30,6 +30,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hseed
 from hypothesis import strategies as st
 
+SAVE: Path | None = None
+
 
 @dataclass
 class Stats:
@@ -98,6 +100,9 @@ def run_round(name: str, strategy: st.SearchStrategy[Any], prop: Callable[[Any],
             key = _where(e)
             count, first = stats.bugs.get(key, (0, _short(arg)))
             stats.bugs[key] = (count + 1, first)
+            if count == 0 and SAVE is not None:
+                SAVE.mkdir(parents=True, exist_ok=True)
+                (SAVE / f"{name}-{len(stats.bugs)}.repr").write_text(repr(arg) + "\n" + key + "\n")
             return
         if elapsed > stats.slowest:
             stats.slowest, stats.slowest_input = elapsed, _short(arg)
@@ -112,7 +117,10 @@ def main() -> None:
     ap.add_argument("--round", type=int, default=100, help="inputs per target per round")
     ap.add_argument("--seed", type=int, default=None, help="seed (default: random, printed)")
     ap.add_argument("--only", default="", help="comma-separated targets (default: all)")
+    ap.add_argument("--save", type=Path, default=None, help="write the first input of each bug here")
     args = ap.parse_args()
+    global SAVE
+    SAVE = args.save
     base_seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     print(f"seed {base_seed} (rerun with --seed {base_seed})", flush=True)
     with tempfile.TemporaryDirectory(prefix="ernie-ir-fuzz-") as tmp:

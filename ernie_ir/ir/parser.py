@@ -278,7 +278,9 @@ def _split_node_line(raw: str) -> _NodeLine | None:
     op = head[eq + 3:paren]
     args = head[paren + 1:close]
     tail = head[close + 1:]
-    if '"' in args or "(" in args or not op.isidentifier() or not outs.startswith("%"):
+    if '"' in args or "(" in args or not op.isidentifier() or not _OUTS_FAST.fullmatch(outs):
+        return None
+    if loc is not None and not _PLAIN_SCOPE.fullmatch(loc):  # escapes, quotes, control characters
         return None
     attrs = None
     if tail:
@@ -289,6 +291,8 @@ def _split_node_line(raw: str) -> _NodeLine | None:
     return _NodeLine((outs, op, args, attrs, types, loc), starts)
 
 
+_OUTS_FAST = re.compile(r"%[A-Za-z0-9_][A-Za-z0-9_.]*(?:, %[A-Za-z0-9_][A-Za-z0-9_.]*)*")
+_PLAIN_SCOPE = re.compile(r'"[^"\\\x00-\x1f]*"')
 _PARAM_FAST = re.compile(
     r"\s*param @([A-Za-z0-9_][A-Za-z0-9_.\-/:]*) : ([a-z0-9]+\[[^\]\[]*\])( trainable)?\s*$"
 )
@@ -519,14 +523,7 @@ class _GraphParser:
                            m.start("attrs") + 1 if attrs_text else m.start("op") + 1)
         types = self.type_cache.get(types_text) or self.types(types_text, idx, m.start("types") + 1)
         outs = outs_text.split(", ")
-        try:
-            scope = "" if loc is None else (loc[1:-1] if "\\" not in loc else json.loads(loc))
-        except json.JSONDecodeError:  # a bad escape: the general parser reports where
-            self.node_general(self.line(idx))
-            return
-        if "\\" in (loc or "") and _SURROGATE.search(scope):
-            self.node_general(self.line(idx))
-            return
+        scope = "" if loc is None else loc[1:-1]  # plain: _split_node_line sent escapes elsewhere
         self.make_node(opdef, inputs, attrs, types, outs, scope, lineno, m.start("outs") + 1,
                        m.start("types") + 1)
 

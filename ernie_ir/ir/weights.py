@@ -200,7 +200,7 @@ class SafetensorsFile:
         self.metadata = {str(k): str(v) for k, v in meta.items()}
         try:
             listed = json.loads(self.metadata.get(_INT4_META, "[]"))
-        except (json.JSONDecodeError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # ValueError: also an int of > 4300 digits
             listed = None
         if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
             int4: dict[str, list[int] | None] = dict.fromkeys(listed)  # logical shape in the header

@@ -178,6 +178,9 @@ def parse_pipeline_yaml(text: str, source: str = "<yaml>") -> list[PassSpec]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = " ".join(str(getattr(e, "problem", None) or e).split())  # ReaderError: several lines
         raise PipelineError(f"{source}: invalid YAML{where}: {problem}") from None
+    except (ValueError, KeyError, AttributeError, TypeError) as e:  # an explicit tag: `!!int x`
+        raise PipelineError(f"{source}: invalid YAML: a tagged value cannot be read ({e}): drop "
+                            "the !!tag or fix the value") from None
     if isinstance(data, dict):
         keys = set(data)
         if keys - {"pipeline", "passes", "description"}:

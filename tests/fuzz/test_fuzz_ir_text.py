@@ -24,6 +24,10 @@ SURROGATE_LOC = SMALL_IR.replace('loc("proj")', 'loc("\\ud800")')
 SURROGATE_META = SMALL_IR.replace('"m"', '"\\udc00"')
 SURROGATE_NAME = SMALL_IR.replace('@"quoted name"', '@"\\ud800"')
 RAW_SURROGATE = SMALL_IR.replace('"m"', '"\ud800"')
+# Accepted by the fast path only (found by benchmarks/fuzz_soak.py):
+TAB_IN_SCOPE = SMALL_IR.replace('loc("act")', 'loc("\t")')  # a raw control character in a string
+TWO_STRINGS_SCOPE = SMALL_IR.replace('loc("act")', 'loc("act""act")')
+JUNK_RESULT = SMALL_IR.replace("  return %3", "  %9 junk = add(%x, %xa) : f32[B,4]\n  return %3")
 
 
 @fuzz_settings(500)
@@ -45,6 +49,9 @@ def test_ir_parser_is_total(text: str) -> None:
 @given(ir_texts())
 @example(DEEP_ATTR)
 @example(SURROGATE_LOC)
+@example(TAB_IN_SCOPE)
+@example(TWO_STRINGS_SCOPE)
+@example(JUNK_RESULT)
 def test_fast_and_general_parser_agree(text: str) -> None:
     check_total(parse_ir_both_paths, text)
 
@@ -62,7 +69,8 @@ def test_regressions_are_refused_with_a_position() -> None:
                               (LONG_DIM, 3, "2**63"), (LONG_INT, 6, "digits"),
                               (HUGE_DIM, 3, "2**63"), (SURROGATE_LOC, 5, "surrogate"),
                               (SURROGATE_META, 2, "surrogate"), (SURROGATE_NAME, 4, "surrogate"),
-                              (RAW_SURROGATE, 2, "surrogate")]:
+                              (RAW_SURROGATE, 2, "surrogate"), (TAB_IN_SCOPE, 6, "control character"),
+                              (TWO_STRINGS_SCOPE, 6, "expected ')'"), (JUNK_RESULT, 9, "expected '='")]:
         for fast in (True, False):
             with pytest.raises(IRParseError, match=re.escape(words)) as info:
                 parse_graph(text, fast=fast)

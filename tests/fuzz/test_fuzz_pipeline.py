@@ -27,6 +27,8 @@ CONTROL_CHAR = 'lora{dtype="x\x17"}'  # JSONDecodeError: invalid control charact
 DEEP_FLOW = "- " + "[" * 3000 + "]" * 3000  # RecursionError in PyYAML's composer (slow, too)
 DEEP_BLOCK = "- " * 2000 + "cse"
 UNCLOSED_FLOW = "- " + "[" * 3000
+BAD_TAGS = ["- !!int x", "- !!timestamp x", "- !!bool maybe", "- {lora: {rank: !!float .}}"]
+"""PyYAML's constructors: ValueError, AttributeError, KeyError (found by benchmarks/fuzz_soak.py)."""
 READER_ERROR = "T\x89"  # PyYAML ReaderError: a message of several lines
 ALIAS_BOMB = ("a: &a [1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
               "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\npipeline: [{lora: {rank: 2, targets: *c}}]\n")
@@ -48,6 +50,9 @@ def test_pipeline_text_is_total(text: str) -> None:
 @example(UNCLOSED_FLOW)
 @example(READER_ERROR)
 @example(ALIAS_BOMB)
+@example(BAD_TAGS[0])
+@example(BAD_TAGS[1])
+@example(BAD_TAGS[2])
 def test_pipeline_yaml_is_total(text: str) -> None:
     check_total(pipeline_yaml_property, text)
 
@@ -64,6 +69,12 @@ def test_deep_yaml_is_refused_quickly(text: str) -> None:
     assert not accepted and elapsed < 5.0
     with pytest.raises(PipelineError, match=r"fuzz\.yaml: (nested deeper|invalid YAML)"):
         parse_pipeline_yaml(text, "fuzz.yaml")
+
+
+@pytest.mark.parametrize("text", BAD_TAGS)
+def test_bad_yaml_tags_are_refused(text: str) -> None:
+    with pytest.raises(PipelineError, match=r"p\.yaml: invalid YAML: a tagged value cannot be read"):
+        parse_pipeline_yaml(text, "p.yaml")
 
 
 def test_yaml_reader_error_is_one_line(tmp_path: Path) -> None:

@@ -46,6 +46,8 @@ EMPTY_HUGE_WITH_DATA = _file({"e": {"dtype": "U8", "shape": [10**30, 0], "data_o
 INT4_HUGE = _file({"__metadata__": {"ernie_ir.int4": json.dumps({"q": [0, 2**70]})},
                    "q": {"dtype": "U8", "shape": [0, 2**69], "data_offsets": [0, 0]}})
 PREFIX_MAX = b"\xff" * 8 + SEED[8:]
+INT4_META_DEEP = _file({"__metadata__": {"ernie_ir.int4": "[" * 50_000}})  # RecursionError
+INT4_META_DIGITS = _file({"__metadata__": {"ernie_ir.int4": "1" * 5000}})  # ValueError
 
 
 @fuzz_settings(450)
@@ -57,6 +59,8 @@ PREFIX_MAX = b"\xff" * 8 + SEED[8:]
 @example(EMPTY_HUGE_WITH_DATA)
 @example(INT4_HUGE)
 @example(PREFIX_MAX)
+@example(INT4_META_DEEP)
+@example(INT4_META_DIGITS)
 def test_safetensors_reader_is_total(raw: bytes) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         check_total(safetensors_property, Path(tmp) / "f.safetensors", raw, trace_memory=True)
@@ -73,7 +77,8 @@ def test_graph_folder_is_total(raw: bytes) -> None:
 
 @pytest.mark.parametrize(("raw", "words"), [
     (NESTED, "nested too deeply"), (LONG_OFFSET, "digits"), (EMPTY_HUGE, "2\\*\\*63"),
-    (EMPTY_HUGE_WITH_DATA, "2\\*\\*63"), (INT4_HUGE, "2\\*\\*63"), (PREFIX_MAX, "header length")])
+    (EMPTY_HUGE_WITH_DATA, "2\\*\\*63"), (INT4_HUGE, "2\\*\\*63"), (PREFIX_MAX, "header length"),
+    (INT4_META_DEEP, "ernie_ir.int4"), (INT4_META_DIGITS, "ernie_ir.int4")])
 def test_safetensors_regressions(tmp_path: Path, raw: bytes, words: str) -> None:
     path = tmp_path / "f.safetensors"
     path.write_bytes(raw)
