@@ -1,6 +1,6 @@
 """Fuzz soak: the strategies of tests/fuzz, run for minutes instead of seconds.
 
-Runs every reader (IR text, pipeline text and YAML, config.json dicts and files, safetensors
+Runs every reader (IR text and .ir files, pipeline text and YAML, config.json dicts and files, safetensors
 files, graph folders, --device-memory / --tokens / --quant strings, quant patterns) on inputs
 drawn by hypothesis from a random seed (printed, and accepted back with --seed), in rounds until
 the time or example budget is spent. It never stops at a failure: it counts every input, every
@@ -69,6 +69,7 @@ def targets(tmp: Path) -> dict[str, tuple[st.SearchStrategy[Any], Callable[[Any]
     return {
         "ir": (fz.ir_texts(), fz.parse_ir_property),
         "ir-paths": (fz.ir_texts(), fz.parse_ir_both_paths),
+        "ir-file": (fz.ir_files(), lambda raw: fz.ir_file_property(tmp / "g.ir", raw)),
         "pipeline-text": (fz.pipeline_texts(), fz.pipeline_text_property),
         "pipeline-yaml": (fz.pipeline_yamls(), fz.pipeline_yaml_property),
         "config": (fz.config_dicts(), fz.config_property),

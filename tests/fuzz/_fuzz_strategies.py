@@ -769,3 +769,24 @@ def npy_tokens_property(path: Path, raw: bytes) -> None:
     path.write_bytes(raw)
     ids = _parse_tokens(str(path))
     assert ids.dtype == np.int64 and ids.ndim == 2 and ids.size >= 1
+
+
+@st.composite
+def ir_files(draw: Any) -> bytes:
+    """`.ir` file contents: mutated graphs encoded as UTF-8 (with a BOM, or UTF-16), with a few
+    bytes flipped, or noise."""
+    text = draw(ir_texts())
+    raw = text.encode(draw(st.sampled_from(["utf-8"] * 6 + ["utf-8-sig", "utf-16"])), "surrogatepass")
+    for _ in range(draw(st.integers(0, 2))):
+        if raw:
+            i = draw(st.integers(0, len(raw) - 1))
+            raw = raw[:i] + bytes([draw(st.integers(0, 255))]) + raw[i + 1:]
+    return raw
+
+
+def ir_file_property(path: Path, raw: bytes) -> None:
+    """What `ernie-ir show FILE.ir` does before printing: read, decode, parse."""
+    from ernie_ir.load import load_input
+
+    path.write_bytes(raw)
+    load_input(str(path))

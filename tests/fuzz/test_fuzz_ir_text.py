@@ -5,10 +5,15 @@ Each regression example is an input that once escaped as a non-project exception
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from _fuzz_strategies import (
     SMALL_IR,
     check_total,
     fuzz_settings,
+    ir_file_property,
+    ir_files,
     ir_texts,
     parse_ir_both_paths,
     parse_ir_property,
@@ -54,6 +59,16 @@ def test_ir_parser_is_total(text: str) -> None:
 @example(JUNK_RESULT)
 def test_fast_and_general_parser_agree(text: str) -> None:
     check_total(parse_ir_both_paths, text)
+
+
+@fuzz_settings(150)
+@given(ir_files())
+@example(SMALL_IR.encode("utf-8") + b"\xff")
+@example("\ufeff".encode() + SMALL_IR.encode("utf-8"))
+@example(SURROGATE_LOC.encode("utf-8"))
+def test_ir_files_are_total(raw: bytes) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        check_total(ir_file_property, Path(tmp) / "g.ir", raw)
 
 
 def test_regressions_are_refused_with_a_position() -> None:
