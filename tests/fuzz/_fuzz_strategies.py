@@ -338,11 +338,11 @@ def _registry() -> tuple[dict[str, list[str]], tuple[str, ...]]:
 def pipeline_items(draw: Any) -> list[tuple[str, dict[str, Any]]]:
     """A list of (pass or preset name, options), mostly real names with mostly real options."""
     passes, presets = _registry()
-    names = st.sampled_from(sorted(passes) + list(presets) + ["nope", "cse ", "C", "x-y"])
+    names = st.sampled_from(sorted(passes) + list(presets) + ["nope", "cse ", "C", "x-y", "a\nb"])
     items = []
     for _ in range(draw(st.integers(1, 5))):
         name = draw(names)
-        fields = [*passes.get(name, []), "bogus", "rank"]
+        fields = [*passes.get(name, []), "bogus", "rank", "x\ny"]
         keys = draw(st.lists(st.sampled_from(fields), max_size=3, unique=True))
         items.append((name, {k: draw(OPTION_VALUES) for k in keys}))
     return items
@@ -432,7 +432,7 @@ JSON_VALUES = st.one_of(
     st.sampled_from([0, 1, -1, 2, 3, 7, 64, 2**31, 2**63, 10**30, 10**400, 0.5, 1e-320, 1e308,
                      math.nan, math.inf, -math.inf, -0.0, True, False, None, "", "silu", "gelu",
                      "softmax", "default", "linear", "bf16", "float16", "x" * 1000, "\ud800", "é",
-                     [], [1], ["Ernie4_5_ForCausalLM"], {}, {"rope_type": "yarn"},
+                     "a\nb", ["a\nb"], [], [1], ["Ernie4_5_ForCausalLM"], {}, {"rope_type": "yarn"},
                      {"rope_theta": 10.0}, {"rope_type": "default", "rope_theta": -1},
                      [[[[[[[[[[[[1]]]]]]]]]]]]]),
     st.integers(), st.floats(), st.text(max_size=5),

@@ -32,6 +32,7 @@ LONG_INT = b'{"architectures": ["GPTForCausalLM"], "vocab_size": ' + b"1" * 5000
 @fuzz_settings(450)
 @given(config_dicts())
 @example(GPT)
+@example({"architectures": ["a\nb"]})  # the name went into the message raw: two lines
 def test_config_dict_is_total(data: dict) -> None:
     check_total(config_property, data, trace_memory=True)
 

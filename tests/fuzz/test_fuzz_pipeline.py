@@ -53,6 +53,7 @@ def test_pipeline_text_is_total(text: str) -> None:
 @example(BAD_TAGS[0])
 @example(BAD_TAGS[1])
 @example(BAD_TAGS[2])
+@example('- {cse: {"x\\ny": 1}}')  # the option name went into the message raw: two lines
 def test_pipeline_yaml_is_total(text: str) -> None:
     check_total(pipeline_yaml_property, text)
 
