@@ -658,4 +658,12 @@ def parse_graph(text: str, *, source: str = "<ir>", check_types: bool = True,
         col = e.start - (text.rfind("\n", 0, e.start) + 1) + 1
         raise IRParseError(f"lone surrogate U+{ord(text[e.start]):04X}: the text is not valid Unicode "
                            "(IR text is UTF-8)", line, col, source) from None
-    return _GraphParser(text, source, check_types, fast).run()
+    try:
+        return _GraphParser(text, source, check_types, fast).run()
+    except IRParseError as e:
+        message = str(e)
+        if message.isprintable():
+            raise
+        # A quoted name or key may hold a newline (`@"a\nb"`): the error stays one line.
+        e.args = ("".join(c if c.isprintable() else ascii(c)[1:-1] for c in message),)
+        raise e from None

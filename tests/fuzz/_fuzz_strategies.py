@@ -252,10 +252,14 @@ _IR_SLOTS = {
     "string": (r'"(?:[^"\\\n]|\\.)*"', [
         '"\\ud800"', '"\\udfff\\ud800"', '"\\ud83d\\ude00"', '"\\u12"', '"\\x41"', '"\\"', '""',
         '"\u2028"', '"\t"', '"' + "é" * 5000 + '"', '"a\\nb"', "'single'"]),
+    # keys of attributes, meta and annotations: `{KEY = value}`
+    "key": (r"(?<=[{,] )[A-Za-z_]\w*(?= = )|(?<=\{)[A-Za-z_]\w*(?= = )", [
+        '"a\\nb"', '"\\ud800"', '""', '"x"', "axis", "eps", "shape", "bits", '"a b"', "true", "none",
+        "k" * 5000]),
     # value and param names
     "name": (r"[%@](?:[A-Za-z0-9_][\w.\-/:]*)", [
         "%0", "%99999", "%" + "x" * 100_000, '%"\\ud800"', '%"a b"', "@w", '@""', '@"\\u0000"', "%",
-        "@", "%input_ids", "@ernie.norm.weight", "%-1"]),
+        "@", "%input_ids", "@ernie.norm.weight", "%-1", '@"a\\nb"', '%"a\\nb"']),
 }
 
 

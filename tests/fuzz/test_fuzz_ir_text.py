@@ -32,6 +32,8 @@ RAW_SURROGATE = SMALL_IR.replace('"m"', '"\ud800"')
 # Accepted by the fast path only (found by benchmarks/fuzz_soak.py):
 TAB_IN_SCOPE = SMALL_IR.replace('loc("act")', 'loc("\t")')  # a raw control character in a string
 TWO_STRINGS_SCOPE = SMALL_IR.replace('loc("act")', 'loc("act""act")')
+NEWLINE_KEY = SMALL_IR.replace("{axis = -1}", '{"a\\nb" = 1}')  # the message held a raw newline
+NEWLINE_PARAM = SMALL_IR.replace("linear(%x, @w)", 'linear(%x, @"a\\nb")')
 JUNK_RESULT = SMALL_IR.replace("  return %3", "  %9 junk = add(%x, %xa) : f32[B,4]\n  return %3")
 
 
@@ -46,6 +48,8 @@ JUNK_RESULT = SMALL_IR.replace("  return %3", "  %9 junk = add(%x, %xa) : f32[B,
 @example(SURROGATE_META)
 @example(SURROGATE_NAME)
 @example(RAW_SURROGATE)
+@example(NEWLINE_KEY)
+@example(NEWLINE_PARAM)
 def test_ir_parser_is_total(text: str) -> None:
     check_total(parse_ir_property, text)
 
