@@ -323,8 +323,14 @@ OPTION_VALUES = st.one_of(
                      "replicate", "plain", "per_head", "inference", "fake", ".*qkv.*", "glob:*",
                      "re:(", "a" * 5000, "\u2028", "é", "\ud800", "none", "1e999"]),
     st.lists(st.sampled_from([".*qkv.*", "x", 1, None, [1]]), max_size=3),
-    st.dictionaries(st.sampled_from(["a", "b", "ernie."]), st.sampled_from(["x", 1, None]),
-                    max_size=2),
+    st.dictionaries(st.sampled_from(["a", "b", "ernie.", "name", "rules", "match", "algo"]),
+                    st.sampled_from(["x", 1, None, "(", "weight_only_int4", [{"match": "(", "algo": "x"}],
+                                     [{"match": ".*", "algo": "weight_only_int8"}], {"a": {"b": 1}}]),
+                    max_size=3),
+    st.fixed_dictionaries({"name": st.sampled_from(["mine", "", "a\nb"]), "rules": st.lists(
+        st.fixed_dictionaries({"match": st.sampled_from([".*q_proj", "(", "glob:*", "re:x{99999999999}"]),
+                               "algo": st.sampled_from(["weight_only_int4", "weight_only_int8", "nope",
+                                                        "fp8"])}), max_size=2)}),
     st.text(max_size=6), st.integers(),
 )
 
@@ -357,6 +363,9 @@ def _text_value(v: Any) -> str:
         return json.dumps(v)
     if isinstance(v, list):
         return "[" + ",".join(_text_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # a mapping option, `{key=value,...}`
+        return "{" + ",".join(f"{json.dumps(k) if not k.isidentifier() else k}={_text_value(x)}"
+                              for k, x in v.items()) + "}"
     if isinstance(v, str):
         return json.dumps(v)
     if isinstance(v, float):
