@@ -83,6 +83,8 @@ def targets(tmp: Path) -> dict[str, tuple[st.SearchStrategy[Any], Callable[[Any]
         "npy-tokens": (fz.npy_files(), lambda raw: fz.npy_tokens_property(tmp / "ids.npy", raw)),
         "quant": (fz.QUANT_TEXTS, fz.quant_property),
         "pattern": (fz.PATTERN_TEXTS, fz.pattern_property),
+        "quant-config": (fz.quant_config_texts(),
+                         lambda text: fz.quant_config_property(tmp / "q.yaml", text)),
     }
 
 

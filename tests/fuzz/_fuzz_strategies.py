@@ -803,3 +803,55 @@ def ir_file_property(path: Path, raw: bytes) -> None:
 
     path.write_bytes(raw)
     load_input(str(path))
+
+
+# -- quant configs (--quant-config FILE.yaml) ------------------------------------------------------
+
+
+@functools.cache
+def quant_config_seeds() -> tuple[dict[str, Any], ...]:
+    from ernie_ir.passes.quant_config import QuantConfig
+
+    ours = [QuantConfig.preset(n).to_dict() for n in ("wint8", "wint4", "wint8mix", "qat-int8", "fp8")]
+    return (*ours, {"preset": "wint8mix", "rules": [{"match": ".*o_proj", "algo": "none"}]},
+            {"compute_type": "wint8"}, {"quantization": "mix_quant", "dense_quant_type": "wint8",
+                                        "moe_quant_type": "wint4"},
+            {"Quantization": {"enable": True, "weight_quantize_type": "abs_max",
+                              "activation_quantize_type": "moving_average_abs_max", "weight_bits": 8,
+                              "activation_bits": 8}})
+
+
+@st.composite
+def quant_config_dicts(draw: Any) -> dict[str, Any]:
+    """A quant config of every accepted form with a few keys (top level or in a rule) mutated."""
+    cfg = json.loads(json.dumps(draw(st.sampled_from(quant_config_seeds()))))
+    for _ in range(draw(st.integers(1, 3))):
+        target = cfg
+        rules = cfg.get("rules")
+        if isinstance(rules, list) and rules and isinstance(rules[0], dict) and draw(st.booleans()):
+            target = rules[draw(st.integers(0, len(rules) - 1))]
+        keys = [*target, "rules", "ignore", "skip_tensor_map", "name", "match", "algo", "bits",
+                "group_size", "preset", "compute_type", "moe_quant_type"]
+        key = draw(st.sampled_from(keys))
+        if draw(st.integers(0, 4)) == 0:
+            target.pop(key, None)
+        else:
+            target[key] = draw(st.one_of(JSON_VALUES, OPTION_VALUES,
+                                         st.sampled_from(["(", "glob:[", "re:x{99999999999}", "(" * 3000])))
+    return cfg
+
+
+def quant_config_texts() -> st.SearchStrategy[str]:
+    docs = quant_config_dicts().map(lambda d: yaml.safe_dump(d, allow_unicode=True))
+    pool = st.one_of(pipeline_pool(), st.sampled_from(YAML_SPECIALS))
+    return st.one_of(docs, mutated_text(docs, pool, max_mutations=2), st.sampled_from(YAML_SPECIALS))
+
+
+def quant_config_property(path: Path, text: str) -> None:
+    """`--quant-config FILE.yaml`: read, then its rules decide on real parameter paths."""
+    from ernie_ir.passes.quant_config import QuantConfig, match_path
+
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    cfg = QuantConfig.from_yaml(path)
+    for rule in cfg.rules:
+        match_path(rule.match, "ernie.layers.0.self_attn.qkv_proj")
