@@ -2,11 +2,11 @@
 
 Runs every reader (IR text and .ir files, pipeline text and YAML, --quant-config YAML, config.json
 dicts and files, safetensors files, graph folders, --device-memory / --tokens / --quant strings,
-.npy token files, quant patterns) on inputs
-drawn by hypothesis from a random seed (printed, and accepted back with --seed), in rounds until
-the time or example budget is spent. It never stops at a failure: it counts every input, every
-non-project exception (the goal is 0; each distinct one is listed with a shortened input), and
-reports the slowest input and its time.
+.npy token files, quant patterns) on inputs drawn by hypothesis from a random seed (printed, and
+accepted back with --seed), in rounds until the time or example budget is spent. It never stops
+at a failure: it counts every input, every non-project exception (the goal is 0; each distinct one
+is listed with a shortened input, and --save writes it whole), and reports the slowest input and
+its time.
 
     python benchmarks/fuzz_soak.py [--minutes 3] [--examples N] [--seed S] [--only ir,config]
 """

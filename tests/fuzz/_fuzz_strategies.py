@@ -16,6 +16,7 @@ import contextlib
 import functools
 import json
 import math
+import re
 import signal
 import struct
 import time
@@ -147,16 +148,11 @@ def _mutate_list(data: st.DataObject, items: list[str], pool: st.SearchStrategy[
     return out
 
 
-_TEXT_TOKEN = None
+_TEXT_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|-?\d[\w.+-]*|[%@]?[A-Za-z_][\w.\-/:]*|\s+|.', re.S)
 
 
 def _tokens(text: str) -> list[str]:
     """Text split into words, numbers, strings, punctuation and whitespace (joining gives it back)."""
-    import re
-
-    global _TEXT_TOKEN
-    if _TEXT_TOKEN is None:
-        _TEXT_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|-?\d[\w.+-]*|[%@]?[A-Za-z_][\w.\-/:]*|\s+|.', re.S)
     return _TEXT_TOKEN.findall(text)
 
 
@@ -267,8 +263,6 @@ _IR_SLOTS = {
 def ir_slot_mutation(draw: Any, seeds: st.SearchStrategy[str]) -> str:
     """A seed graph with 1..3 grammar slots (a value, a dim, a string, a name) replaced by an
     extreme of their kind: deep nesting, 5000 digits, lone surrogates, 100k-character names."""
-    import re
-
     text = draw(seeds)
     for _ in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(sorted(_IR_SLOTS)))
