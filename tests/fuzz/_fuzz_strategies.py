@@ -1,13 +1,14 @@
 """Strategies and the totality property shared by tests/fuzz and benchmarks/fuzz_soak.py.
 
-Every reader of user input (IR text, pipeline text and YAML, config.json, safetensors headers,
-CLI option strings) must be total: for any input it returns, or raises an `ErnieIRError` whose
-message is one line; any other exception is a bug. Inputs are mostly mutations of valid ones
-(printed @tiny graphs, registry pipelines, built-in configs, written safetensors files), because
-random bytes rarely get past the first token.
+Every reader of user input (IR text and files, pipeline text and YAML, quant-config YAML,
+config.json, safetensors headers, CLI option strings) must be total: for any input it returns,
+or raises an `ErnieIRError` whose message is one line; any other exception is a bug. Inputs are
+mostly mutations of valid ones (printed @tiny graphs, registry pipelines, built-in configs,
+written safetensors files), because random bytes rarely get past the first token.
 
-`check_total(fn, *args)` runs one call under a wall-clock alarm and a tracemalloc peak bound and
-returns the seconds it took; a non-project exception propagates unchanged, so hypothesis shows it.
+`check_total(fn, *args)` runs one call under a wall-clock alarm (and, on request, a tracemalloc
+peak bound) and returns the seconds it took and whether the input was accepted; a non-project
+exception propagates unchanged, so hypothesis shows and shrinks it.
 """
 
 from __future__ import annotations
@@ -520,6 +521,7 @@ def config_file_property(folder: Path, raw: bytes) -> None:
     (folder / "config.json").write_bytes(raw)
     cfg = read_config(folder)
     json.dumps(cfg.to_json())
+    build_meta_graph(cfg)
 
 
 # -- safetensors --------------------------------------------------------------------------------
