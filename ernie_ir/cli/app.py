@@ -228,8 +228,9 @@ def _parse_tokens(tokens: str) -> np.ndarray:
         try:
             # Mapped, not read: a header claiming 10**9 rows must not allocate them before the
             # size check (mapping a file shorter than its header says is a ValueError).
-            ids = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, EOFError, OSError) as e:  # EOFError: an empty file
+            with np.errstate(over="ignore"):  # the size of a huge declared shape overflows
+                ids = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, EOFError, OSError, OverflowError) as e:  # EOFError: an empty file
             raise ErnieIRError(f"--tokens {tokens}: not a plain .npy array ({e})") from None
         if ids.ndim == 1:
             ids = ids[None, :]

@@ -747,7 +747,8 @@ def npy_files(draw: Any) -> bytes:
     (shape up to 10**9 rows, dtypes, the version), truncated or empty."""
     raw = _npy_seed()
     shape = draw(st.sampled_from(["(1, 3)", "(3,)", "(0, 3)", "()", "(1000000000, 3)", "(10**18,)",
-                                  "(-1, 3)", "(1, 3, 1)", "(2, 3)", "(1, 100000000)"]))
+                                  "(-1, 3)", "(1, 3, 1)", "(2, 3)", "(1, 100000000)",
+                                  "(1000000000000, 1000000000000)", "(4611686018427387904, 4)"]))
     descr = draw(st.sampled_from(["'<i8'", "'<i4'", "'|u1'", "'<f4'", "'|O'", "'<U3'", "'>i8'",
                                   "'|b1'", "'V8'"]))
     (hlen,) = struct.unpack("<H", raw[8:10])

@@ -66,6 +66,8 @@ def test_token_lists_are_total(text: str) -> None:
 @fuzz_settings(200)
 @given(npy_files())
 @example(b"")  # EOFError from np.load
+@example(b"\x93NUMPY\x01\x00v\x00{'descr': '<i8', 'fortran_order': False, 'shape': (1000000000000, "
+         b"1000000000000), }" + b" " * 40 + b"\n")  # OverflowError from the memory map (bad_input corpus)
 def test_token_files_are_total(raw: bytes) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         check_total(npy_tokens_property, Path(tmp) / "ids.npy", raw, trace_memory=True)
