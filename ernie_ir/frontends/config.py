@@ -372,7 +372,7 @@ def config_class_for(data: Mapping[str, Any], source: str) -> type[ArchConfig]:
         for cls in CONFIG_CLASSES:
             if arch in cls.ARCHITECTURES:
                 return cls
-    shown = ", ".join(archs) if archs else "an empty list"
+    shown = ", ".join(a if a.isprintable() else repr(a) for a in archs) if archs else "an empty list"
     raise ConfigError(f"{source}: architecture {shown} is not supported (supported: {supported})")
 
 

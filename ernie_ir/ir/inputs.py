@@ -119,12 +119,16 @@ def read_token_ids(path: str | os.PathLike[str], what: str = "token file",
 
     Refused with one line: not a regular file, not a plain .npy array (pickled objects are
     never loaded), empty or truncated, not integers, not 1-D/2-D, no ids, values outside int64."""
-    with open_regular(path, what, error) as f:
-        try:
-            ids = np.load(f, allow_pickle=False)
-        except (ValueError, EOFError, OSError) as e:
-            why = str(e).splitlines()[0] if str(e) else "the file is empty or truncated"
-            raise error(f"{path}: not a plain .npy array of token ids ({why})") from None
+    with open_regular(path, what, error):
+        pass  # a FIFO or a device is refused before numpy opens it (and would wait on it)
+    try:
+        # Mapped, not read: a header claiming 10**9 rows must not allocate them before the size
+        # checks below (a file shorter than its header says fails to map: ValueError).
+        with np.errstate(over="ignore"):  # the byte size of a huge declared shape overflows
+            ids = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, EOFError, OSError, OverflowError) as e:
+        why = str(e).splitlines()[0] if str(e) else "the file is empty or truncated"
+        raise error(f"{path}: not a plain .npy array of token ids ({why})") from None
     if not isinstance(ids, np.ndarray):
         raise error(f"{path}: holds several arrays (.npz), not one .npy array of token ids")
     if ids.ndim == 1:

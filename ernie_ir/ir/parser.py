@@ -36,6 +36,12 @@ _TOKEN = re.compile(
     """,
     re.VERBOSE,
 )
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_MAX_DEPTH = 64
+"""Deepest nesting of [...] and {...} values: deeper is refused, not a RecursionError."""
+_MAX_DIGITS = 4300
+"""Python's limit for int(str) (sys.get_int_max_str_digits()); longer integers are refused."""
+_MAX_DIM = 2**63 - 1
 
 
 @dataclass(slots=True)
@@ -63,6 +69,7 @@ class _Line:
             pos = m.end()
         self.i = 0
         self.end_col = len(text) + 1
+        self.depth = 0
 
     def error_at(self, col: int, msg: str) -> IRParseError:
         return IRParseError(msg, self.lineno, col, self.source)
@@ -119,12 +126,23 @@ class _Line:
         except json.JSONDecodeError as e:
             col = tok.col + len(tok.text) - len(text) + e.pos
             raise self.error_at(col, f"invalid string {text}: {e.msg}") from None
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate escape such as \ud800 is no text
-            raise self.error_at(tok.col, f"invalid string {text}: a lone surrogate escape is not "
-                                "UTF-8 text") from None
+        if _SURROGATE.search(value):
+            # Python would hold it, but no UTF-8 file or terminal can: printing the graph would fail.
+            raise self.error_at(tok.col, f"string {text[:40]} has a lone surrogate escape (\\ud800-"
+                                         "\\udfff): write the character itself or a valid pair")
         return value
+
+    def integer(self, tok: _Tok) -> int:
+        if len(tok.text.lstrip("-")) > _MAX_DIGITS:
+            raise self.error_at(tok.col, f"integer of {len(tok.text.lstrip('-'))} digits (at most "
+                                         f"{_MAX_DIGITS}): write a smaller number")
+        return int(tok.text)
+
+    def nest(self, tok: _Tok) -> None:
+        self.depth += 1
+        if self.depth > _MAX_DEPTH:
+            raise self.error_at(tok.col, f"values nested deeper than {_MAX_DEPTH} levels of [...] "
+                                         "and {...}: flatten the value")
 
     def tensor_type(self) -> TensorType:
         t = self.expect_kind("ident", "a type such as f32[B,S,1024]")
@@ -153,8 +171,9 @@ class _Line:
                 break
             self.take()
         if len(parts) == 1 and parts[0].isdigit():
-            if len(parts[0]) > 18:  # past 10**18 no tensor fits in memory; int() also has a cap
-                raise self.error_at(t.col, f"dim {parts[0][:20]}... is too large (at most 18 digits)")
+            if len(parts[0]) > 19 or int(parts[0]) > _MAX_DIM:
+                raise self.error_at(t.col, f"dim {parts[0][:24]}{'...' if len(parts[0]) > 24 else ''} "
+                                           "is larger than 2**63 - 1: no tensor has that many elements")
             return int(parts[0])
         return "*".join(parts)
 
@@ -165,9 +184,7 @@ class _Line:
                 return float("-inf")
             if any(c in t.text for c in ".eE"):
                 return float(t.text)
-            if len(t.text) > 40:  # int() refuses 4300+ digits; no attribute needs 40
-                raise self.error_at(t.col, f"integer {t.text[:20]}... is too long (at most 40 digits)")
-            return int(t.text)
+            return self.integer(t)
         if t.kind == "string":
             return self.unquote(t)
         if t.kind == "ident":
@@ -180,12 +197,14 @@ class _Line:
             except ValueError:
                 raise self.error_at(t.col, f"unknown constant {t.text!r} (strings need quotes)") from None
         if t.text == "[":
+            self.nest(t)
             items = []
             while not self.at("]"):
                 if items:
                     self.expect(",")
                 items.append(self.value())
             self.expect("]")
+            self.depth -= 1
             return items
         if t.text == "{":
             self.i -= 1
@@ -193,7 +212,7 @@ class _Line:
         raise self.error_at(t.col, f"expected a value, found {t.text!r}")
 
     def dict_value(self) -> dict[str, Any]:
-        self.expect("{")
+        self.nest(self.expect("{"))
         out: dict[str, Any] = {}
         while not self.at("}"):
             if out:
@@ -207,6 +226,7 @@ class _Line:
             self.expect("=")
             out[key] = self.value()
         self.expect("}")
+        self.depth -= 1
         return out
 
 
@@ -258,7 +278,9 @@ def _split_node_line(raw: str) -> _NodeLine | None:
     op = head[eq + 3:paren]
     args = head[paren + 1:close]
     tail = head[close + 1:]
-    if '"' in args or "(" in args or not op.isidentifier() or not outs.startswith("%"):
+    if '"' in args or "(" in args or not op.isidentifier() or not _OUTS_FAST.fullmatch(outs):
+        return None
+    if loc is not None and not _PLAIN_SCOPE.fullmatch(loc):  # escapes, quotes, control characters
         return None
     attrs = None
     if tail:
@@ -269,6 +291,8 @@ def _split_node_line(raw: str) -> _NodeLine | None:
     return _NodeLine((outs, op, args, attrs, types, loc), starts)
 
 
+_OUTS_FAST = re.compile(r"%[A-Za-z0-9_][A-Za-z0-9_.]*(?:, %[A-Za-z0-9_][A-Za-z0-9_.]*)*")
+_PLAIN_SCOPE = re.compile(r'"[^"\\\x00-\x1f]*"')
 _PARAM_FAST = re.compile(
     r"\s*param @([A-Za-z0-9_][A-Za-z0-9_.\-/:]*) : ([a-z0-9]+\[[^\]\[]*\])( trainable)?\s*$"
 )
@@ -502,11 +526,7 @@ class _GraphParser:
                            m.start("attrs") + 1 if attrs_text else m.start("op") + 1)
         types = self.type_cache.get(types_text) or self.types(types_text, idx, m.start("types") + 1)
         outs = outs_text.split(", ")
-        try:
-            scope = "" if loc is None else (loc[1:-1] if "\\" not in loc else json.loads(loc))
-        except json.JSONDecodeError:  # a bad escape: the general parser reports where
-            self.node_general(self.line(idx))
-            return
+        scope = "" if loc is None else loc[1:-1]  # plain: _split_node_line sent escapes elsewhere
         self.make_node(opdef, inputs, attrs, types, outs, scope, lineno, m.start("outs") + 1,
                        m.start("types") + 1)
 
@@ -634,9 +654,19 @@ def parse_graph(text: str, *, source: str = "<ir>", check_types: bool = True,
     op's type rule infers; a mismatch is an error at that line. `fast=False`
     forces the general parser for every line (used by tests).
     """
-    parser = _GraphParser(text, source, check_types, fast)
     try:
-        return parser.run()
-    except RecursionError:  # brackets nested thousands deep: one line, not a traceback
-        raise IRParseError("brackets or braces nest too deeply to parse: the file is corrupt or not "
-                           "ernie-ir IR text", parser.at_line, 1, source) from None
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # only through the API: a file read as UTF-8 has none
+        line = text.count("\n", 0, e.start) + 1
+        col = e.start - (text.rfind("\n", 0, e.start) + 1) + 1
+        raise IRParseError(f"lone surrogate U+{ord(text[e.start]):04X}: the text is not valid Unicode "
+                           "(IR text is UTF-8)", line, col, source) from None
+    try:
+        return _GraphParser(text, source, check_types, fast).run()
+    except IRParseError as e:
+        message = str(e)
+        if message.isprintable():
+            raise
+        # A quoted name or key may hold a newline (`@"a\nb"`): the error stays one line.
+        e.args = ("".join(c if c.isprintable() else ascii(c)[1:-1] for c in message),)
+        raise e from None

@@ -235,6 +235,9 @@ class SafetensorsFile:
                         raise self._fail(f"tensor {name!r}: int4 {logical} must be stored as U8"
                                          f"{list(packed_int4_shape(logical))}, not {st_dtype}{shape}")
                     shape = list(logical)
+            if math.prod(d for d in shape if d) * dtype.numpy.itemsize > 2**63 - 1:  # numpy's limit
+                raise self._fail(f"tensor {name!r}: shape {shape} is larger than 2**63 bytes: the file "
+                                 "is corrupt")
             numel = math.prod(shape)
             expect = math.ceil(numel / 2) if packed else numel * dtype.numpy.itemsize
             if end - start != expect or start < 0:

@@ -103,6 +103,7 @@ class Pass(ABC):
             problems = []
             for err in e.errors():
                 where = ".".join(str(p) for p in err["loc"]) or "options"
+                where = where if where.isprintable() else repr(where)  # a YAML key may hold a newline
                 problems.append(f"{where}: {err['msg']}")
             valid = ", ".join(cls.Options.model_fields) or "none"
             raise PipelineError(

@@ -124,8 +124,14 @@ class _TextReader:
             m = re.compile(r'"(?:[^"\\]|\\.)*"').match(self.text, self.i)
             if m is None:
                 raise self.fail("unterminated string")
+            try:
+                value = json.loads(m.group())
+            except json.JSONDecodeError as e:
+                self.i += e.pos
+                raise self.fail(f"invalid string {m.group()[:40]}: {e.msg} (strings take JSON "
+                                "escapes: \\\\ for a backslash)") from None
             self.i = m.end()
-            return json.loads(m.group())
+            return value
         if ch == "[":
             self.i += 1
             items: list[Any] = []
@@ -181,13 +187,37 @@ def parse_pipeline_text(text: str) -> list[PassSpec]:
         raise reader.fail("option values nest too deeply ([[[...]]]): give a flat value") from None
 
 
+_MAX_YAML_DEPTH = 32
+
+
+def _check_yaml_depth(text: str, source: str) -> None:
+    """PyYAML builds nodes recursively (RecursionError, and slowly): refuse deep nesting from the
+    event stream, which its parser produces without recursion."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > _MAX_YAML_DEPTH:
+                mark = event.start_mark
+                raise PipelineError(f"{source}: nested deeper than {_MAX_YAML_DEPTH} levels at line "
+                                    f"{mark.line + 1}, column {mark.column + 1}: a pipeline is a flat "
+                                    "list of passes")
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
+
+
 def parse_pipeline_yaml(text: str, source: str = "<yaml>") -> list[PassSpec]:
     try:
+        _check_yaml_depth(text, source)
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise PipelineError(f"{source}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())  # ReaderError: several lines
+        raise PipelineError(f"{source}: invalid YAML{where}: {problem}") from None
+    except (ValueError, KeyError, AttributeError, TypeError) as e:  # an explicit tag: `!!int x`
+        raise PipelineError(f"{source}: invalid YAML: a tagged value cannot be read ({e}): drop "
+                            "the !!tag or fix the value") from None
     except RecursionError:
         raise PipelineError(f"{source}: the YAML nests too deeply to be a pipeline: give a list of "
                             "passes") from None

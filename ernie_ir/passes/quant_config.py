@@ -36,6 +36,7 @@ import enum
 import fnmatch
 import functools
 import re
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,7 +215,11 @@ class QuantConfig(BaseModel):
             base = cls.preset(str(data.pop("preset")))
             merged = base.model_dump()
             merged.update({k: v for k, v in data.items() if k != "rules"})
-            merged["rules"] = [*merged["rules"], *data.get("rules", [])]
+            extra = data.get("rules", [])
+            if not isinstance(extra, list):
+                raise QuantConfigError(f"{source}: rules must be a list of {{match, algo}} mappings, "
+                                       f"got {type(extra).__name__}")
+            merged["rules"] = [*merged["rules"], *extra]
             data = merged
         try:
             return cls.model_validate(data)
@@ -233,11 +238,16 @@ class QuantConfig(BaseModel):
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
-            raise QuantConfigError(f"{p}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+            problem = " ".join(str(getattr(e, "problem", None) or e).split())  # ReaderError: several lines
+            raise QuantConfigError(f"{p}: invalid YAML{where}: {problem}") from None
         except UnicodeDecodeError:
             raise QuantConfigError(f"{p}: not UTF-8 text: a quant config is a YAML file") from None
         except RecursionError:
-            raise QuantConfigError(f"{p}: the YAML nests too deeply to be a quant config") from None
+            raise QuantConfigError(f"{p}: YAML nested too deeply: a quant config is a mapping of rules"
+                                   ) from None
+        except (ValueError, KeyError, AttributeError, TypeError) as e:  # an explicit tag: `!!int x`
+            raise QuantConfigError(f"{p}: invalid YAML: a tagged value cannot be read ({e}): drop the "
+                                   "!!tag or fix the value") from None
         cfg = cls.from_dict(data, str(p))
         return cfg if cfg.name != "custom" else cfg.model_copy(update={"name": p.stem})
 
@@ -297,9 +307,12 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
         return re.compile(fnmatch.translate(pattern[5:]))
     body = pattern[3:] if pattern.startswith("re:") else pattern
     try:
-        return re.compile(body)
-    except re.error as e:
-        raise QuantConfigError(f"pattern {pattern!r} is not a valid regular expression ({e})") from None
+        with warnings.catch_warnings():  # re's FutureWarning ("possible nested set") is no user error
+            warnings.simplefilter("ignore")
+            return re.compile(body)
+    except (re.error, OverflowError, RecursionError) as e:  # a huge {n}; deeply nested groups
+        raise QuantConfigError(f"pattern {pattern[:60]!r} is not a valid regular expression "
+                               f"({str(e)[:80]})") from None
 
 
 def match_path(pattern: str, path: str) -> bool:

@@ -15,7 +15,7 @@ from ernie_ir.ir import ErnieIRError
 
 _PREFIX = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*"
-                   r"(?:([KMGTP])(?:I?B)?|(B))?\s*", re.IGNORECASE)
+                   r"(?:([KMGTP])(?:I?B)?|(B))?\s*", re.IGNORECASE | re.ASCII)  # ASCII: no KELVIN SIGN for K
 
 
 class MemorySizeError(ErnieIRError):
