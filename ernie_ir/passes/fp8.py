@@ -34,7 +34,7 @@ from pydantic import Field
 
 from ernie_ir.ir import DType, ErnieIRError, Graph, GraphBuilder, Node, Param, Value, f32, tensor
 from ernie_ir.ir.inputs import read_token_ids
-from ernie_ir.ir.weights import ArraySource, WeightSource
+from ernie_ir.ir.weights import ArraySource, WeightSource, release_mapped_pages
 from ernie_ir.ops.quant_numerics import FP8_MAX, NonFiniteWeightError, abs_max, fp8_quantize, fp8_scale
 
 from .base import Pass, PassContext, PassOptions
@@ -80,6 +80,7 @@ def _annotated(v: Value | None) -> bool:
 def _weight_scale(w: Param, per_leading: bool) -> np.ndarray | None:
     if w.source is None:
         return None
+    release_mapped_pages()  # the previous weight's pages: resident memory stays one weight
     arr = np.asarray(w.read())
     try:
         if not per_leading:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ernie_ir.ir import Graph, GraphBuilder, Node, Param, Value, f32, tensor
-from ernie_ir.ir.weights import ArraySource
+from ernie_ir.ir.weights import ArraySource, release_mapped_pages
 from ernie_ir.ops.quant_numerics import nonfinite_weight_error
 
 from .base import Pass, PassContext, PassOptions
@@ -76,6 +76,8 @@ def _check_finite(w: Value | None) -> None:
         values = np.asarray(w.read())
         if not np.isfinite(values).all():
             raise nonfinite_weight_error(values, w.name)
+        del values
+        release_mapped_pages()  # resident memory stays one weight, not the checkpoint
 
 
 @register_pass

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ernie_ir.ir import DType, ErnieIRError, Graph, GraphBuilder, Node, Param, TensorType
-from ernie_ir.ir.weights import ArraySource, WeightSource
+from ernie_ir.ir.weights import ArraySource, WeightSource, release_mapped_pages
 from ernie_ir.ops.quant_numerics import num_groups, scale_dtype_for, weight_quantize, weight_scales
 
 from .base import Pass, PassContext
@@ -91,6 +91,7 @@ def quantized_params(placer: ParamPlacer, w: Param, spec: QuantSpec,
     if w.source is not None:
         if scale is None:
             scale = weight_scales(np.asarray(w.read()), bits, spec.group_size, name=w.name)
+            release_mapped_pages()
         ssrc = ArraySource(scale)
         qsrc = QuantizedWeightSource(w.source, bits, spec.group_size, w.name)
     ann: dict[str, Any] = {**w.annotations.get(ANNOTATION, {}), "source_dtype": w.type.dtype.value}
@@ -152,6 +153,7 @@ class WeightOnlyQuant(Pass):
             if w.source is not None and w.name not in scales:
                 scales[w.name] = weight_scales(np.asarray(w.read()), spec.algo.bits, spec.group_size,
                                                name=w.name)
+                release_mapped_pages()  # resident memory stays one weight, not the checkpoint
         placer = ParamPlacer(graph)
         for node, idx, w, spec in work:
             q, s = quantized_params(placer, w, spec, scales.get(w.name))
