@@ -9,7 +9,7 @@ bytes where they are or needs a layout of its own:
 - `fastdeploy` (cuda inference, ERNIE 4.5): `config.json` + `rank{r}/model.safetensors`, a link
   to the rank bytes.
 - `onnx` (one rank, inference): `inference/onnx/model.onnx` + `.data`, in ONNX's own layout
-  (MatMulNBits; float weights as float32).
+  (MatMulNBits blocks; bf16/f16 weights as they are, widened in the graph).
 - `paddle-inference` (one rank, inference): `inference/paddle/model.json` + `.pdiparams`, the
   traced program with a float32 copy of the weights (`paddle.jit.save`).
 
