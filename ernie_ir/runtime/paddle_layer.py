@@ -354,12 +354,21 @@ def _layer_norm(L: Any, n: Node, a: list[Any]) -> list[Any]:
 def _rope(L: Any, n: Node, a: list[Any]) -> list[Any]:
     P, x = L.P, a[0]
     d = int(x.shape[3])
-    inv = P.to_tensor(rope_angles(np.ones((), np.float32), d, n.attrs.theta).reshape(-1))
     pos = _arg(a, 1)
-    if pos is None:
-        pos = P.arange(P.shape(x)[1], dtype="int64").unsqueeze(0)
-    ang = (P.cast(pos, "float32").unsqueeze(-1) * inv).unsqueeze(2)  # [B|1, S, 1, D/2]
-    cos, sin = P.cos(ang), P.sin(ang)
+    # q and k of a layer rotate by the same angles: an eager call computes them once per forward
+    # (keyed by the positions tensor, which lives for the whole forward); tracing does not cache.
+    cache = getattr(L, "_rope_cache", None) if P.in_dynamic_mode() else None
+    key = (id(pos) if pos is not None else int(x.shape[1]), d, n.attrs.theta)
+    if cache is not None and key in cache:
+        cos, sin = cache[key]
+    else:
+        inv = P.to_tensor(rope_angles(np.ones((), np.float32), d, n.attrs.theta).reshape(-1))
+        if pos is None:
+            pos = P.arange(P.shape(x)[1], dtype="int64").unsqueeze(0)
+        ang = (P.cast(pos, "float32").unsqueeze(-1) * inv).unsqueeze(2)  # [B|1, S, 1, D/2]
+        cos, sin = P.cos(ang), P.sin(ang)
+        if cache is not None:
+            cache[key] = (cos, sin)
     if n.attrs.style == "interleaved":
         x1, x2 = x[..., 0::2], x[..., 1::2]
     else:
@@ -684,6 +693,7 @@ def _layer_class() -> type:
         def _run(self, inputs: list[Any]) -> Any:
             # Not AST-transformed: tracing runs this code as is (no data-dependent control flow).
             env: dict[int, Any] = dict(zip(self._input_slots, inputs, strict=True))
+            self._rope_cache: dict[Any, Any] = {}  # per forward (see _rope)
             for slot, attr in self._param_slots.items():
                 env[slot] = getattr(self, attr)
             for fn, node, ins, outs in self._program:
