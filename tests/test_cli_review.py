@@ -13,33 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from ernie_ir.cli.app import main
+from _cli_kit import cli, user_error
 
 GPT = "gpt-345m@tiny"
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run `ernie-ir ARGV` in this process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def user_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """The CLI's error contract: exit 2, one `error:` line on stderr, no traceback, empty stdout."""
-    code, out, err = cli(capsys, *argv)
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, (code, out, err)
-    assert "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert out == "", out
-    return lines[0]
 
 
 def tree(root: Path) -> dict[str, bytes]:

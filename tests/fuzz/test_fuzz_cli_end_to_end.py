@@ -6,24 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _cli_kit import user_error
 from test_fuzz_ir_text import DEEP_ATTR, NEWLINE_PARAM, SURROGATE_LOC
 
-from ernie_ir.cli.app import main
-
 GPT = "gpt-345m@tiny"
-
-
-def user_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    captured = capsys.readouterr()
-    lines = [line for line in captured.err.splitlines() if line.strip()]
-    assert info.value.code == 2, captured.err
-    assert "Traceback" not in captured.err and len(lines) == 1 and lines[0].startswith("error: "), \
-        captured.err
-    assert captured.out == ""
-    return lines[0]
 
 
 @pytest.mark.parametrize(("text", "says"), [(DEEP_ATTR, "nested deeper"), (SURROGATE_LOC, "surrogate"),

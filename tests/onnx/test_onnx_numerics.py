@@ -21,9 +21,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from _cli_kit import cli
 from onnx import numpy_helper
 
-from ernie_ir.cli.app import main
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.load import load_input
 from ernie_ir.runtime.artifact_runner import run_artifact
@@ -177,32 +177,21 @@ def test_non_onnx_artifacts_record_no_numerics(tmp_path: Path) -> None:
     assert report.onnx_numerics is None and "onnx_numerics" not in read_manifest(tmp_path / "a")
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_cli_onnx_numerics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     art = tmp_path / "fast"
-    code, out, err = _cli(capsys, "compile", "ernie-4.5-0.3b@tiny", "--target", "cuda", "--quant", "wint8",
-                          "--onnx-numerics", "fast", "--emit", "onnx", "--out", str(art))
+    code, out, err = cli(capsys, "compile", "ernie-4.5-0.3b@tiny", "--target", "cuda", "--quant", "wint8",
+                         "--onnx-numerics", "fast", "--emit", "onnx", "--out", str(art))
     assert code == 0 and "onnx numerics: fast" in out, err
     assert read_manifest(art)["onnx_numerics"] == "fast"
     logits = tmp_path / "logits.npy"
-    code, out, err = _cli(capsys, "run", str(art), "--tokens", "1,2,3,400", "--backend", "onnxruntime",
-                          "--save-logits", str(logits))
+    code, out, err = cli(capsys, "run", str(art), "--tokens", "1,2,3,400", "--backend", "onnxruntime",
+                         "--save-logits", str(logits))
     assert code == 0, err
     bare = ort.InferenceSession(str(art / "inference/onnx/model.onnx")).run(
         None, {"input_ids": np.array([[1, 2, 3, 400]])})[0]
     assert np.array_equal(np.load(logits), bare)  # run honours what the file and manifest record
-    code, out, err = _cli(capsys, "compile", "ernie-4.5-0.3b@tiny", "--target", "cuda", "--onnx-numerics",
-                          "quick", "--out", str(tmp_path / "bad"))
+    code, out, err = cli(capsys, "compile", "ernie-4.5-0.3b@tiny", "--target", "cuda", "--onnx-numerics",
+                         "quick", "--out", str(tmp_path / "bad"))
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: unknown --onnx-numerics 'quick'")
     assert not (tmp_path / "bad").exists()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _cli_kit import cli
 
-from ernie_ir.cli.app import main
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.runtime import run_graph
 from ernie_ir.targets import compile_model, load_artifact, verify_artifact
@@ -193,17 +193,6 @@ def _set_recipe(art: Path, **changes: dict) -> None:
         recipe.setdefault(key, {}).update(value)
     (art / RECIPE).write_text(json.dumps(recipe))
     record_files(art, json.loads((art / "manifest.json").read_text()), [art / RECIPE])
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    c = capsys.readouterr()
-    return code, c.out, c.err
 
 
 def test_the_recipe_is_the_default_and_a_flag_overrides_it(tmp_path: Path, capsys) -> None:

@@ -7,33 +7,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from _cli_kit import cli, user_error
 
-from ernie_ir.cli.app import main
 from ernie_ir.frontends.builtins import PUBLISHED
 from ernie_ir.planning import CATEGORIES, MemorySizeError, parse_memory, plan_memory
 from ernie_ir.targets import compile_model
 
 TINY = "ernie-4.5-21b-a3b@tiny"
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def user_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    code, out, err = cli(capsys, *argv)
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, (code, out, err)
-    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: "), err
-    assert out == ""
-    return lines[0]
 
 
 def test_json_contract(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,37 @@
+"""Run `ernie-ir` in the test's own process and check the CLI's error contract.
+
+    code, out, err = cli(capsys, "show", "gpt-345m@tiny")
+    line = user_error(capsys, "compile", "gpt-345m@tiny", "--target", "tpu")  # the one error line
+
+Importable from every test folder: tests/conftest.py puts tests/ on sys.path.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ernie_ir.cli.app import main
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """`ernie-ir ARGV` in this process: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def user_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The CLI's error contract: exit 2, one `error:` line on stderr, no traceback, empty stdout;
+    returns that line."""
+    code, out, err = cli(capsys, *argv)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert out == "", out
+    return lines[0]
