@@ -30,7 +30,7 @@ from .artifact import check_out, sha256_file, write_artifact
 from .capabilities import HardwareTarget
 from .coverage import check_coverage
 from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
-from .executables import check_emit, default_emit, parse_emit, select_emitters
+from .executables import backend_of, check_emit, default_emit, parse_emit, select_emitters
 from .registry import TargetError, get_target
 
 MODES = ("inference", "training")
@@ -272,7 +272,6 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         warnings.append(f"graph-only artifact: {model} has no weights (a meta model), so no weights or "
                         "executables were written; `ernie-ir show` and `ernie-ir plan` read it")
     else:
-        check_emit(emit_names, tgt.name, mode, mapping.world_size)
         emit_names = tuple(check_coverage(ranks, emit_names, target=tgt.name, mode=mode,
                                           explicit=emit_names if chosen is not None else (),
                                           warnings=warnings))
@@ -280,7 +279,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                                    model=model, ranks=ranks, mapping=mapping, arch=arch,
                                    onnx_numerics=onnx_numerics or "exact", warnings=warnings)
     numerics = (onnx_numerics or "exact") if "onnxruntime" in emitters else None
-    written = [n for n in emit_names if _emitted(n, emitters)]
+    written = [n for n in emit_names if backend_of(n) in emitters]
     extra: dict[str, Any] = {"params_before": before, "params_after": after, "emit": written}
     if numerics is not None:
         extra["onnx_numerics"] = numerics
@@ -326,8 +325,3 @@ def _rank_params(ranks: Sequence[Graph]) -> dict[str, dict[str, int]]:
             t["count"] += entry["count"]
             t["bytes"] += entry["bytes"]
     return dict(sorted(total.items()))
-
-
-def _emitted(name: str, emitters: dict[str, Any]) -> bool:
-    key = {"onnx": "onnxruntime", "paddle-inference": "paddle"}.get(name, name)
-    return key in emitters

@@ -42,6 +42,12 @@ EXECUTABLES: dict[str, str] = {
                         "inference; a float32 copy of the weights)",
 }
 Emitter = Callable[[Graph, Path], Any]
+_BACKENDS = {"onnx": "onnxruntime", "paddle-inference": "paddle"}
+
+
+def backend_of(name: str) -> str:
+    """The manifest's backend (or format) name of an executable: onnx -> onnxruntime, ..."""
+    return _BACKENDS.get(name, name)
 
 
 def parse_emit(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -99,9 +105,9 @@ def select_emitters(emit: Sequence[str], *, explicit: bool, target: HardwareTarg
     first = ranks[0]
     emitters: dict[str, Emitter] = {}
     if "onnx" in emit:
-        emitters["onnxruntime"] = _onnx_emitter(first, onnx_numerics)
+        emitters[backend_of("onnx")] = _onnx_emitter(first, onnx_numerics)
     if "paddle-inference" in emit:
-        emitters["paddle"] = _paddle_inference_emitter()
+        emitters[backend_of("paddle-inference")] = _paddle_inference_emitter()
     elif "paddle" in emit:
         emitters["paddle"] = _paddle_emitter(target, mode, mapping)
     if "fastdeploy" in emit:
