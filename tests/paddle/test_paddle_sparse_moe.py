@@ -11,45 +11,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _moe_kit import CASES, EXPERTS64, IDS, moe_graph
 
-from ernie_ir.frontends.builtins import builtin_config
-from ernie_ir.frontends.config import parse_config
-from ernie_ir.frontends.loader import GeneratedWeights, build_graph
-from ernie_ir.ir import Graph
-from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.base import graph_properties
-from ernie_ir.passes.pipeline import load_pipeline
 from ernie_ir.runtime.interpreter import run_graph
 
 paddle = pytest.importorskip("paddle")
 
 from ernie_ir.runtime import paddle_layer  # noqa: E402
 from ernie_ir.runtime.paddle_layer import build_layer  # noqa: E402
-
-MOE = "ernie-4.5-21b-a3b"
-IDS = np.array([[1, 2, 3, 400, 5, 77], [9, 8, 7, 6, 5, 4]], dtype=np.int64)
-EXPERTS64 = {"moe_num_experts": 64, "hidden_size": 128, "moe_intermediate_size": 64, "head_dim": 8}
-CASES = {
-    "float": "",
-    "wint8": "wint8,legalize-cuda{cuda_arch=80}",
-    "wint4": "wint4,legalize-cuda{cuda_arch=80}",
-    "wint8mix-sm70-packed": "wint8mix,legalize-cuda{cuda_arch=70}",
-    "lora": "lora{rank=4}",
-    "wint8mix-lora": "wint8mix,lora{rank=4}",
-}
-
-
-def moe_graph(pipeline: str, **overrides: Any) -> Graph:
-    """The tiny ERNIE 4.5 MoE (config overrides allowed) through `pipeline`, LoRA B random."""
-    cfg = {**builtin_config(MOE, "tiny"), **overrides}
-    g = build_graph(parse_config(cfg, f"{MOE}@tiny+{overrides}"), GeneratedWeights(0), name=MOE)
-    if pipeline:
-        run_pipeline(g, load_pipeline(pipeline, initial=graph_properties(g)))
-    rng = np.random.default_rng(3)
-    for name, p in g.params.items():
-        if name.endswith(".lora_B"):
-            p.set_data((0.05 * rng.standard_normal(p.type.shape)).astype(p.type.dtype.numpy))
-    return g
 
 
 def forward(layer: Any, ids: np.ndarray) -> np.ndarray:
