@@ -518,39 +518,63 @@ def _moe(L: Any, n: Node, a: list[Any], lora: bool) -> list[Any]:
 
 
 def _moe_sparse(L: Any, n: Node, a: list[Any], lora: bool) -> list[Any]:
-    """Grouped by expert: for each expert a call routes to, gather its (row, slot) pairs
-    (nonzero), run its FFN on those rows alone with its weights (sliced, and dequantized, for
-    it only), and index_add the weighted rows back. Slots of weight 0 (experts another rank
-    holds, moe_local_experts) are skipped; the dense form adds 0 for them. Eager runs visit
-    only the routed experts; a traced program (no data-dependent loop) visits every expert
-    with its (possibly empty) row set. Differentiable (gather / index_add)."""
+    """Grouped by expert: each expert a call routes to runs its FFN on the rows routed to it
+    alone, with its weights sliced (and dequantized) for it only, and the weighted rows are
+    index_added back. Slots of weight 0 (experts another rank holds, moe_local_experts) are
+    skipped; the dense form adds 0 for them. Differentiable (gather / concat / index_add).
+
+    Eager runs group on the host: one sort of the (row, slot) pairs by expert, one gather of
+    the rows, one weighting and one index_add for all experts, so that the per-expert work is
+    its two matmuls and its activation (per-op overhead is what separates a decode step from
+    its weight reads). A traced program (no data-dependent loop) visits every expert with its
+    (possibly empty) row set instead. Both add each row's contributions in ascending expert
+    order."""
     P = L.P
-    x, wts, idx, ug, dn = a[:5]
-    e, inter, hidden = int(ug.shape[0]), int(dn.shape[1]), int(x.shape[-1])
+    x, wts, idx, ug = a[:4]
+    e, hidden = int(ug.shape[0]), int(x.shape[-1])
     k = int(wts.shape[-1])
     xt = P.reshape(x, [-1, hidden])
     flat_w = P.reshape(wts, [-1, k])
     masked = P.where(flat_w != 0, P.reshape(idx, [-1, k]).astype("int64"),
                      P.full_like(P.reshape(idx, [-1, k]), -1, dtype="int64"))
-    scale = n.attrs.scale if lora else 0.0
-    pad = list(a) + [None] * (9 - len(a))
-    dynamic = P.in_dynamic_mode()
-    experts = [int(v) for v in np.unique(masked.numpy()) if v >= 0] if dynamic else list(range(e))
     out = P.zeros_like(xt)
-    for ex in experts:
-        hits = P.nonzero(masked == ex)  # [n, 2]: (row, slot)
-        rows = hits[:, 0]
+    if not P.in_dynamic_mode():
+        for ex in range(e):
+            hits = P.nonzero(masked == ex)  # [n, 2]: (row, slot)
+            rows = hits[:, 0]
+            y = _expert_ffn(L, n, a, lora, ex, P.gather(xt, rows, axis=0))
+            out = P.index_add(out, rows, 0, y * P.gather_nd(flat_w, hits).unsqueeze(-1))
+        return [P.reshape(out, P.shape(x))]
+    slot_expert = masked.numpy().reshape(-1)  # pair (row * k + slot) -> expert, or -1
+    order = np.argsort(slot_expert, kind="stable")
+    order = order[slot_expert[order] >= 0]
+    if order.size:
+        experts, starts = np.unique(slot_expert[order], return_index=True)
+        bounds = [*starts.tolist(), int(order.size)]
+        rows = P.to_tensor(order // k)
         v = P.gather(xt, rows, axis=0)
-        h = P.matmul(v, ug[ex])
-        if lora and pad[5] is not None:
-            h = h + P.matmul(P.matmul(_drop(L, n, v), pad[5][ex]), pad[6][ex]) * scale
-        act = L.F.silu(h[:, :inter]) * h[:, inter:]
-        y = P.matmul(act, dn[ex])
-        if lora and pad[7] is not None:
-            y = y + P.matmul(P.matmul(_drop(L, n, act), pad[7][ex]), pad[8][ex]) * scale
-        y = y * P.gather_nd(flat_w, hits).unsqueeze(-1)
+        ys = [_expert_ffn(L, n, a, lora, int(ex), v[bounds[i]:bounds[i + 1]])
+              for i, ex in enumerate(experts)]
+        y = (ys[0] if len(ys) == 1 else P.concat(ys, axis=0)) * P.gather(
+            P.reshape(flat_w, [-1]), P.to_tensor(order)).unsqueeze(-1)
         out = P.index_add(out, rows, 0, y)
     return [P.reshape(out, P.shape(x))]
+
+
+def _expert_ffn(L: Any, n: Node, a: list[Any], lora: bool, ex: int, v: Any) -> Any:
+    """Expert `ex`'s SwiGLU FFN (with its LoRA adapters) on the rows `v` routed to it."""
+    P = L.P
+    ug, dn = a[3], a[4]
+    inter = int(dn.shape[1])
+    pad = list(a) + [None] * (9 - len(a))
+    h = P.matmul(v, ug[ex])
+    if lora and pad[5] is not None:
+        h = h + P.matmul(P.matmul(_drop(L, n, v), pad[5][ex]), pad[6][ex]) * n.attrs.scale
+    act = L.F.silu(h[:, :inter]) * h[:, inter:]
+    y = P.matmul(act, dn[ex])
+    if lora and pad[7] is not None:
+        y = y + P.matmul(P.matmul(_drop(L, n, act), pad[7][ex]), pad[8][ex]) * n.attrs.scale
+    return y
 
 
 def _moe_dense(L: Any, n: Node, a: list[Any], lora: bool) -> list[Any]:
