@@ -161,11 +161,13 @@ def weight_quantize(w: np.ndarray, bits: int, group_size: int = -1, *, name: str
     """(q, scale) for `w` [..., K, N]: bit-identical to `weight_quantize_reference`, faster.
 
     bf16 weights are processed in cache-sized row blocks: the absmax runs on
-    the raw bits (`& 0x7fff`), the blocks are widened to float32 by a shift,
-    and divide, round (sign bits | 0.49999997, add; the cast to int truncates)
-    and cast run in place (no clip is needed, see below); up to `threads` threads (default: min(2,
-    cores)) share the rows. `out` (int8, w's shape) receives q if given.
-    Other dtypes use the reference path.
+    the raw bits (`& 0x7fff`), each block is widened to float32 and
+    multiplied by the reciprocal scale with a bias (`reciprocal_scales`, which
+    proves it gives round_half_away of the exact division) and rounded into
+    int8 (no clip is needed, see below); up to `threads` threads (default:
+    min(2, cores)) share the rows. `out` (int8, w's shape) receives q if
+    given. Scales outside [2^-120, 2^120] (no real weight has them) take one
+    IEEE division per element instead; other dtypes use the reference path.
     """
     if w.dtype != np.dtype(ml_dtypes.bfloat16) or w.ndim < 2:
         q, scale = weight_quantize_reference(w, bits, group_size, name=name)
@@ -179,32 +181,65 @@ def weight_quantize(w: np.ndarray, bits: int, group_size: int = -1, *, name: str
     w3 = np.ascontiguousarray(w).reshape(-1, k, n)
     s3 = scale.astype(np.float32).reshape(w3.shape[0], -1, n)
     s3 = np.where(s3 == 0, np.float32(1), s3)
+    recip = reciprocal_scales(s3)
+    bound = np.float32(INT_BOUND[bits])
     q = np.empty(w3.shape, np.int8) if out is None else out.reshape(w3.shape)
-    rows = max(1, (512 * 1024) // max(1, 4 * n))  # ~512 KiB of float32 per block (fits L2)
+    rows = max(1, _BLOCK_BYTES // max(1, 4 * n))
     tasks = [(e, r0, min(k, r0 + rows)) for e in range(w3.shape[0]) for r0 in range(0, k, rows)]
-    u16 = w3.view(np.uint16)
+
+    def rows_of(t: np.ndarray, e: int, r0: int, r1: int) -> np.ndarray:
+        """The scale rows that weight rows r0:r1 of slice e use (per channel: the one row)."""
+        return t[e, 0] if group_size == -1 else t[e, np.arange(r0, r1) // group_size]
 
     def run(chunk: list[tuple[int, int, int]]) -> None:
-        buf = np.empty((rows, n), np.uint32)
-        half = np.empty((rows, n), np.uint32)
+        buf = np.empty((rows, n), np.float32)
+        half = None if recip is not None else np.empty((rows, n), np.uint32)
         for e, r0, r1 in chunk:
-            m = r1 - r0
-            x = buf[:m]
-            np.copyto(x, u16[e, r0:r1])
-            np.left_shift(x, 16, out=x)  # bf16 bits -> float32 bits (exact widening)
-            f = x.view(np.float32)
-            np.divide(f, s3[e, 0] if group_size == -1 else s3[e, np.arange(r0, r1) // group_size], out=f)
-            h = half[:m]  # copysign(0.49999997, f) on the bits: sign | 0x3EFFFFFF
+            f = buf[: r1 - r0]
+            # No clip needed for a normal scale: bf16(absmax / bound) is at least (absmax / bound)(1 - 2^-8),
+            # so |w / scale| <= bound / (1 - 2^-8) < bound + 0.5 (127.498, 7.03) and the rounded value
+            # never exceeds the bound (the reference clips, as Paddle does; tests check equality).
+            if recip is not None:  # the bf16 block widens to float32 exactly inside the multiply
+                np.multiply(w3[e, r0:r1], rows_of(recip, e, r0, r1), out=f, dtype=np.float32)
+                np.rint(f, out=q[e, r0:r1], casting="unsafe")
+                continue
+            np.divide(w3[e, r0:r1], rows_of(s3, e, r0, r1), out=f, dtype=np.float32)
+            x, h = f.view(np.uint32), half[: r1 - r0]  # h = copysign(0.49999997, f): sign | 0x3EFFFFFF
             np.bitwise_and(x, np.uint32(0x80000000), out=h)
             np.bitwise_or(h, np.uint32(0x3EFFFFFF), out=h)
             np.add(f, h.view(np.float32), out=f)
-            # No clip needed: scale = bf16(absmax / bound) is at least (absmax / bound)(1 - 2^-8), so
-            # |w / scale| <= bound / (1 - 2^-8) < bound + 0.5 (127.498, 7.03) and the rounded value
-            # never exceeds the bound (the reference clips, as Paddle does; tests check equality).
+            np.clip(f, -bound, bound, out=f)  # a subnormal scale is coarse: |w / scale| can pass the bound
             np.copyto(q[e, r0:r1], f, casting="unsafe")  # float -> int truncates: the trunc of round
 
     _run_chunks(run, tasks, threads)
     return q.reshape(*lead, k, n), scale
+
+
+_BLOCK_BYTES = 1024 * 1024
+"""float32 bytes per row block of `weight_quantize`: the block, its bf16 source and its int8
+result stay in L2 (2 MiB here); larger blocks also mean fewer GIL hand-offs between the threads."""
+
+_RECIPROCAL_BIAS = np.float32(1 + 2.0 ** -19)
+_RECIPROCAL_RANGE = (np.float32(2.0 ** -120), np.float32(2.0 ** 120))
+
+
+def reciprocal_scales(scale: np.ndarray) -> np.ndarray | None:
+    """Multipliers m = f32(f32(1 / s) * (1 + 2^-19)) with rint(f32(w * m)) = round_half_away(f32(w / s))
+    for every bf16 w with |w / s| <= 127.5 and every bf16 scale s in [2^-120, 2^120]; None when
+    a scale lies outside that range (the caller divides).
+
+    Why it is exact: w = a 2^i and s = b 2^j with integer significands a, b <= 255 (bf16), so
+    w / s is either a tie n + 1/2 exactly or at least 2^-16 of itself away from every tie (the
+    distance |2w - (2n + 1)s| / 2s is a multiple of 2^min(i+1, j) / 2s: at least 1/510 when
+    i >= j, at least (w / s) / 255 otherwise; and w / s <= 127.5). The product carries the bias
+    (1 + 2^-19) and at most three float32 roundings (3 * 2^-24), so ties land above n + 1/2 and
+    rint rounds them away from zero, as `round` does, while every other quotient stays on its
+    side of the tie. tests/quant checks every bf16 w against all 128 significands of s at
+    exponents across the range, against the division.
+    """
+    if scale.size and (scale.min() < _RECIPROCAL_RANGE[0] or scale.max() > _RECIPROCAL_RANGE[1]):
+        return None
+    return (np.float32(1) / scale.astype(np.float32)) * _RECIPROCAL_BIAS
 
 
 def _run_chunks(fn: Callable[[list[Any]], Any], tasks: list[Any], threads: int | None) -> list[Any]:

@@ -14,6 +14,7 @@ from ernie_ir.ops.quant_numerics import (
     fp8_fake_quant,
     fp8_quantize,
     fp8_scale,
+    reciprocal_scales,
     round_half_away,
     weight_dequantize,
     weight_quantize,
@@ -137,3 +138,55 @@ def test_fast_path_needs_no_clip_even_when_the_bf16_scale_rounds_down(bits: int)
     np.testing.assert_array_equal(q, rq)
     bound = 127 if bits == 8 else 7
     assert (np.abs(q[:2]) == bound).all()
+
+
+_ALL_FINITE_BF16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16)
+_ALL_FINITE_BF16 = _ALL_FINITE_BF16[np.isfinite(_ALL_FINITE_BF16.astype(np.float32))]
+
+
+@pytest.mark.parametrize("exponent", [-120, -119, -64, -9, -1, 0, 1, 8, 63, 119])
+def test_reciprocal_multiply_equals_the_division_for_every_bf16_weight(exponent: int) -> None:
+    # every finite bf16 w against every bf16 significand of s at this exponent: rint(w * m) must be
+    # round_half_away(f32(w / s)) wherever |w / s| <= 127.5 (the only quotients a scale of
+    # bf16(absmax / bound) with absmax >= |w| produces)
+    sig = np.arange(0x80, 0x100, dtype=np.uint32)  # bf16 significand bits 1.0000000 .. 1.1111111
+    s = (((exponent + 127) << 23 | (sig - 0x80) << 16).astype(np.uint32)).view(np.float32)
+    m = reciprocal_scales(s)
+    assert m is not None
+    w = _ALL_FINITE_BF16.astype(np.float32)
+    for si, mi in zip(s, m, strict=True):
+        exact = w / si
+        keep = np.abs(exact) <= np.float32(127.5)
+        np.testing.assert_array_equal(np.rint(w[keep] * mi), round_half_away(exact[keep]))
+
+
+def test_reciprocal_multiply_meets_every_tie_and_near_tie() -> None:
+    # w = (n + 1/2) s exactly (a tie: away from zero) and its bf16 neighbours (never a tie), for a
+    # power-of-two scale (every n + 1/2 <= 127.5 is a bf16 multiple) and a scale of significand 1.5
+    n = np.arange(0, 128, dtype=np.float32)
+    ties = 0
+    for s in (np.float32(2.0**-7), np.float32(1.5 * 2.0**-7)):
+        exact_ties = ((n + np.float32(0.5)) * s).astype(ml_dtypes.bfloat16)
+        nb = exact_ties.view(np.uint16)
+        w = np.concatenate([nb, nb - 1, nb + 1]).view(ml_dtypes.bfloat16).astype(np.float32)
+        w = np.concatenate([w, -w])
+        exact = w / s
+        keep = np.abs(exact) <= np.float32(127.5)
+        got = np.rint(w[keep] * reciprocal_scales(np.array([s]))[0])
+        np.testing.assert_array_equal(got, round_half_away(exact[keep]))
+        ties += int((np.abs(exact[keep]) % 1 == np.float32(0.5)).sum())
+    assert ties > 300  # 2 x 128 ties at s = 2^-7, 2 x 43 at s = 1.5 * 2^-7
+
+
+def test_scales_outside_the_reciprocal_range_divide_and_stay_bit_identical() -> None:
+    # a channel of subnormal weights: its scale is below 2^-120, so the quantizer divides
+    rng = np.random.default_rng(7)
+    w = (0.02 * rng.standard_normal((64, 16))).astype(ml_dtypes.bfloat16)
+    w[:, 3] = (rng.standard_normal(64) * 1e-38).astype(ml_dtypes.bfloat16)
+    assert reciprocal_scales(weight_scales(w, 8).astype(np.float32)) is None
+    for bits in (8, 4):
+        q, s = weight_quantize(w, bits)
+        rq, rs = weight_quantize_reference(w, bits)
+        np.testing.assert_array_equal(q, rq)
+        np.testing.assert_array_equal(s.view(np.uint16), rs.view(np.uint16))
+        assert np.abs(q[:, 3]).max() == (127 if bits == 8 else 7)  # clipped, not wrapped
