@@ -326,7 +326,13 @@ def hash_tree(root: Path, known: dict[str, str] | None = None) -> dict[str, str]
     """{relative name: sha256} of every file under `root` except the manifest (links: their
     target's bytes); `known` digests (hashed while written) are taken as they are."""
     entries = _tree(root)
-    known = known or {}
+    known = dict(known or {})
+    for name, st in entries.items():  # a same-folder alias of a file hashed as written has its digest
+        if stat.S_ISLNK(st.st_mode) and name not in known:
+            link = os.readlink(root / name)
+            alias = (PurePosixPath(name).parent / link).as_posix()
+            if "/" not in link and alias in known:
+                known[name] = known[alias]
     return {name: known.get(name) or sha256_file(root / name)
             for name in sorted(entries) if name != MANIFEST}
 

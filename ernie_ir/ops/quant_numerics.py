@@ -156,8 +156,8 @@ def weight_quantize_reference(w: np.ndarray, bits: int, group_size: int = -1, *,
 
 
 def weight_quantize(w: np.ndarray, bits: int, group_size: int = -1, *, name: str = "weight",
-                    threads: int | None = None, out: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
+                    threads: int | None = None, out: np.ndarray | None = None,
+                    scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(q, scale) for `w` [..., K, N]: bit-identical to `weight_quantize_reference`, faster.
 
     bf16 weights are processed in cache-sized row blocks: the absmax runs on
@@ -166,8 +166,10 @@ def weight_quantize(w: np.ndarray, bits: int, group_size: int = -1, *, name: str
     proves it gives round_half_away of the exact division) and rounded into
     int8 (no clip is needed, see below); up to `threads` threads (default:
     min(2, cores)) share the rows. `out` (int8, w's shape) receives q if
-    given. Scales outside [2^-120, 2^120] (no real weight has them) take one
-    IEEE division per element instead; other dtypes use the reference path.
+    given; `scale`, if given, must be `weight_scales(w, bits, group_size)`
+    (computed earlier: the absmax is not repeated). Scales outside
+    [2^-120, 2^120] (no real weight has them) take one IEEE division per
+    element instead; other dtypes use the reference path.
     """
     if w.dtype != np.dtype(ml_dtypes.bfloat16) or w.ndim < 2:
         q, scale = weight_quantize_reference(w, bits, group_size, name=name)
@@ -175,7 +177,8 @@ def weight_quantize(w: np.ndarray, bits: int, group_size: int = -1, *, name: str
             np.copyto(out, q)
             q = out
         return q, scale
-    scale = weight_scales(w, bits, group_size, name=name, threads=threads)
+    if scale is None:
+        scale = weight_scales(w, bits, group_size, name=name, threads=threads)
     lead = w.shape[:-2]
     k, n = w.shape[-2], w.shape[-1]
     w3 = np.ascontiguousarray(w).reshape(-1, k, n)

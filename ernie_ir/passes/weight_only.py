@@ -43,18 +43,24 @@ _SLOTS = {"linear": (1,), "moe_experts": (3, 4), "moe_experts_lora": (3, 4)}
 
 
 class QuantizedWeightSource(WeightSource):
-    """The int values of `weight_quantize(base, bits, group_size)`, computed on read."""
+    """The int values of `weight_quantize(base, bits, group_size)`, computed on read.
 
-    def __init__(self, base: WeightSource, bits: int, group_size: int, name: str) -> None:
+    `scale`: the base's `weight_scales`, when the pass has computed them already (the read then
+    skips the absmax, one pass over the weight's bytes); views of a slice recompute their own."""
+
+    def __init__(self, base: WeightSource, bits: int, group_size: int, name: str,
+                 scale: np.ndarray | None = None) -> None:
         self.base = base
         self.bits = bits
         self.group_size = group_size
         self.name = name
+        self.scale = scale
         self.dtype = DType.I8 if bits == 8 else DType.I4
         self.shape = tuple(base.shape)
 
     def read(self) -> np.ndarray:
-        q, _ = weight_quantize(np.asarray(self.base.read()), self.bits, self.group_size, name=self.name)
+        q, _ = weight_quantize(np.asarray(self.base.read()), self.bits, self.group_size, name=self.name,
+                               scale=self.scale)
         return q if self.bits == 8 else q.view(DType.I4.numpy)
 
     def describe(self) -> str:
@@ -93,7 +99,7 @@ def quantized_params(placer: ParamPlacer, w: Param, spec: QuantSpec,
             scale = weight_scales(np.asarray(w.read()), bits, spec.group_size, name=w.name)
             release_mapped_pages()
         ssrc = ArraySource(scale)
-        qsrc = QuantizedWeightSource(w.source, bits, spec.group_size, w.name)
+        qsrc = QuantizedWeightSource(w.source, bits, spec.group_size, w.name, scale)
     ann: dict[str, Any] = {**w.annotations.get(ANNOTATION, {}), "source_dtype": w.type.dtype.value}
     q = Param(qname, TensorType(DType.I8 if bits == 8 else DType.I4, shape), qsrc,
               annotations={ANNOTATION: ann})

@@ -190,3 +190,22 @@ def test_scales_outside_the_reciprocal_range_divide_and_stay_bit_identical() -> 
         np.testing.assert_array_equal(q, rq)
         np.testing.assert_array_equal(s.view(np.uint16), rs.view(np.uint16))
         assert np.abs(q[:, 3]).max() == (127 if bits == 8 else 7)  # clipped, not wrapped
+
+
+@pytest.mark.parametrize("group", [-1, 64])
+def test_scales_computed_earlier_give_the_same_values(group: int) -> None:
+    # the weight-only pass computes the scales once and hands them to the read that quantizes
+    from ernie_ir.ir.weights import ArraySource
+    from ernie_ir.passes.weight_only import QuantizedWeightSource
+
+    w = (0.02 * np.random.default_rng(3).standard_normal((2, 192, 40))).astype(ml_dtypes.bfloat16)
+    for bits in (8, 4):
+        s = weight_scales(w, bits, group)
+        q, s2 = weight_quantize(w, bits, group, scale=s)
+        rq, rs = weight_quantize_reference(w, bits, group)
+        np.testing.assert_array_equal(q, rq)
+        np.testing.assert_array_equal(s2.view(np.uint16), rs.view(np.uint16))
+        assert s2 is s
+        with_scale = QuantizedWeightSource(ArraySource(w), bits, group, "w", s).read()
+        without = QuantizedWeightSource(ArraySource(w), bits, group, "w").read()
+        np.testing.assert_array_equal(with_scale.view(np.int8), without.view(np.int8))
