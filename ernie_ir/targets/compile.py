@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ernie_ir.artifacts.source_digests import source_sha256
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping, check_degrees
 from ernie_ir.load import load_input
@@ -26,7 +27,7 @@ from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
 from ernie_ir.passes.quant_config import resolve_quant_name
 from ernie_ir.passes.split import mapping_for
 
-from .artifact import check_out, sha256_file, write_artifact
+from .artifact import check_out, write_artifact
 from .capabilities import HardwareTarget
 from .coverage import check_coverage
 from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
@@ -81,14 +82,15 @@ def params_by_dtype(graph: Graph) -> dict[str, dict[str, int]]:
 
 def source_info(model: str, graph: Graph, *, meta: bool = False) -> dict[str, Any]:
     """The source model and sha256 of its files (a built-in: its name and a hash of its config;
-    a folder read with `meta`: its config.json, the only file read)."""
+    a folder read with `meta`: its config.json, the only file read). A file hashed by an earlier
+    compile and unchanged since is not read again (`source_digests`)."""
     path = Path(model)
     if path.is_file():
-        return {"model": model, "kind": "file", "files": {path.name: sha256_file(path)}}
+        return {"model": model, "kind": "file", "files": {path.name: source_sha256(path)}}
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and (not meta or p.name == "config.json"))
         return {"model": model, "kind": "folder",
-                "files": {p.relative_to(path).as_posix(): sha256_file(p) for p in files}}
+                "files": {p.relative_to(path).as_posix(): source_sha256(p) for p in files}}
     config = graph.metadata.get("config", {})
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
     return {"model": model, "kind": "builtin", "config_sha256": digest,
