@@ -6,7 +6,9 @@ under a temp dir that is deleted after) and, for each, in one run:
 
 - `cp -r` of the folder (the peer): run once untimed to warm the page cache, then `sync`
   (untimed) and the best of 3 timed copies (/usr/bin/time %M for its peak RSS);
-- `ernie-ir compile DIR --target cuda --quant wint8mix` and `--target ascend --quant wint8mix`
+- `ernie-ir compile DIR --target cuda --quant wint8mix` and `--target ascend --quant wint8mix`,
+  each cold (its own empty cache of source digests: the source is hashed) and again with the
+  digests the cold run remembered (`... (digests kept)`: an unchanged checkpoint compiled again),
   (single rank, the default executables, which read the rank weights; `--targets cuda+onnx`
   adds `--emit onnx`, `ascend+paddle-inference` `--emit paddle-inference`), the CLI in its
   own process under `/usr/bin/time -f "%e %M"` (peak RSS), with its RssAnon / RssFile sampled
@@ -63,6 +65,8 @@ TARGETS = ("cuda", "ascend")
 CP_REPEAT = 3
 PROFILE_LINES = 25
 GOAL_CP_RATIO = 3.0
+WARM = " (digests kept)"
+"""Suffix of the runs whose source digests an earlier compile remembered (a cold run clears them)."""
 EXECUTABLES = {"rank0 weights": "rank0/weights.safetensors", "onnx": "inference/onnx",
                "paddle": "inference/paddle"}
 
@@ -90,7 +94,7 @@ def _child_of(ppid: int) -> int | None:
     return None
 
 
-def sampled_child(cmd: list[str]) -> dict[str, Any]:
+def sampled_child(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run `cmd` under /usr/bin/time -f "%e %M": wall seconds, peak RSS (MB, the process's own
     VmHWM via wait4), RssAnon / RssFile peaks (MB) sampled every 10 ms, stdout."""
     gtime = shutil.which("time")
@@ -99,7 +103,8 @@ def sampled_child(cmd: list[str]) -> dict[str, Any]:
         full = [gtime, "-f", "%e %M", "-o", str(rss_file), *cmd] if gtime else cmd
         samplers: list[RssSampler] = []
         start = time.perf_counter()
-        proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=None if env is None else {**os.environ, **env})
 
         def watch() -> None:  # time forks the command: sample its child, as soon as it exists
             pid = None
@@ -200,20 +205,24 @@ def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repea
     subprocess.run(["cp", "-r", str(ckpt), str(copy)], check=True)  # warm the page cache, untimed
     shutil.rmtree(copy)
     cp_runs: list[tuple[float, float | None]] = []
-    runs: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
+    runs: dict[str, list[dict[str, Any]]] = {t + w: [] for t in targets for w in ("", WARM)}
     errors: dict[str, str] = {}
+    digests = root / "digests"  # the compiles' own cache of source digests (source_digests.py)
     for _ in range(repeat):
         for _ in range(CP_REPEAT):
             os.sync()
             wall, rss, _ = timed_child(["cp", "-r", str(ckpt), str(copy)], gnu_time=True)
             cp_runs.append((wall, rss))
             shutil.rmtree(copy)
-        for target in targets:
+        for target in (t + w for t in targets for w in ("", WARM)):
             if target in errors:
                 continue
+            if not target.endswith(WARM):
+                shutil.rmtree(digests, ignore_errors=True)  # cold: the source is hashed
             os.sync()
             try:
-                r = sampled_child(compile_cmd(ckpt, target, art))
+                r = sampled_child(compile_cmd(ckpt, target.removesuffix(WARM), art),
+                                  env={"ERNIE_IR_CACHE_DIR": str(digests)})
             except RuntimeError as e:
                 errors[target] = str(e)
                 continue
@@ -237,7 +246,7 @@ def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repea
     row["cp_s"] = min(w for w, _ in cp_runs)
     rss = [r for _, r in cp_runs if r is not None]
     row["cp_peak_mb"] = max(rss) if rss else None
-    for target in targets:
+    for target in runs:
         if target in errors:
             row["targets"][target] = {"error": errors[target]}
             continue
@@ -246,7 +255,7 @@ def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repea
         for k in ("peak_mb", "peak_anon_mb", "peak_file_mb"):
             t[k] = max(r[k] for r in runs[target])
         _, _, out = timed_child([sys.executable, __file__, "--measure-plan", str(ckpt),
-                                 target.partition("+")[0]])
+                                 target.removesuffix(WARM).partition("+")[0]])
         t["plan"] = json.loads(out)
         cats = t["plan"]["by_category"]
         t["planned_bytes"] = cats["weights"] + cats["lora"]
@@ -262,6 +271,11 @@ def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repea
         shutil.rmtree(art, ignore_errors=True)
     shutil.rmtree(ckpt)
     return row
+
+
+def _warm_ratio(row: dict[str, Any], target: str) -> str:
+    warm = row["targets"].get(target + WARM, {})
+    return "FAILED" if "seconds" not in warm else f"{warm['seconds'] / row['cp_s']:.1f}x"
 
 
 def _gb(b: float) -> str:
@@ -400,8 +414,9 @@ def main() -> None:
             continue
         over = [r["targets"][target]["peak_mb"] - base["baseline_mb"] for r in (small, big)]
         parts.append(
-            f"{target} {tb['seconds'] / big['cp_s']:.0f}x cp -r at {big['ckpt_bytes'] / 1e9:.2f} GB "
-            f"({ts['seconds'] / small['cp_s']:.0f}x at {small['ckpt_bytes'] / 1e9:.2f} GB; goal "
+            f"{target} {tb['seconds'] / big['cp_s']:.1f}x cp -r at {big['ckpt_bytes'] / 1e9:.2f} GB "
+            f"({_warm_ratio(big, target)} with the source digests kept; "
+            f"{ts['seconds'] / small['cp_s']:.1f}x at {small['ckpt_bytes'] / 1e9:.2f} GB; goal "
             f"{GOAL_CP_RATIO:.0f}x), peak RSS {tb['peak_mb'] * 2**20 / big['ckpt_bytes']:.2f}x the "
             f"checkpoint, over base {over[0]:.0f} -> {over[1]:.0f} MB for "
             f"{big['ckpt_bytes'] / small['ckpt_bytes']:.1f}x the bytes "

@@ -123,28 +123,58 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=2, thread_name_prefix="ernie-ir-pack")
 
 
-def _stored_order(q: np.ndarray, bits: int, arch: int) -> np.ndarray:
-    """The logical values q [K, N] (one byte each) in the order Paddle stores their elements.
+def _stored_order(q: np.ndarray, bits: int, arch: int, flip: int = 0) -> np.ndarray:
+    """The logical values q [K, N] (one byte each, XOR `flip`) in the order Paddle stores their
+    elements (flat).
 
-    The position map above, as copies: for arch >= 75 the stored elements run over
+    The position map above, as copies. For arch >= 75 the stored elements run over
     [N / C, K / 64, C, 64] tiles (n = p C + h, k = 64 t + sigma(j)). The C columns of a group
-    are adjacent bytes of q, so they move as one uint16/uint32: permute the rows of each tile of
-    64, transpose [K, N / C] of those wide elements (blocked), then split each tile's wide
-    elements into their C bytes ([64, C] -> [C, 64]). For arch 70 over [K, N] with columns
-    permuted in groups of 4 (int8) or 8 (int4). No per-element index array."""
+    are adjacent bytes of q, so they move as one uint16/uint32: for each tile row t and a
+    block of columns, the tile's 64 rows are gathered in sigma order and transposed into a
+    cache-sized buffer ([columns, 64] wide elements), whose C bytes are then split into their
+    rows of the output ([64, C] -> [C, 64]), XOR `flip`, in one pass. So q is read once and the
+    output written once; two threads share the tile rows (numpy releases the GIL while it
+    copies). For arch 70 over [K, N] with columns permuted in groups of 4 (int8) or 8 (int4).
+    No per-element index array."""
     k, n = q.shape
     if arch == 70:
         il = _IL8 if bits == 8 else _IL4
         src = np.asarray(q).reshape(k, n // len(il), len(il))
         out = np.empty_like(src)
         for i, j in enumerate(il):  # one strided copy per position of the group: no index array
-            out[:, :, i] = src[:, :, j]
+            if flip:
+                np.bitwise_xor(src[:, :, j], np.uint8(flip), out=out[:, :, i])
+            else:
+                out[:, :, i] = src[:, :, j]
         return out.reshape(-1)
     c = 2 if bits == 8 else 4
-    t, p = k // 64, n // c
-    wide = np.ascontiguousarray(q).view(_WIDE[c]).reshape(t, 64, p)[:, _row_order(bits), :]
-    stored = _transpose(wide.reshape(k, p))  # [P, K]: element (p, 64 t + j) = q[64 t + sigma(j), p C:(p+1) C]
-    return np.ascontiguousarray(stored.view(np.uint8).reshape(p * t, 64, c).transpose(0, 2, 1)).reshape(-1)
+    tiles, p = k // 64, n // c
+    wide = np.ascontiguousarray(q).view(_WIDE[c]).reshape(k, p)
+    sigma = _row_order(bits)
+    out = np.empty((p, tiles, c, 64), np.uint8)
+
+    def part(t_lo: int, t_hi: int) -> None:
+        buf = np.empty((_TILE_COLS, 64), _WIDE[c])
+        for t in range(t_lo, t_hi):
+            rows = wide[64 * t:64 * t + 64]
+            for p0 in range(0, p, _TILE_COLS):
+                p1 = min(p0 + _TILE_COLS, p)
+                block = buf[:p1 - p0]
+                np.copyto(block, rows[sigma, p0:p1].T)  # [columns, 64]: wide element (p, j)
+                split = block.view(np.uint8).reshape(p1 - p0, 64, c).transpose(0, 2, 1)
+                if flip:
+                    np.bitwise_xor(split, np.uint8(flip), out=out[p0:p1, t])
+                else:
+                    np.copyto(out[p0:p1, t], split)
+
+    if tiles >= 2 and q.size >= _PARALLEL_MIN:
+        list(_pool().map(lambda bounds: part(*bounds), [(0, tiles // 2), (tiles // 2, tiles)]))
+    else:
+        part(0, tiles)
+    return out.reshape(-1)
+
+
+_TILE_COLS = 2048  # wide elements per block of `_stored_order`: 64 x 2048 of them (256/512 KiB) fit L2
 
 
 def _logical_from_stored(elems: np.ndarray, k: int, n: int, bits: int, arch: int) -> np.ndarray:
@@ -170,9 +200,9 @@ def pack(q: np.ndarray, bits: int, arch: int) -> np.ndarray:
     why = packable(k, n, bits, arch)
     if why:
         raise ErnieIRError(f"cannot pack a [{k}, {n}] weight for sm{arch}: {why}")
-    if bits == 8:
-        biased = (np.asarray(q, dtype=np.int8).view(np.uint8) ^ np.uint8(0x80))  # q + 128, as a byte
-        return np.ascontiguousarray(_stored_order(biased, bits, arch)).view(np.int8).reshape(n, k)
+    if bits == 8:  # byte = q + 128: the sign bit flipped, as the bytes move
+        stored = _stored_order(np.asarray(q, dtype=np.int8).view(np.uint8), bits, arch, flip=0x80)
+        return stored.view(np.int8).reshape(n, k)
     nib = (np.asarray(q, dtype=np.int8) + np.int8(8)).view(np.uint8)  # q + 8 in [1, 15]
     elems = _stored_order(nib, bits, arch)
     return (elems[0::2] | (elems[1::2] << np.uint8(4))).view(np.int8).reshape(n // 2, k)
