@@ -135,7 +135,8 @@ class OpDef(ABC):
             return values
         # Attrs are immutable, so equal inputs may share one validated instance.
         try:
-            key: Any = tuple(sorted((values or {}).items()))
+            # the type is part of the key: True == 1 and hash(True) == hash(1), but only one is valid
+            key: Any = tuple(sorted((k, type(v), v) for k, v in (values or {}).items()))
             hash(key)
         except TypeError:
             key = None

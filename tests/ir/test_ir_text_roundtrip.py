@@ -393,3 +393,14 @@ def test_damaged_text_fails_cleanly_or_parses_to_a_stable_graph(text, fast):
     again = parse_graph(print_graph(g))
     assert structural_diff(again, g) is None
     assert print_graph(again) == print_graph(g)
+
+
+def test_a_bool_attribute_is_refused_even_after_the_equal_int_was_validated():
+    # True == 1 and hash(True) == hash(1): the validated-attrs cache must not let one stand for the other
+    from ernie_ir.ir import get_op
+    from ernie_ir.ir.errors import OpError
+
+    softmax = get_op("softmax")
+    assert softmax.make_attrs({"axis": 1}).axis == 1
+    with pytest.raises(OpError, match="axis"):
+        softmax.make_attrs({"axis": True})
