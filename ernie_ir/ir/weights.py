@@ -510,7 +510,9 @@ def write_safetensors(
 ) -> str:
     """Write tensors to a safetensors file, reading one source at a time; returns the file's sha256.
 
-    Only one tensor's values are in memory at once, so writing a graph never
+    At most two tensors' values are in memory at once (the one being written
+    and the next, read and computed meanwhile on another thread: quantizing or
+    packing a tensor overlaps writing the one before), so writing a graph never
     needs its whole checkpoint in RAM. `on_tensor(name, done, total)` reports
     progress after each tensor. The digest is taken from the bytes as they are
     written, so nobody has to read the file again to hash it. `require_finite`:
@@ -542,33 +544,47 @@ def write_safetensors(
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     digest = hashlib.sha256()
-    with open(path, "wb") as f:
+    with open(path, "wb") as f, ThreadPoolExecutor(1, thread_name_prefix="ernie-ir-produce") as producer:
         for chunk in (struct.pack("<Q", len(raw)), raw):
             f.write(chunk)
             digest.update(chunk)
+        upcoming = producer.submit(_tensor_bytes, pending[0], require_finite) if pending else None
         for done, p in enumerate(pending, 1):
-            arr = p.source.read()
-            if tuple(arr.shape) != p.source.shape or arr.dtype != p.source.dtype.numpy:
-                raise WeightError(
-                    f"source of {p.name!r} produced {arr.dtype}{list(arr.shape)}, "
-                    f"declared {p.source.dtype}{list(p.source.shape)}"
-                )
-            if require_finite and (bad := count_nonfinite(arr)):
-                raise WeightError(
-                    f"tensor {p.name!r} holds {bad} NaN/Inf value(s) of {arr.size} "
-                    f"(from {p.source.describe()}): the checkpoint is broken or overflowed; fix or "
-                    "re-export it")
-            data = pack_int4(arr) if p.source.dtype == DType.I4 else np.ascontiguousarray(arr)
+            assert upcoming is not None
+            data = upcoming.result()
+            upcoming = producer.submit(_tensor_bytes, pending[done], require_finite) if done < len(pending) \
+                else None
             view = memoryview(data.reshape(-1).view(np.uint8))
             # sha256 and the write both release the GIL: hash on the other core while writing
             hashing = _HASHER.submit(digest.update, view)
             f.write(view)
             hashing.result()
-            del arr, data, view
-            release_mapped_pages()
+            del data, view
             if on_tensor is not None:
                 on_tensor(p.name, done, len(pending))
     return digest.hexdigest()
+
+
+def _tensor_bytes(p: _PendingTensor, require_finite: bool) -> np.ndarray:
+    """The bytes `write_safetensors` writes for `p` (C order; int4 packed two to a byte), checked.
+
+    Runs on the producer thread, which is also the only one to release the source pages it read
+    (arrays still viewing them stay valid: the pages fault back in from the page cache)."""
+    arr = p.source.read()
+    if tuple(arr.shape) != p.source.shape or arr.dtype != p.source.dtype.numpy:
+        raise WeightError(
+            f"source of {p.name!r} produced {arr.dtype}{list(arr.shape)}, "
+            f"declared {p.source.dtype}{list(p.source.shape)}"
+        )
+    if require_finite and (bad := count_nonfinite(arr)):
+        raise WeightError(
+            f"tensor {p.name!r} holds {bad} NaN/Inf value(s) of {arr.size} "
+            f"(from {p.source.describe()}): the checkpoint is broken or overflowed; fix or "
+            "re-export it")
+    data = pack_int4(arr) if p.source.dtype == DType.I4 else np.ascontiguousarray(arr)
+    del arr
+    release_mapped_pages()
+    return data
 
 
 _HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ernie-ir-sha256")
