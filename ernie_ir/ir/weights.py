@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -557,7 +558,7 @@ def write_safetensors(
             view = memoryview(data.reshape(-1).view(np.uint8))
             # sha256 and the write both release the GIL: hash on the other core while writing
             hashing = _HASHER.submit(digest.update, view)
-            f.write(view)
+            write_buffer(f, view)
             hashing.result()
             del data, view
             if on_tensor is not None:
@@ -588,6 +589,18 @@ def _tensor_bytes(p: _PendingTensor, require_finite: bool) -> np.ndarray:
 
 
 _HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ernie-ir-sha256")
+
+WRITE_CHUNK = 1 << 20
+"""Bytes per write(2) of a large buffer (see `write_buffer`)."""
+
+
+def write_buffer(f: BinaryIO, data: bytes | memoryview) -> None:
+    """Write `data` to `f` in WRITE_CHUNK pieces. One write(2) of a 1 GB buffer into a new file
+    ran 5-10x slower here than the same bytes in 1 MiB writes (0.3 s against 1.5-3 s of kernel
+    time for 1.34 GB: the kernel copes badly with one huge copy into fresh page-cache pages)."""
+    view = memoryview(data).cast("B")
+    for lo in range(0, len(view), WRITE_CHUNK):
+        f.write(view[lo:lo + WRITE_CHUNK])
 
 
 def content_hash(array: np.ndarray) -> str:

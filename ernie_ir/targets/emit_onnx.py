@@ -60,6 +60,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ernie_ir.ir import DType, ErnieIRError, Graph, Node, OpDef, Param, Value, all_ops
+from ernie_ir.ir.weights import write_buffer
 from ernie_ir.ops.quant_numerics import num_groups
 
 OPSET = 21
@@ -113,7 +114,7 @@ class _ExternalData:
         pad = (-self.offset) % 64
         self.file.write(b"\0" * pad)
         self.offset += pad
-        self.file.write(raw)
+        write_buffer(self.file, raw)
         del t.external_data[:]
         for k, v in (("location", self.path.name), ("offset", str(self.offset)), ("length", str(len(raw)))):
             entry = t.external_data.add()
