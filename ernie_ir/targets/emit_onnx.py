@@ -41,7 +41,9 @@ per expert, taken only when the call routes a token to it, gathers the expert's
 rows (NonZero, Gather), runs its FFN on them alone with its weights read from
 initializers of its own (views of the stack's bytes in the data file; a stacked
 int8/int4 `dequantize` read only by the experts is dequantized per expert, in
-the branch) and adds the weighted rows back (ScatterND add). Zero-weight slots
+the branch; with fast numerics each expert matmul is a MatMulNBits of the
+expert's own weights instead, and the stack is not written) and adds the
+weighted rows back (ScatterND add). Zero-weight slots
 (experts another rank holds) are skipped. `with dense_moe(): ...` exports the
 dense form instead (every expert on every token, weighted by a [T, E] routing
 matrix), the checking form.
@@ -100,6 +102,13 @@ _CACHED_BYTES = 1 << 20  # params up to this size stay cached while emitting (sc
 _NARROW_MIN = 4096  # bf16/f16 params of at least this many elements stay bf16/f16 in the file
 
 
+def _nbits_block(k: int, group_size: int) -> int | None:
+    """MatMulNBits' block over K rows: the group size, or for per-channel scales 128 (or the next
+    power of two >= K, at least 16); None when the group size is not a power of two >= 16."""
+    block = group_size if group_size != -1 else 128 if k >= 128 else max(16, 1 << (k - 1).bit_length())
+    return None if block & (block - 1) or block < 16 else block
+
+
 class _ExternalData:
     """The model's weight file, written as the emitter makes each initializer (64-byte aligned),
     so no weight's bytes stay in memory after its initializer is made."""
@@ -140,7 +149,8 @@ class _Emitter:
         self.node: Node | None = None
         self.const_names: dict[tuple[Any, ...], str] = {}
         self.derived_names: dict[tuple[int, str], str] = {}
-        self.float_views: set[str] = set()  # per-expert float weight views (initializers of a branch)
+        self.branch_inits: set[str] = set()  # per-expert weights: initializers of that expert's branch
+        self.deferred: dict[Value, Node] = {}  # expert stacks' dequantize, lowered per expert by the MoE
 
     moe_form = "sparse"
     """"sparse" (default): MoE experts run on the rows routed to them only; "dense": every expert
@@ -298,14 +308,15 @@ class _Emitter:
         sname = self.init(self.derived(scale, "f32_blocked"), s)
         return self.op("DequantizeLinear", [qn, sname], axis=q.ndim - 2, block_size=block)
 
-    def matmul_nbits(self, x: str, q: np.ndarray, qname: str, scale: Value, group_size: int,
+    def matmul_nbits(self, x: str, q: np.ndarray, qname: str, scale: np.ndarray, group_size: int,
                      bits: int) -> str:
-        """com.microsoft.MatMulNBits over logical q [K, N], accuracy_level per `self.numerics`
-        (exact: float32 compute, int8 as two 4-bit planes; fast: int8 activations)."""
+        """com.microsoft.MatMulNBits over logical q [K, N] with scales [N] (per channel) or
+        [groups, N], accuracy_level per `self.numerics` (exact: float32 compute, int8 as two 4-bit
+        planes; fast: int8 activations)."""
         k, n = q.shape
-        s = self.array(scale).astype(np.float32)
-        block = group_size if group_size != -1 else 128 if k >= 128 else max(16, 1 << (k - 1).bit_length())
-        if block & (block - 1) or block < 16:
+        s = np.asarray(scale).astype(np.float32)
+        block = _nbits_block(k, group_size)
+        if block is None:
             raise self.fail(f"MatMulNBits needs a power-of-two block >= 16, group_size is {group_size}")
         nblocks = math.ceil(k / block)
         scales = np.repeat(s[None, :], nblocks, axis=0) if group_size == -1 else s  # [nblocks, N]
@@ -345,7 +356,7 @@ class _Emitter:
         gs = node.attrs.group_size
         bits = 4 if q.dtype == DType.I4.numpy else 8
         if self.form == "matmulnbits":
-            y = self.matmul_nbits(x, q, qname, scale, gs, bits)
+            y = self.matmul_nbits(x, q, qname, self.array(scale), gs, bits)
         else:
             y = self.op("MatMul", [x, self.dequant(q, qname, scale, gs)])
         bias = node.inputs[3] if len(node.inputs) > 3 else None
@@ -401,6 +412,9 @@ class _Emitter:
         qv = node.inputs[0]
         if qv.type.dtype not in (DType.I8, DType.I4):
             raise self.fail(f"only int8/int4 dequantize lowers, not {qv.type.dtype}")
+        if self._nbits_experts(node):
+            self.deferred[node.outputs[0]] = node
+            return [self.fresh("deferred_expert_stack")]  # no node reads it: the MoE lowers it per expert
         q = self.take(qv)
         qname = qv.name if isinstance(qv, Param) else self.fresh("unpacked")
         w = self.dequant(q, qname, node.inputs[1], node.attrs.group_size)
@@ -597,17 +611,21 @@ class _Emitter:
             return [self._moe_dense(node, x, tokens, flat_w, flat_i, e, two_i // 2, adapters, scale)]
         return [self._moe_sparse(node, x, tokens, flat_w, flat_i, two_i // 2, adapters, scale)]
 
-    def _moe_ffn(self, v: str, ug: str, dn: str, inter: int, adapters: list[tuple[str, str] | None],
-                 scale: float) -> str:
-        """SwiGLU expert FFN of rows v (optionally with LoRA adapters) -> [., H]."""
-        h = self.op("MatMul", [v, ug])
+    def _moe_ffn(self, v: str, ug: str | Callable[[str], str], dn: str | Callable[[str], str], inter: int,
+                 adapters: list[tuple[str, str] | None], scale: float) -> str:
+        """SwiGLU expert FFN of rows v (optionally with LoRA adapters) -> [., H]; `ug` / `dn` are
+        weights, or functions of rows -> rows @ weight (MatMulNBits experts)."""
+        def times(x: str, w: str | Callable[[str], str]) -> str:
+            return w(x) if callable(w) else self.op("MatMul", [x, w])
+
+        h = times(v, ug)
         if adapters[0] is not None:
             low = self.op("MatMul", [self.op("MatMul", [v, adapters[0][0]]), adapters[0][1]])
             h = self.op("Add", [h, self.op("Mul", [low, self.f32(scale)])])
         gate, up = self.op("Split", [h, self.const([inter, inter])], 2, axis=-1)
         den = self.op("Add", [self.f32(1.0), self.op("Exp", [self.op("Neg", [gate])])])
         act = self.op("Mul", [self.op("Div", [gate, den]), up])
-        y = self.op("MatMul", [act, dn])
+        y = times(act, dn)
         if adapters[1] is not None:
             low = self.op("MatMul", [self.op("MatMul", [act, adapters[1][0]]), adapters[1][1]])
             y = self.op("Add", [y, self.op("Mul", [low, self.f32(scale)])])
@@ -663,6 +681,43 @@ class _Emitter:
             if n not in read:
                 self.inits.pop(n, None)
 
+    def _nbits_experts(self, node: Node) -> bool:
+        """Whether this `dequantize` of an expert stack is lowered per expert as MatMulNBits: with
+        fast numerics (int8 activations: the bf16 rounding of the dequantized weight that exact
+        numerics keep is not there either), in the sparse form, when the MoE is its only reader
+        and the groups fit MatMulNBits."""
+        out = node.outputs[0]
+        uses = out.uses
+        k = node.inputs[0].type.shape[-2] if node.inputs[0].type.rank == 3 else None
+        return (self.form == "matmulnbits" and self.numerics == "fast" and self.moe_form == "sparse"
+                and isinstance(k, int) and _nbits_block(k, node.attrs.group_size) is not None
+                and out.num_uses() == 1 and len(uses) == 1
+                and uses[0][0].op in ("moe_experts", "moe_experts_lora") and uses[0][1] in (3, 4))
+
+    def _expert_matmuls(self, v: Value) -> Callable[[int], Callable[[str], str]]:
+        """A function of an expert index -> a function of rows x -> x @ that expert's weight."""
+        node = self.deferred.pop(v, None)
+        if node is None:
+            weight = self._expert_weights(v)
+            return lambda i: (lambda x: self.op("MatMul", [x, weight(i)]))
+        qv, sv = node.inputs[0], node.inputs[1]
+        q, s = self.take(qv), self.take(sv)
+        bits = 4 if qv.type.dtype == DType.I4 else 8
+        gs = node.attrs.group_size
+        base = qv.name if isinstance(qv, Param) else self.fresh("unpacked")
+
+        def matmul(i: int) -> Callable[[str], str]:
+            def rows_times_expert(x: str) -> str:
+                before = set(self.inits)
+                y = self.matmul_nbits(x, np.asarray(q[i]).astype(np.int8),
+                                      f"{base}[{i}]", s if s.ndim == 0 else s[i], gs, bits)
+                self.branch_inits.update(n for n in self.inits
+                                         if n not in before and not n.startswith("const_"))
+                return y
+            return rows_times_expert
+
+        return matmul
+
     def _expert_weights(self, v: Value) -> Callable[[int], str]:
         """A function of an expert index -> that expert's float32 weight [K, N], read from an
         initializer of its own (a view of the stack's bytes).
@@ -685,7 +740,7 @@ class _Emitter:
         if not fusable:
             if stacked in self.inits and v.num_uses() == 1:  # a float param stack: view it per expert
                 views = self._expert_views(stacked)
-                self.float_views.update(views)
+                self.branch_inits.update(views)
                 self._drop_unread([stacked])
                 return lambda i: views[i]
             return lambda i: self.op("Gather", [stacked, self.const(i)], axis=0)
@@ -723,7 +778,7 @@ class _Emitter:
         output (ScatterND add). Slots of weight 0 (experts another rank holds) are skipped:
         dense adds 0 for them."""
         e = node.inputs[3].type.shape[0]
-        ug_of, dn_of = self._expert_weights(node.inputs[3]), self._expert_weights(node.inputs[4])
+        ug_of, dn_of = self._expert_matmuls(node.inputs[3]), self._expert_matmuls(node.inputs[4])
         routed = self.op("Not", [self.op("Equal", [flat_w, self.f32(0.0)])])
         masked = self.op("Where", [routed, flat_i, self.const(-1)])  # [T, k], -1 where skipped
         hit = self.op("Equal", [self.op("Unsqueeze", [masked, self.const([-1])]), self.const(np.arange(e))])
@@ -751,7 +806,7 @@ class _Emitter:
             branch = self.fresh(f"moe_expert{i}")
             # the expert's float weight views live in its branch, where onnxruntime pre-packs them
             own = [self.inits.pop(n) for n in dict.fromkeys(i for nd in then_nodes for i in nd.input)
-                   if n in self.float_views]
+                   if n in self.branch_inits]
             then_g = helper.make_graph(then_nodes, f"{branch}_then", [],
                                        [helper.make_tensor_value_info(taken, TensorProto.FLOAT, None)],
                                        initializer=own)

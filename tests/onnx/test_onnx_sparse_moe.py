@@ -96,3 +96,52 @@ def test_int4_experts_keep_their_bytes_once(tmp_path: Path) -> None:
     views = [t for t in model.graph.initializer if "experts" in t.name and t.name.endswith("]")]
     assert views and any(t.data_type == onnx.TensorProto.INT4 for t in views)
     assert not [t for t in model.graph.initializer if len(t.dims) == 3 and ".mlp.experts." in t.name]
+
+
+@pytest.mark.parametrize("case", ["wint8", "wint4", "wint8mix-sm70-packed", "wint8mix-lora"])
+def test_fast_numerics_run_each_routed_expert_as_matmulnbits(case: str, tmp_path: Path) -> None:
+    # fast numerics (int8 activations): an expert's matmuls are MatMulNBits in its branch, with
+    # weights decoding to q * s of the expert alone; no expert is dequantized, nothing is stored twice
+    from onnx import numpy_helper
+    from test_onnx_numerics import FAST_TOL, _decode_nbits
+
+    g = moe_graph(CASES[case])
+    ref = run_graph(g, {"input_ids": IDS})["logits"]
+    path, data = emit_onnx(g, tmp_path / "m", numerics="fast")
+    got = logits_of(path)
+    assert np.isfinite(got).all() and np.abs(got - ref).max() <= FAST_TOL * np.abs(ref).max()
+    model = onnx.load(str(path))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    branches = expert_branches(model)
+    assert branches
+    dq = next(n for n in g if n.op == "dequantize" and n.outputs[0].users[0].op.startswith("moe_experts"))
+    q = np.asarray(dq.inputs[0].read() if dq.inputs[0].producer is None else 0)
+    for br in branches:
+        then = onnx.helper.get_attribute_value(next(a for a in br.attribute if a.name == "then_branch"))
+        ops = [n.op_type for n in then.node]
+        assert "DequantizeLinear" not in ops
+        assert ops.count("MatMul") == (4 if "lora" in case else 0)
+        assert ops.count("MatMulNBits") == 2  # up_gate and down (fast int8: one 8-bit MatMulNBits)
+        own = {t.name: numpy_helper.to_array(t) for t in then.initializer}
+        assert any(n.op_type == "MatMulNBits" and n.input[1] in own for n in then.node)
+    if q.ndim == 3:  # an unpacked stack: the first expert's up_gate weights decode to q[0] * s[0]
+        s = np.asarray(dq.inputs[1].read()).astype(np.float64)
+        first = onnx.helper.get_attribute_value(
+            next(a for a in branches[0].attribute if a.name == "then_branch"))
+        own = {t.name: numpy_helper.to_array(t) for t in first.initializer} | inits
+        nbits = next(n for n in first.node if n.op_type == "MatMulNBits")
+        want = q[0].astype(np.float64) * (s[0] if s.ndim == 2 else s)
+        assert np.array_equal(_decode_nbits(nbits, own), want)
+    stored = onnx.load(str(path), load_external_data=False)
+    external = [t for t in _all_initializers(stored) if t.data_location == onnx.TensorProto.EXTERNAL]
+    ends = [int({x.key: x.value for x in t.external_data}["length"]) for t in external]
+    assert data.stat().st_size - sum(ends) <= 64 * len(ends)  # no unread bytes (an expert stack) in the file
+
+
+def _all_initializers(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    out = list(model.graph.initializer)
+    for n in model.graph.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                out.extend(a.g.initializer)
+    return out
