@@ -24,16 +24,17 @@ under `dense_moe()`, the Paddle layer with `moe_dense`) against sparse MoE (the 
 the routed experts run), for float32 and wint8mix exact / fast ONNX sessions and the eager
 Paddle layer (float32), per --moe-tokens-token forward. Goal: sparse >= 5x faster than dense at E=64, k=6.
 
-Measured (2 shared cores, load about 1.5, 1 token, 4 layers, medians, 2026-12-01, --moe-only):
-  onnx float32 exact   dense   86 ms  sparse  16 ms  (5.4x)
-  paddle float32       dense  168 ms  sparse  35 ms  (4.7x, eager: per-op overhead)
-  onnx wint8mix exact  dense 2082 ms  sparse 242 ms  (8.6x)
-  onnx wint8mix fast   dense 2274 ms  sparse 152 ms  (15.0x)
-  (at a load of about 3 the float32 ONNX ratio fell to 2.9-4.5x: the figures move with the load)
+Measured (2 cores, quiet, 1 token, 4 layers, medians, 2026-12-01, --moe-only):
+  onnx float32 exact   dense   89 ms  sparse  16 ms  (5.5-5.7x)
+  paddle float32       dense  167 ms  sparse  32 ms  (5.2x; eager groups the routed rows on the host)
+  onnx wint8mix exact  dense 2041 ms  sparse 133 ms  (15x)
+  onnx wint8mix fast   dense 2047 ms  sparse 5.1 ms (400x; 0.32x float32 sparse)
 Float32 is bound by weight reads: sparse reads 6 of 64 experts plus what every token reads
 (2 shared experts, attention, lm_head), an ideal ratio of about 6.7x at these widths; an
-expert's If/NonZero/Gather overhead is under 1 us. Sparse wint8mix exact spends most of its
-time in the per-expert int4 DequantizeLinear.
+expert's If/NonZero/Gather overhead is under 1 us. Sparse wint8mix fast runs each routed expert
+as MatMulNBits (int4, int8 activations); exact keeps the bf16 rounding of each dequantized
+expert weight (the interpreter's numerics), so it dequantizes the routed experts' int4 weights
+(DequantizeLinear + Cast) on every call, which is most of its time.
 
     python benchmarks/decode_latency.py [--layers 2] [--vocab 103424] [--threads 2] [--repeat 20]
                                         [--no-moe] [--moe-only] [--moe-tokens 1]
