@@ -686,13 +686,12 @@ class _Emitter:
         fast numerics (int8 activations: the bf16 rounding of the dequantized weight that exact
         numerics keep is not there either), in the sparse form, when the MoE is its only reader
         and the groups fit MatMulNBits."""
-        out = node.outputs[0]
-        uses = out.uses
+        uses = node.outputs[0].uses
         k = node.inputs[0].type.shape[-2] if node.inputs[0].type.rank == 3 else None
         return (self.form == "matmulnbits" and self.numerics == "fast" and self.moe_form == "sparse"
                 and isinstance(k, int) and _nbits_block(k, node.attrs.group_size) is not None
-                and out.num_uses() == 1 and len(uses) == 1
-                and uses[0][0].op in ("moe_experts", "moe_experts_lora") and uses[0][1] in (3, 4))
+                and len(uses) == 1 and uses[0][0].op in ("moe_experts", "moe_experts_lora")
+                and uses[0][1] in (3, 4))
 
     def _expert_matmuls(self, v: Value) -> Callable[[int], Callable[[str], str]]:
         """A function of an expert index -> a function of rows x -> x @ that expert's weight."""
