@@ -151,6 +151,7 @@ class _Emitter:
         self.derived_names: dict[tuple[int, str], str] = {}
         self.branch_inits: set[str] = set()  # per-expert weights: initializers of that expert's branch
         self.deferred: dict[Value, Node] = {}  # expert stacks' dequantize, lowered per expert by the MoE
+        self.created: list[str] | None = None  # when a list: the names of the initializers made meanwhile
 
     moe_form = "sparse"
     """"sparse" (default): MoE experts run on the rows routed to them only; "dense": every expert
@@ -173,6 +174,8 @@ class _Emitter:
             if self.sink is not None and not name.startswith("const_"):
                 self.sink.put(t)
             self.inits[name] = t
+            if self.created is not None and not name.startswith("const_"):
+                self.created.append(name)
         return name
 
     def const(self, arr: Any, dtype: Any = np.int64) -> str:
@@ -707,11 +710,11 @@ class _Emitter:
 
         def matmul(i: int) -> Callable[[str], str]:
             def rows_times_expert(x: str) -> str:
-                before = set(self.inits)
+                self.created = []
                 y = self.matmul_nbits(x, np.asarray(q[i]).astype(np.int8),
                                       f"{base}[{i}]", s if s.ndim == 0 else s[i], gs, bits)
-                self.branch_inits.update(n for n in self.inits
-                                         if n not in before and not n.startswith("const_"))
+                self.branch_inits.update(self.created)  # the expert's weights live in its branch
+                self.created = None
                 return y
             return rows_times_expert
 
