@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ernie_ir.artifacts.publish import artifact_lock
 from ernie_ir.artifacts.source_digests import source_sha256
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping, check_degrees
@@ -251,7 +252,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     ranked = run_pipeline_ranks(graph, resolved, instruments=instruments, evaluator=Interpreter)
     ranks, result = ranked.ranks, ranked.result
     if stopped:
-        _save_graphs(ranks, dest)
+        with artifact_lock(dest, parents=True):  # like an artifact: one writer at a time
+            _save_graphs(ranks, dest)
         return CompileReport(
             model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(dest),
             passes_run=[p.spec() for p in resolved.passes], params_before=before,

@@ -199,3 +199,24 @@ def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path) -> N
     assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in outs)
     files = verify_artifact(root)["files"]
     assert all(f"training/checkpoints/{p.name}" in files for p in outs)
+
+
+def test_compile_stop_after_writes_its_graph_folder_under_the_lock(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # --stop-after writes a graph folder (rank folders for a split) instead of an artifact: it holds
+    # the destination's lock while it writes, as an artifact's write does
+    from ernie_ir.targets import compile as compile_module
+
+    seen: list[str | None] = []
+    real = compile_module._save_graphs
+
+    def spy(ranks: list, dest: Path) -> None:
+        seen.append(lock_holder(dest))
+        real(ranks, dest)
+
+    monkeypatch.setattr(compile_module, "_save_graphs", spy)
+    out = tmp_path / "g"
+    compile_model(MODEL, "ascend", quant="wint8", tp=2, stop_after="split", out=out)
+    assert seen == [f"PID {os.getpid()}"]
+    assert sorted(p.name for p in out.iterdir()) == ["rank0", "rank1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]  # the lock file is gone with the lock
