@@ -57,10 +57,17 @@ def save_graph(graph: Graph, folder: str | os.PathLike[str], *, overwrite: bool 
     dest = Path(folder)
     if dest.exists() and not overwrite:
         raise ErnieIRError(f"{dest} already exists (pass overwrite=True / --force to replace it)")
+    # a graph folder may hold what it is given: no finiteness check
+    return replace_folder(dest, lambda tmp: write_graph_files(graph, tmp, require_finite=False))
+
+
+def replace_folder(dest: Path, fill: Callable[[Path], object]) -> Path:
+    """`fill` a fresh temp folder beside `dest`, then put it in `dest`'s place (replacing what
+    was there); any failure or interruption removes the temp folder and leaves `dest` as it was."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        write_graph_files(graph, tmp, require_finite=False)  # a graph folder may hold what it is given
+        fill(tmp)
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)

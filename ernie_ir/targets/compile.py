@@ -5,10 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -302,22 +299,17 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
 
 def _save_graphs(ranks: Sequence[Graph], dest: Path) -> None:
     """The graphs where compile stopped: `dest` as one graph folder, or `dest/rank{r}` each."""
-    from ernie_ir.ir.storage import save_graph
+    from ernie_ir.ir.storage import replace_folder, save_graph
 
     if len(ranks) == 1:
         save_graph(ranks[0], dest, overwrite=True)
         return
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         for r, g in enumerate(ranks):
             save_graph(g, tmp / f"rank{r}")
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    replace_folder(dest, fill)
 
 
 def _rank_params(ranks: Sequence[Graph]) -> dict[str, dict[str, int]]:
