@@ -192,16 +192,25 @@ def _tree(root: Path) -> dict[str, os.stat_result]:
     return entries
 
 
+def _sibling(root: Path, name: str) -> str | None:
+    """The relative name of the file the link `name` aliases in its own folder, or None when its
+    target is not a plain name there (a path, empty, `.` or `..`)."""
+    target = os.readlink(root / name)
+    if "/" in target or target in ("", ".", ".."):
+        return None
+    return (PurePosixPath(name).parent / target).as_posix()
+
+
 def _link_ok(root: Path, name: str, listed: dict[str, str], entries: dict[str, os.stat_result]) -> str | None:
     """None when the link `name` is a same-folder alias of a listed regular file, else why not."""
     target = os.readlink(root / name)
     inside = root.resolve()
     if inside not in (root / name).resolve().parents:
         return f"a symbolic link that resolves outside the artifact ({show(target)})"
-    if "/" in target or target in ("", ".", ".."):
+    sibling = _sibling(root, name)
+    if sibling is None:
         return (f"a symbolic link to {show(target)}, not a same-folder alias of a listed file (the only "
                 "link an artifact may hold)")
-    sibling = (PurePosixPath(name).parent / target).as_posix()
     st = entries.get(sibling)
     if st is None:
         return f"a symbolic link to {show(target)}, which does not exist"
@@ -328,11 +337,8 @@ def hash_tree(root: Path, known: dict[str, str] | None = None) -> dict[str, str]
     entries = _tree(root)
     known = dict(known or {})
     for name, st in entries.items():  # a same-folder alias of a file hashed as written has its digest
-        if stat.S_ISLNK(st.st_mode) and name not in known:
-            link = os.readlink(root / name)
-            alias = (PurePosixPath(name).parent / link).as_posix()
-            if "/" not in link and alias in known:
-                known[name] = known[alias]
+        if stat.S_ISLNK(st.st_mode) and name not in known and (alias := _sibling(root, name)) in known:
+            known[name] = known[alias]
     return {name: known.get(name) or sha256_file(root / name)
             for name in sorted(entries) if name != MANIFEST}
 
