@@ -194,6 +194,8 @@ def weight_quantize(w: np.ndarray, bits: int, group_size: int = -1, *, name: str
         """The scale rows that weight rows r0:r1 of slice e use (per channel: the one row)."""
         return t[e, 0] if group_size == -1 else t[e, np.arange(r0, r1) // group_size]
 
+    bits16 = w3.view(np.uint16)
+
     def run(chunk: list[tuple[int, int, int]]) -> None:
         buf = np.empty((rows, n), np.float32)
         half = None if recip is not None else np.empty((rows, n), np.uint32)
@@ -202,8 +204,14 @@ def weight_quantize(w: np.ndarray, bits: int, group_size: int = -1, *, name: str
             # No clip needed for a normal scale: bf16(absmax / bound) is at least (absmax / bound)(1 - 2^-8),
             # so |w / scale| <= bound / (1 - 2^-8) < bound + 0.5 (127.498, 7.03) and the rounded value
             # never exceeds the bound (the reference clips, as Paddle does; tests check equality).
-            if recip is not None:  # the bf16 block widens to float32 exactly inside the multiply
-                np.multiply(w3[e, r0:r1], rows_of(recip, e, r0, r1), out=f, dtype=np.float32)
+            if recip is not None:
+                # bf16 -> float32 is exact: its bits are the float's upper half. Widening the raw bits
+                # (a SIMD integer cast and shift) runs ~1.2x faster than letting the multiply cast
+                # each bf16 through ml_dtypes; the product and rounding are the same.
+                x = f.view(np.uint32)
+                np.copyto(x, bits16[e, r0:r1])
+                np.left_shift(x, 16, out=x)
+                np.multiply(f, rows_of(recip, e, r0, r1), out=f)
                 np.rint(f, out=q[e, r0:r1], casting="unsafe")
                 continue
             np.divide(w3[e, r0:r1], rows_of(s3, e, r0, r1), out=f, dtype=np.float32)
