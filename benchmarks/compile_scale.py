@@ -6,6 +6,11 @@ under a temp dir that is deleted after) and, for each, in one run:
 
 - `cp -r` of the folder (the peer): run once untimed to warm the page cache, then `sync`
   (untimed) and the best of 3 timed copies (/usr/bin/time %M for its peak RSS);
+- in two regimes (--cache): `hot`, the checkpoint in the page cache (the strict peer: cp runs at
+  memory speed, so compile's CPU work shows), and `disk` (`... from disk`), the checkpoint's files
+  dropped from the page cache before each timed cp and compile (`evict`: sync, then
+  posix_fadvise DONTNEED, no privilege needed), as for a checkpoint larger than RAM or read
+  for the first time; every run is compared with cp in its own regime;
 - `ernie-ir compile DIR --target cuda --quant wint8mix` and `--target ascend --quant wint8mix`,
   each cold (its own empty cache of source digests: the source is hashed) and again with the
   digests the cold run remembered (`... (digests kept)`: an unchanged checkpoint compiled again),
@@ -25,7 +30,8 @@ ratio to the rank weight bytes. --profile: cProfile one more cuda compile of the
 checkpoint (compile_model in its own process: top 25 by cumulative time).
 
     python benchmarks/compile_scale.py [--sizes 1,2.5] [--hidden 2048] [--targets cuda,ascend]
-                                       [--repeat 2] [--dir DIR] [--profile] [--json]
+                                       [--cache hot,disk] [--repeat 2] [--dir DIR] [--profile]
+                                       [--json]
     python benchmarks/compile_scale.py --quick   # 0.15 and 0.4 GB, hidden 1024: < 1 min
 
 Goal (issue 11): RSS bounded by a constant plus the largest tensor (independent of the checkpoint
@@ -67,6 +73,10 @@ PROFILE_LINES = 25
 GOAL_CP_RATIO = 3.0
 WARM = " (digests kept)"
 """Suffix of the runs whose source digests an earlier compile remembered (a cold run clears them)."""
+DISK = " from disk"
+"""Suffix of the runs (cp's too) that read the checkpoint from the disk: its files are dropped from
+the page cache before each (`evict`). The others read it from the page cache."""
+CACHES = {"hot": "", "disk": DISK}
 EXECUTABLES = {"rank0 weights": "rank0/weights.safetensors", "onnx": "inference/onnx",
                "paddle": "inference/paddle"}
 
@@ -168,6 +178,30 @@ def measure_profile(folder: Path, out: Path, stats: Path) -> None:
     prof.dump_stats(str(stats))
 
 
+def evict(folder: Path) -> None:
+    """Drop `folder`'s files from the page cache (after a sync, so that their pages are clean):
+    the next read comes from the disk, as it does for a checkpoint larger than RAM. Needs no
+    privilege (posix_fadvise DONTNEED on each file), and leaves every other file cached."""
+    os.sync()
+    for p in folder.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def regime(key: str) -> str:
+    """The cp regime ("" or DISK) that a run's key (target + WARM? + DISK?) is compared with."""
+    return DISK if key.endswith(DISK) else ""
+
+
+def base_target(key: str) -> str:
+    """`cuda+onnx (digests kept) from disk` -> `cuda+onnx`."""
+    return key.removesuffix(DISK).removesuffix(WARM)
+
+
 def stored_bytes(path: Path) -> tuple[int, int]:
     """(tensor bytes from the header's data offsets, header bytes incl. its length) of a safetensors file."""
     with open(path, "rb") as f:
@@ -188,7 +222,7 @@ def compile_cmd(ckpt: Path, target: str, out: Path) -> list[str]:
 
 
 def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repeat: int,
-                   profile: bool) -> dict[str, Any]:
+                   profile: bool, caches: list[str]) -> dict[str, Any]:
     """Generate one checkpoint, time cp -r and each target's compile, plan, delete it."""
     cfg = dense_config(gb, hidden)
     ckpt, copy, art = root / "checkpoint", root / "copy", root / "artifact"
@@ -204,24 +238,27 @@ def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repea
     }
     subprocess.run(["cp", "-r", str(ckpt), str(copy)], check=True)  # warm the page cache, untimed
     shutil.rmtree(copy)
-    cp_runs: list[tuple[float, float | None]] = []
-    runs: dict[str, list[dict[str, Any]]] = {t + w: [] for t in targets for w in ("", WARM)}
+    suffixes = [CACHES[c] for c in caches]
+    cp_runs: dict[str, list[tuple[float, float | None]]] = {c: [] for c in suffixes}
+    keys = [t + w + c for c in suffixes for t in targets for w in ("", WARM)]
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in keys}
     errors: dict[str, str] = {}
     digests = root / "digests"  # the compiles' own cache of source digests (source_digests.py)
     for _ in range(repeat):
-        for _ in range(CP_REPEAT):
-            os.sync()
-            wall, rss, _ = timed_child(["cp", "-r", str(ckpt), str(copy)], gnu_time=True)
-            cp_runs.append((wall, rss))
-            shutil.rmtree(copy)
-        for target in (t + w for t in targets for w in ("", WARM)):
+        for c in suffixes:
+            for _ in range(CP_REPEAT):
+                evict(ckpt) if c == DISK else os.sync()
+                wall, rss, _ = timed_child(["cp", "-r", str(ckpt), str(copy)], gnu_time=True)
+                cp_runs[c].append((wall, rss))
+                shutil.rmtree(copy)
+        for target in keys:
             if target in errors:
                 continue
-            if not target.endswith(WARM):
+            if not target.removesuffix(DISK).endswith(WARM):
                 shutil.rmtree(digests, ignore_errors=True)  # cold: the source is hashed
-            os.sync()
+            evict(ckpt) if target.endswith(DISK) else os.sync()
             try:
-                r = sampled_child(compile_cmd(ckpt, target.removesuffix(WARM), art),
+                r = sampled_child(compile_cmd(ckpt, base_target(target), art),
                                   env={"ERNIE_IR_CACHE_DIR": str(digests)})
             except RuntimeError as e:
                 errors[target] = str(e)
@@ -243,8 +280,8 @@ def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repea
             r["stderr"] = r["stderr"].strip()[-2000:]
             runs[target].append(r)
             shutil.rmtree(art)
-    row["cp_s"] = min(w for w, _ in cp_runs)
-    rss = [r for _, r in cp_runs if r is not None]
+    row["cp_s"] = {c: min(w for w, _ in cp_runs[c]) for c in suffixes}
+    rss = [r for c in suffixes for _, r in cp_runs[c] if r is not None]
     row["cp_peak_mb"] = max(rss) if rss else None
     for target in runs:
         if target in errors:
@@ -255,7 +292,7 @@ def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repea
         for k in ("peak_mb", "peak_anon_mb", "peak_file_mb"):
             t[k] = max(r[k] for r in runs[target])
         _, _, out = timed_child([sys.executable, __file__, "--measure-plan", str(ckpt),
-                                 target.removesuffix(WARM).partition("+")[0]])
+                                 base_target(target).partition("+")[0]])
         t["plan"] = json.loads(out)
         cats = t["plan"]["by_category"]
         t["planned_bytes"] = cats["weights"] + cats["lora"]
@@ -273,9 +310,15 @@ def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repea
     return row
 
 
-def _warm_ratio(row: dict[str, Any], target: str) -> str:
-    warm = row["targets"].get(target + WARM, {})
-    return "FAILED" if "seconds" not in warm else f"{warm['seconds'] / row['cp_s']:.1f}x"
+def ratio(row: dict[str, Any], key: str) -> float | None:
+    """A run's seconds over cp's in the same regime (None when it failed or did not run)."""
+    t = row["targets"].get(key, {})
+    return t["seconds"] / row["cp_s"][regime(key)] if "seconds" in t else None
+
+
+def _ratio_text(row: dict[str, Any], key: str) -> str:
+    r = ratio(row, key)
+    return "FAILED" if r is None else f"{r:.1f}x"
 
 
 def _gb(b: float) -> str:
@@ -287,17 +330,18 @@ def time_table(rows: list[dict[str, Any]], base: dict[str, Any]) -> str:
     for r in rows:
         name, gb = f"{r['ckpt_bytes'] / 1e9:.2f} GB", r["ckpt_bytes"] / 1e9
         cp_rss = "-" if r["cp_peak_mb"] is None else f"{r['cp_peak_mb']:.1f} MB"
-        body.append([name, "cp -r (peer)", f"{r['cp_s']:.2f}", f"{gb / r['cp_s']:.2f}", "1.00x", cp_rss, "-",
-                     "-", "-", "-"])
+        for c, cp_s in r["cp_s"].items():
+            body.append([name, f"cp -r (peer){c}", f"{cp_s:.2f}", f"{gb / cp_s:.2f}", "1.00x", cp_rss, "-",
+                         "-", "-", "-"])
         for target, t in r["targets"].items():
             label = f"compile {target} {QUANT}"
             if "error" in t:
                 body.append([name, label, "FAILED"] + ["-"] * 7)
                 continue
-            ratio = t["seconds"] / r["cp_s"]
+            over_cp = t["seconds"] / r["cp_s"][regime(target)]
             body.append([
                 name, label, f"{t['seconds']:.2f}", f"{gb / t['seconds']:.2f}",
-                f"{ratio:.1f}x" + ("" if ratio <= GOAL_CP_RATIO else " ✗"), f"{t['peak_mb']:.0f} MB",
+                f"{over_cp:.1f}x" + ("" if over_cp <= GOAL_CP_RATIO else " ✗"), f"{t['peak_mb']:.0f} MB",
                 f"{t['peak_mb'] - base['baseline_mb']:.0f} MB",
                 f"{t['peak_anon_mb'] - base['baseline_anon_mb']:.0f} MB",
                 f"{t['peak_file_mb'] - base['baseline_file_mb']:.0f} MB",
@@ -340,6 +384,9 @@ def main() -> None:
                              "executable, e.g. cuda+onnx")
     parser.add_argument("--repeat", type=int, default=2,
                         help="timed compiles per target and checkpoint (best of; default 2)")
+    parser.add_argument("--cache", default="hot,disk",
+                        help="where the checkpoint is read from: hot (the page cache), disk (dropped "
+                             "from the page cache before each timed run) or both (default hot,disk)")
     parser.add_argument("--quick", action="store_true",
                         help="0.15 and 0.4 GB, hidden 1024, one repeat (< 1 min)")
     parser.add_argument("--profile", action="store_true",
@@ -364,12 +411,15 @@ def main() -> None:
     if args.quick:
         sizes, args.hidden, args.repeat = [0.15, 0.4], min(args.hidden, 1024), 1
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    caches = [c.strip() for c in args.cache.split(",") if c.strip()]
+    if not caches or any(c not in CACHES for c in caches):
+        parser.error(f"--cache {args.cache!r}: choose hot, disk or hot,disk")
     _, base_rss, out = timed_child([sys.executable, __file__, "--measure-baseline"], gnu_time=True)
     base = json.loads(out)
     root = Path(tempfile.mkdtemp(prefix="ernie-ir-compile-", dir=args.dir))
     try:
         rows = [run_checkpoint(root, gb, args.hidden, targets, max(1, args.repeat),
-                               args.profile and i == len(sizes) - 1) for i, gb in enumerate(sizes)]
+                               args.profile and i == len(sizes) - 1, caches) for i, gb in enumerate(sizes)]
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -407,19 +457,21 @@ def main() -> None:
 
     parts = []
     small = rows[0]
+    suffixes = [CACHES[c] for c in caches]
     for target in targets:
-        tb, ts = big["targets"][target], small["targets"][target]
-        if "error" in tb or "error" in ts:
+        if any("error" in r["targets"][target + c] for r in (small, big) for c in suffixes):
             parts.append(f"{target} FAILED")
             continue
-        over = [r["targets"][target]["peak_mb"] - base["baseline_mb"] for r in (small, big)]
+        times = ", ".join(
+            f"{_ratio_text(big, target + c)} cp -r{c} ({_ratio_text(big, target + WARM + c)} with the source "
+            f"digests kept; {_ratio_text(small, target + c)} at {small['ckpt_bytes'] / 1e9:.2f} GB)"
+            for c in suffixes)
+        tb = big["targets"][target + suffixes[0]]
+        over = [r["targets"][target + suffixes[0]]["peak_mb"] - base["baseline_mb"] for r in (small, big)]
         parts.append(
-            f"{target} {tb['seconds'] / big['cp_s']:.1f}x cp -r at {big['ckpt_bytes'] / 1e9:.2f} GB "
-            f"({_warm_ratio(big, target)} with the source digests kept; "
-            f"{ts['seconds'] / small['cp_s']:.1f}x at {small['ckpt_bytes'] / 1e9:.2f} GB; goal "
-            f"{GOAL_CP_RATIO:.0f}x), peak RSS {tb['peak_mb'] * 2**20 / big['ckpt_bytes']:.2f}x the "
-            f"checkpoint, over base {over[0]:.0f} -> {over[1]:.0f} MB for "
-            f"{big['ckpt_bytes'] / small['ckpt_bytes']:.1f}x the bytes "
+            f"{target} at {big['ckpt_bytes'] / 1e9:.2f} GB: {times}; goal {GOAL_CP_RATIO:.0f}x; peak RSS "
+            f"{tb['peak_mb'] * 2**20 / big['ckpt_bytes']:.2f}x the checkpoint, over base {over[0]:.0f} -> "
+            f"{over[1]:.0f} MB for {big['ckpt_bytes'] / small['ckpt_bytes']:.1f}x the bytes "
             f"({over[1] * 2**20 / big['largest_tensor_bytes']:.1f}x the largest tensor), artifact "
             f"{tb['artifact_bytes'] / tb['exe_bytes']['rank0 weights']:.2f}x the rank weights")
     equal = all(t.get("plan_equal", False) for r in rows for t in r["targets"].values())
