@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
+import threading
 
 import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
 
+import ernie_ir.ir.weights as weights
 from ernie_ir.ir import DType, WeightError
 from ernie_ir.ir.weights import (
     ArraySource,
@@ -217,6 +220,120 @@ def test_the_writer_refuses_a_source_that_lies_about_its_type(tmp_path):
 
     with pytest.raises(WeightError, match=r"source of 'x' produced float16\[2, 2\], declared f32\[2, 2\]"):
         write_safetensors(tmp_path / "w.safetensors", [("x", Liar(np.zeros((2, 2), np.float32)))])
+
+
+# -- the writer's read-ahead ------------------------------------------------------------
+
+class _Recorded(ArraySource):
+    """An ArraySource that logs when it is read (computed) into a shared list."""
+
+    def __init__(self, name: str, array: np.ndarray, log: list[tuple[str, str]]) -> None:
+        super().__init__(array)
+        self.name, self.log = name, log
+
+    def read(self):
+        self.log.append(("read", self.name))
+        return super().read()
+
+
+def _write_logged(path, sizes, log, monkeypatch, budget, on_tensor=None):
+    """write_safetensors of uint8 tensors t0, t1, ... of `sizes` bytes, logging each read and
+    each tensor the writer hands back to the read-ahead (("taken", bytes), logged first)."""
+    monkeypatch.setattr(weights, "READ_AHEAD_BYTES", budget)
+    taken = weights._ReadAhead.taken
+
+    def logged_taken(self, nbytes):
+        log.append(("taken", nbytes))
+        taken(self, nbytes)
+
+    monkeypatch.setattr(weights._ReadAhead, "taken", logged_taken)
+    tensors = [(f"t{i}", _Recorded(f"t{i}", np.full(n, i, np.uint8), log)) for i, n in enumerate(sizes)]
+
+    def written(name, done, total):
+        log.append(("written", name))
+        if on_tensor is not None:
+            on_tensor(name, done, total)
+
+    return write_safetensors(path, tensors, on_tensor=written), tensors
+
+
+def _in_flight(log, sizes):
+    """The most tensor bytes read (computed) and not yet handed back, over the log."""
+    size = {f"t{i}": n for i, n in enumerate(sizes)}
+    now = peak = 0
+    for what, item in log:
+        now += size[item] if what == "read" else -item if what == "taken" else 0
+        peak = max(peak, now)
+    return peak
+
+
+def test_the_writer_reads_ahead_within_its_byte_budget(tmp_path, monkeypatch):
+    sizes = [4000, 10, 10, 4000, 10, 3000, 10, 10, 5000, 10]
+    log: list[tuple[str, str]] = []
+    digest, _ = _write_logged(tmp_path / "w.safetensors", sizes, log, monkeypatch, budget=8000)
+    # every tensor read once, in order, before it is written
+    assert [n for w, n in log if w == "read"] == [f"t{i}" for i in range(len(sizes))]
+    assert all(log.index(("read", n)) < log.index(("written", n)) for w, n in log if w == "read")
+    # bounded by the budget plus the largest tensor, whatever the sizes (here it reached
+    # 7050: t3..t7 ride behind t0's write, t8 waits until the budget has room)
+    assert 8000 - 1000 < _in_flight(log, sizes) <= 8000 + max(sizes)
+    # the file holds what was given, and the digest is the file's
+    got = safetensors.numpy.load_file(str(tmp_path / "w.safetensors"))
+    assert all(np.array_equal(got[f"t{i}"], np.full(n, i, np.uint8)) for i, n in enumerate(sizes))
+    assert digest == hashlib.sha256((tmp_path / "w.safetensors").read_bytes()).hexdigest()
+
+
+def test_the_writer_reads_past_small_tensors_while_it_writes(tmp_path, monkeypatch):
+    """With room in the budget the producer is not held to one tensor ahead: when t0 is written
+    it has already read t1..t3 (a lookahead of one would have read only t1)."""
+    sizes = [1000, 10, 10, 1000, 10]
+    log: list[tuple[str, str]] = []
+    seen: dict[str, list[str]] = {}
+    ready = threading.Event()
+
+    class MarksT3(_Recorded):
+        def read(self):
+            arr = super().read()
+            if self.name == "t3":
+                ready.set()
+            return arr
+
+    monkeypatch.setattr(weights, "READ_AHEAD_BYTES", 1 << 20)
+    tensors = [(f"t{i}", (MarksT3 if i == 3 else _Recorded)(f"t{i}", np.full(n, i, np.uint8), log))
+               for i, n in enumerate(sizes)]
+
+    def written(name, done, total):
+        if name == "t0":
+            assert ready.wait(10), "the producer did not run ahead to t3"
+        seen[name] = [n for w, n in log if w == "read"]
+
+    write_safetensors(tmp_path / "w.safetensors", tensors, on_tensor=written)
+    assert seen["t0"][:4] == ["t0", "t1", "t2", "t3"]
+
+
+def test_a_failing_write_stops_the_read_ahead_thread(tmp_path, monkeypatch):
+    log: list[tuple[str, str]] = []
+    before = {t.ident for t in threading.enumerate()}
+
+    def boom(name, done, total):
+        if done == 2:
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        _write_logged(tmp_path / "w.safetensors", [100] * 50, log, monkeypatch, budget=300, on_tensor=boom)
+    left = [t for t in threading.enumerate() if t.ident not in before and t.name == "ernie-ir-produce"]
+    assert not left
+    assert len([1 for w, _ in log if w == "read"]) < 50  # it stopped instead of reading everything
+
+
+def test_a_failing_read_ahead_raises_in_the_writer(tmp_path):
+    class Broken(ArraySource):
+        def read(self):
+            raise WeightError("t1: the disk returned garbage")
+
+    ok = np.zeros(8, np.float32)
+    with pytest.raises(WeightError, match="the disk returned garbage"):
+        write_safetensors(tmp_path / "w.safetensors", [("t0", ok), ("t1", Broken(ok)), ("t2", ok)])
 
 
 # -- lazy derived sources ---------------------------------------------------------------
