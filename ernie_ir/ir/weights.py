@@ -512,7 +512,7 @@ def write_safetensors(
     *,
     require_finite: bool = False,
 ) -> str:
-    """Write tensors to a safetensors file, reading one source at a time; returns the file's sha256.
+    """Write tensors to a safetensors file, streaming from their sources; returns the file's sha256.
 
     The tensors ahead of the one being written are read and computed
     meanwhile on another thread (`_ReadAhead`: quantizing or packing them
