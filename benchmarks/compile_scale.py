@@ -33,6 +33,7 @@ checkpoint (compile_model in its own process: top 25 by cumulative time).
                                        [--cache hot,disk] [--repeat 2] [--dir DIR] [--profile]
                                        [--json]
     python benchmarks/compile_scale.py --quick   # 0.15 and 0.4 GB, hidden 1024: < 1 min
+    python benchmarks/compile_scale.py --sizes 5,10   # past the dirty-page limit: ~15 min, ~30 GB of disk
 
 Goal (issue 11): RSS bounded by a constant plus the largest tensor (independent of the checkpoint
 bytes) and time within 3x of cp -r, on cuda and on ascend.
