@@ -193,6 +193,14 @@ def evict(folder: Path) -> None:
                 os.close(fd)
 
 
+def settle(folder: Path, suffix: str) -> None:
+    """Before a timed run: sync, and in the disk regime (`suffix` DISK) also `evict` the folder."""
+    if suffix == DISK:
+        evict(folder)
+    else:
+        os.sync()
+
+
 def regime(key: str) -> str:
     """The cp regime ("" or DISK) that a run's key (target + WARM? + DISK?) is compared with."""
     return DISK if key.endswith(DISK) else ""
@@ -248,7 +256,7 @@ def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repea
     for _ in range(repeat):
         for c in suffixes:
             for _ in range(CP_REPEAT):
-                evict(ckpt) if c == DISK else os.sync()
+                settle(ckpt, c)
                 wall, rss, _ = timed_child(["cp", "-r", str(ckpt), str(copy)], gnu_time=True)
                 cp_runs[c].append((wall, rss))
                 shutil.rmtree(copy)
@@ -257,7 +265,7 @@ def run_checkpoint(root: Path, gb: float, hidden: int, targets: list[str], repea
                 continue
             if not target.removesuffix(DISK).endswith(WARM):
                 shutil.rmtree(digests, ignore_errors=True)  # cold: the source is hashed
-            evict(ckpt) if target.endswith(DISK) else os.sync()
+            settle(ckpt, regime(target))
             try:
                 r = sampled_child(compile_cmd(ckpt, base_target(target), art),
                                   env={"ERNIE_IR_CACHE_DIR": str(digests)})
