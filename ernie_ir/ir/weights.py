@@ -294,19 +294,32 @@ class SafetensorsFile:
         and are faulted back in on the next access, so arrays still viewing them stay valid; the
         point is that a streaming writer's resident memory stays bounded by the tensor it holds,
         not by the checkpoint it has read."""
+        touched, self._touched = self._touched, []
+        for start, end in touched:
+            self._drop(start, end)
+
+    def release_array(self, array: np.ndarray) -> None:
+        """Drop the pages of `array` (C-contiguous) if it views this file's map: a tensor written
+        as it is stored faults its pages back in after `release_pages`, when it is hashed and
+        written, and nothing else would drop them again."""
+        if self._mmap is None or not array.flags.c_contiguous:
+            return
+        start = array.__array_interface__["data"][0] - self._mmap.__array_interface__["data"][0]
+        if start >= 0 and start + array.nbytes <= self._mmap.size:
+            self._drop(start, start + array.nbytes)
+
+    def _drop(self, start: int, end: int) -> None:
+        """madvise(DONTNEED) the pages of data bytes [start, end) (whole pages, rounded outward)."""
         mm = getattr(self._mmap, "_mmap", None)
-        if mm is None or not hasattr(mm, "madvise") or not self._touched:
-            self._touched.clear()
+        if mm is None or not hasattr(mm, "madvise"):
             return
         base = self._data_start - self._data_start % mmap.ALLOCATIONGRANULARITY  # np.memmap's map start
-        for start, end in self._touched:
-            lo = self._data_start + start - base
-            lo -= lo % mmap.PAGESIZE
-            hi = min(self._data_start + end - base, len(mm))
-            if hi > lo:
-                with contextlib.suppress(OSError, ValueError):
-                    mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-        self._touched.clear()
+        lo = self._data_start + start - base
+        lo -= lo % mmap.PAGESIZE
+        hi = min(self._data_start + end - base, len(mm))
+        if hi > lo:
+            with contextlib.suppress(OSError, ValueError):
+                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 _OPEN_FILES: weakref.WeakSet[SafetensorsFile] = weakref.WeakSet()
@@ -316,6 +329,13 @@ def release_mapped_pages() -> None:
     """`release_pages` of every open safetensors file (called by writers between tensors)."""
     for f in list(_OPEN_FILES):
         f.release_pages()
+
+
+def release_mapped_array(array: np.ndarray) -> None:
+    """`release_array` of every open safetensors file (a writer calls it once it has written
+    `array`, for the tensors it writes straight from the map)."""
+    for f in list(_OPEN_FILES):
+        f.release_array(array)
 
 
 class SafetensorsSource(WeightSource):
@@ -560,6 +580,7 @@ def write_safetensors(
             hashing = _HASHER.submit(digest.update, view)
             write_buffer(f, view)
             hashing.result()
+            release_mapped_array(data)
             del data, view
             ahead.taken(p.end - p.start)
             if on_tensor is not None:
