@@ -23,8 +23,9 @@ under a temp dir that is deleted after) and, for each, in one run:
   rank0/weights.safetensors (from its header's data offsets, as tests/planning do; the file
   adds its header): they must be equal.
 
-Reported: seconds and compile / cp; peak RSS, over the baseline (a process that imports what
-the CLI's compile imports, Paddle included) and per checkpoint byte; the bytes written per
+Reported: seconds and compile / cp; peak RSS, over the base (the peak of the same compile of a
+one-layer 40 MB checkpoint: the imports and code paths with next to nothing to stream) and per
+checkpoint byte; the bytes written per
 executable (rank0 weights, inference/onnx, inference/paddle; links are not counted) and their
 ratio to the rank weight bytes. --profile: cProfile one more cuda compile of the largest
 checkpoint (compile_model in its own process: top 25 by cumulative time).
@@ -58,7 +59,6 @@ from typing import Any
 import numpy as np
 from meta_pipeline import RssSampler, tree_bytes
 from split_scale import (
-    _status_kb,
     _table,
     dense_config,
     profile_top,
@@ -143,18 +143,24 @@ def sampled_child(cmd: list[str], env: dict[str, str] | None = None) -> dict[str
             "peak_file_mb": peaks["RssFile"] / 1024, "stdout": stdout, "stderr": stderr}
 
 
-def measure_baseline() -> dict[str, Any]:
-    """Run in a fresh process: RSS after the imports of the CLI's compile (Paddle included)."""
-    start = time.perf_counter()
-    import ernie_ir.cli.app
-    import ernie_ir.targets.compile  # noqa: F401
-    from ernie_ir.targets.emit_paddle import paddle_available
+BASELINE_HIDDEN = 512
+"""The base checkpoint: one layer of hidden 512 (about 40 MB, 33 MB of it the embedding)."""
 
-    paddle = paddle_available()
-    return {"import_s": time.perf_counter() - start, "baseline_mb": _status_kb("VmRSS") / 1024,
-            "baseline_anon_mb": _status_kb("RssAnon") / 1024,
-            "baseline_file_mb": _status_kb("RssFile") / 1024,
-            "paddle": paddle}
+
+def measure_baseline(root: Path) -> dict[str, Any]:
+    """The peak RSS of compiling a one-layer checkpoint (BASELINE_HIDDEN) per target, measured
+    as the real runs are (`sampled_child`): the same imports and code paths with next to nothing
+    to stream, so that a run's peak over it is what streaming its checkpoint costs."""
+    ckpt = root / "base-checkpoint"
+    write_checkpoint(ckpt, dense_config(0.0, BASELINE_HIDDEN))
+    out = {"bytes": sum(tree_bytes(ckpt).values())}
+    for target in TARGETS:
+        r = sampled_child(compile_cmd(ckpt, target, root / "baseline"))
+        shutil.rmtree(root / "baseline")
+        out[target] = {"seconds": r["seconds"], "baseline_mb": r["peak_mb"],
+                       "baseline_anon_mb": r["peak_anon_mb"], "baseline_file_mb": r["peak_file_mb"]}
+    shutil.rmtree(ckpt)
+    return out
 
 
 def measure_plan(folder: Path, target: str) -> dict[str, Any]:
@@ -334,7 +340,7 @@ def _gb(b: float) -> str:
     return f"{b / 1e9:.3f}"
 
 
-def time_table(rows: list[dict[str, Any]], base: dict[str, Any]) -> str:
+def time_table(rows: list[dict[str, Any]], bases: dict[str, dict[str, Any]]) -> str:
     body = []
     for r in rows:
         name, gb = f"{r['ckpt_bytes'] / 1e9:.2f} GB", r["ckpt_bytes"] / 1e9
@@ -348,6 +354,7 @@ def time_table(rows: list[dict[str, Any]], base: dict[str, Any]) -> str:
                 body.append([name, label, "FAILED"] + ["-"] * 7)
                 continue
             over_cp = t["seconds"] / r["cp_s"][regime(target)]
+            base = bases[base_target(target).partition("+")[0]]
             body.append([
                 name, label, f"{t['seconds']:.2f}", f"{gb / t['seconds']:.2f}",
                 f"{over_cp:.1f}x" + ("" if over_cp <= GOAL_CP_RATIO else " ✗"), f"{t['peak_mb']:.0f} MB",
@@ -404,7 +411,6 @@ def main() -> None:
                         help="where to write the checkpoints (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     parser.add_argument("--measure-plan", nargs=2, help=argparse.SUPPRESS)
-    parser.add_argument("--measure-baseline", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--measure-profile", nargs=3, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure_plan is not None:
@@ -413,9 +419,6 @@ def main() -> None:
     if args.measure_profile is not None:
         measure_profile(*args.measure_profile)
         return
-    if args.measure_baseline:
-        print(json.dumps(measure_baseline()))
-        return
     sizes = [float(s) for s in args.sizes.split(",")]
     if args.quick:
         sizes, args.hidden, args.repeat = [0.15, 0.4], min(args.hidden, 1024), 1
@@ -423,10 +426,9 @@ def main() -> None:
     caches = [c.strip() for c in args.cache.split(",") if c.strip()]
     if not caches or any(c not in CACHES for c in caches):
         parser.error(f"--cache {args.cache!r}: choose hot, disk or hot,disk")
-    _, base_rss, out = timed_child([sys.executable, __file__, "--measure-baseline"], gnu_time=True)
-    base = json.loads(out)
     root = Path(tempfile.mkdtemp(prefix="ernie-ir-compile-", dir=args.dir))
     try:
+        bases = measure_baseline(root)
         rows = [run_checkpoint(root, gb, args.hidden, targets, max(1, args.repeat),
                                args.profile and i == len(sizes) - 1, caches) for i, gb in enumerate(sizes)]
     finally:
@@ -438,12 +440,12 @@ def main() -> None:
                       f"(generated in {r['write_s']:.1f} s)" for r in rows)
           + f"; largest tensor {big['largest_tensor_bytes'] / 1e6:.0f} MB; --quant {QUANT}, single rank; "
           f"compile: best of {max(1, args.repeat)}, cp: best of {CP_REPEAT * max(1, args.repeat)}")
-    print(time_table(rows, base))
+    print(time_table(rows, bases))
     print(f"(seconds: the CLI process, wall; peak RSS: /usr/bin/time %M; anon / file: RssAnon / RssFile "
-          f"peaks sampled every 10 ms; baseline: a process importing the CLI, compile and Paddle: "
-          f"{base['baseline_mb']:.0f} MB (anon {base['baseline_anon_mb']:.0f}, file "
-          f"{base['baseline_file_mb']:.0f}; /usr/bin/time {base_rss:.0f} MB), imports take "
-          f"{base['import_s']:.1f} s; "
+          f"peaks sampled every 10 ms; base: the peak of compiling a one-layer checkpoint of "
+          f"{bases['bytes'] / 1e6:.0f} MB the same way ("
+          + ", ".join(f"{t} {bases[t]['baseline_mb']:.0f} MB, anon {bases[t]['baseline_anon_mb']:.0f}, file "
+                      f"{bases[t]['baseline_file_mb']:.0f}" for t in TARGETS) + "); "
           f"✗: over the goal of {GOAL_CP_RATIO:.0f}x cp)\n")
     print(bytes_table(rows))
     print("(planned: plan_memory(DIR, target, quant) rank 0 weights + lora; written: tensor bytes in "
@@ -476,7 +478,8 @@ def main() -> None:
             f"digests kept; {_ratio_text(small, target + c)} at {small['ckpt_bytes'] / 1e9:.2f} GB)"
             for c in suffixes)
         tb = big["targets"][target + suffixes[0]]
-        over = [r["targets"][target + suffixes[0]]["peak_mb"] - base["baseline_mb"] for r in (small, big)]
+        over = [r["targets"][target + suffixes[0]]["peak_mb"] - bases[target.partition("+")[0]]["baseline_mb"]
+                for r in (small, big)]
         parts.append(
             f"{target} at {big['ckpt_bytes'] / 1e9:.2f} GB: {times}; goal {GOAL_CP_RATIO:.0f}x; peak RSS "
             f"{tb['peak_mb'] * 2**20 / big['ckpt_bytes']:.2f}x the checkpoint, over base {over[0]:.0f} -> "
@@ -487,7 +490,7 @@ def main() -> None:
     parts.append(f"planned rank weights = written: {'✓' if equal else '✗'}")
     print("\n" + "; ".join(parts))
     if args.json:
-        print(json.dumps({"baseline": base, "checkpoints": rows}, indent=1))
+        print(json.dumps({"baseline": bases, "checkpoints": rows}, indent=1))
 
 
 if __name__ == "__main__":
