@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _cli_kit import cli as run_cli
 
 import ernie_ir  # noqa: F401  (registers the op set)
 from ernie_ir.ir import Graph
@@ -88,32 +89,9 @@ def registered(*classes: type[Pass]) -> Iterator[None]:
             REGISTRY.origins.pop(name, None)
 
 
-@contextlib.contextmanager
-def wide_console() -> Iterator[None]:
-    """Rich tables of the in-process CLI are laid out at 80 columns unless told otherwise."""
-    from ernie_ir.cli import app as cli
-
-    saved = cli.out._width, cli.err._width
-    cli.out._width = cli.err._width = 240
-    try:
-        yield
-    finally:
-        cli.out._width, cli.err._width = saved
-
-
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run `ernie-ir ARGV` in this process: (exit code, stdout, stderr)."""
-    from ernie_ir.cli.app import main
-
-    capsys.readouterr()
-    with wide_console():
-        try:
-            main(list(argv))
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    """`ernie-ir ARGV` in this process, tables 240 columns wide: (exit code, stdout, stderr)."""
+    return run_cli(capsys, *argv, width=240)
 
 
 def run_tool(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None
