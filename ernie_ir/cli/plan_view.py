@@ -22,19 +22,36 @@ def _groups(plan: MemoryPlan) -> list[tuple[str, int]]:
 
 
 def plan_lines(plan: MemoryPlan) -> list[str]:
-    """The plan's headline: model, layout, verdict, search result."""
+    """The plan's headline: model, layout, engine, verdict, search result."""
+    eng = plan.engine_settings
     lines = [f"{plan.model} on {plan.target}"
              + (f" (sm{plan.cuda_arch})" if plan.cuda_arch else "")
              + f", {plan.mode}, quant {plan.quant or 'none'}"
              + (f", LoRA rank {plan.lora_rank}" if plan.lora_rank else "")
-             + f", seq_len {plan.seq_len} x batch {plan.batch}",
+             + (f", seq_len {plan.seq_len} x batch {plan.batch}" if eng is None else ""),
              f"pipeline: {plan.pipeline}",
              f"layout: {plan.devices} device(s), tp {plan.tp}, ep {plan.ep}"]
+    if eng is not None:
+        lines.insert(1, f"engine: fastdeploy, --max-model-len {eng.max_model_len} --max-num-seqs "
+                     f"{eng.max_num_seqs} --gpu-memory-utilization {eng.gpu_memory_utilization:g} "
+                     f"--max-num-batched-tokens {eng.max_num_batched_tokens} (--engine none: the bare model)")
+    elif plan.mode == "inference" and plan.target == "cuda":
+        lines.insert(1, "engine: none (the bare model: all of the device, one prefill of seq_len tokens)")
     verdict = "fits" if plan.fits else "does NOT fit"
-    lines.append(f"{verdict} in {format_bytes(plan.device_memory_bytes)} per device"
+    where = (format_bytes(plan.device_memory_bytes) if eng is None else
+             f"{format_bytes(eng.usable_bytes)} of {format_bytes(plan.device_memory_bytes)} "
+             f"(gpu_memory_utilization {eng.gpu_memory_utilization:g})")
+    lines.append(f"{verdict} in {where} per device"
                  + ("" if plan.device_memory_given else " (default; set --device-memory)")
                  + f": largest rank {format_bytes(plan.max_rank_bytes)}, headroom "
                  + f"{format_bytes(plan.headroom_bytes)}")
+    if eng is not None:
+        kv = min((r.kv_detail for r in plan.per_rank), key=lambda d: d["blocks"])
+        need = "one sequence" if eng.required_sequences == 1 else f"{eng.required_sequences} sequences"
+        lines.append(f"KV cache: {kv['blocks']} blocks of {eng.block_size} tokens after the profile run "
+                     f"(the engine needs {kv['blocks_needed']}: {need} of max_model_len {eng.max_model_len} "
+                     f"+ 2 blocks); they hold {kv['sequences']} sequences of max_model_len, --max-num-seqs "
+                     f"{eng.max_num_seqs}")
     if plan.searched:
         lines.append(f"min_devices: {plan.min_devices}" if plan.min_devices is not None
                      else "min_devices: none of the layouts tried fits")
@@ -58,7 +75,8 @@ def plan_table(plan: MemoryPlan) -> Table:
     ranks = plan.per_rank
     for cat in CATEGORIES:
         if any(ranks[i].by_category.get(cat, 0) for _, i in groups):
-            t.add_row(cat, *(format_bytes(ranks[i].by_category[cat]) for _, i in groups))
+            label = "kv_cache (to start)" if cat == "kv_cache" and plan.engine_settings else cat
+            t.add_row(label, *(format_bytes(ranks[i].by_category[cat]) for _, i in groups))
     t.add_row("total", *(format_bytes(ranks[i].total_bytes) for _, i in groups), style="bold")
     t.add_row("headroom", *(format_bytes(ranks[i].headroom_bytes) for _, i in groups))
     if any(ranks[i].host_bytes for _, i in groups):

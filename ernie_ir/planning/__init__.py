@@ -2,19 +2,33 @@
 
     from ernie_ir.planning import plan_memory
     plan = plan_memory("ernie-4.5-300b-a47b", "cuda", quant="wint4", device_memory="80GiB",
-                       seq_len=32768, batch=8)
-    plan.min_devices, plan.tp, plan.ep, plan.per_rank[0].by_category
+                       seq_len=32768)
+    plan.min_devices, plan.tp, plan.ep, plan.per_rank[0].by_category, plan.per_rank[0].kv_detail
+
+A cuda inference plan models FastDeploy serving it (`engine="fastdeploy"`; `engine="none"`: the
+bare model); see docs/planning.md.
 
 The plan reads the rank graphs `compile` would write (full size, no weights). This package sits
 above `targets` (it builds compile's pipeline) and below `cli`; nothing else imports it.
 """
 
 from .graph_memory import PlanError
-from .plan import CATEGORIES, LayoutTry, MemoryPlan, RankMemory, candidate_layouts, plan_memory
+from .plan import (
+    CATEGORIES,
+    ENGINES,
+    EngineSettings,
+    LayoutTry,
+    MemoryPlan,
+    RankMemory,
+    candidate_layouts,
+    plan_memory,
+)
 from .units import MemorySizeError, format_bytes, parse_memory
 
 __all__ = [
     "CATEGORIES",
+    "ENGINES",
+    "EngineSettings",
     "LayoutTry",
     "MemoryPlan",
     "MemorySizeError",

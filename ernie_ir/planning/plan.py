@@ -12,9 +12,14 @@ from a parameter-count formula. Per rank, by category:
     activations        training: saved for backward + the largest backward working set;
                        inference: the peak live set of one prefill step
     kv_cache           inference: k and v of every attention op for `batch` x `seq_len` tokens
+                       (with the serving engine: the KV blocks it needs to start)
     reserve            a stated constant: CUDA context, library workspaces, communication buffers
 
 With `offload_optimizer`, moments and master weights move to host memory (`host_by_category`).
+A cuda inference plan models the engine that serves it, FastDeploy, by default (`engine`): only
+`gpu_memory_utilization` of the device is its to use, activations are those of its profile run
+over `max_num_batched_tokens` tokens, and it starts only when the KV blocks left hold one
+`max_model_len` sequence plus 2 blocks (REFERENCE.md section 13; docs/planning.md section 4).
 The model behind each figure is docs/planning.md; the JSON (`MemoryPlan.model_dump`) is
 documented there too.
 """
@@ -64,6 +69,18 @@ DEFAULT_RESERVE = 2 * GiB
 """CUDA context and library handles (~0.5-1 GiB on Hopper), cuBLAS/cuDNN workspaces, NCCL
 communicator buffers and allocator fragmentation: one stated constant, not a fitted one."""
 MAX_DEVICES = 64
+ENGINES = ("fastdeploy", "none")
+"""Serving engines a plan can model: FastDeploy (the default for cuda inference) or none (the bare
+compiled model: all of the device, one prefill of `seq_len` tokens, `batch` sequences of KV)."""
+FASTDEPLOY_MAX_NUM_SEQS = 8
+FASTDEPLOY_GPU_MEMORY_UTILIZATION = 0.9
+FASTDEPLOY_MAX_NUM_BATCHED_TOKENS = 8192
+"""FastDeploy's defaults (`fastdeploy/engine/args_utils.py`; 8192 is what an unset
+`max_num_batched_tokens` becomes on GPU under the default V1 scheduler)."""
+FASTDEPLOY_BLOCK_SIZE = 64
+FASTDEPLOY_MAX_BLOCKS = 40000
+"""KV blocks: 64 tokens each, at most 40000 of them per rank."""
+DEFAULT_SEQ_LEN = 4096
 _MOMENT = {"fp32": DType.F32, "f32": DType.F32, "bf16": DType.BF16}
 _KV = {"bf16": DType.BF16, "f16": DType.F16, "fp16": DType.F16, "fp8": DType.F8E4M3,
        "f8e4m3": DType.F8E4M3, "int8": DType.I8, "i8": DType.I8}
@@ -83,11 +100,36 @@ class RankMemory(BaseModel):
     host_bytes: int
     host_by_category: dict[str, int]
     headroom_bytes: int
-    """device memory - total_bytes (negative: does not fit)."""
+    """device memory - total_bytes (negative: does not fit); with the serving engine, its usable
+    memory (device x gpu_memory_utilization) - total_bytes."""
     fits: bool
     activation_detail: dict[str, int | bool]
     """training: saved_bytes, recomputed_bytes, transient_bytes, recompute, layers,
     peak_without_recompute_bytes, peak_with_recompute_bytes; inference: prefill_tokens."""
+    kv_detail: dict[str, int] = {}
+    """With the serving engine: block_bytes (one 64-token block on this rank), blocks_per_sequence
+    (of max_model_len), blocks_needed (to start), blocks (what the memory left after the profile
+    holds, capped at 40000), sequences (of max_model_len those blocks hold). Empty otherwise."""
+
+
+class EngineSettings(BaseModel):
+    """The serving engine a plan models, with the values of its flags (FastDeploy's names)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["fastdeploy"] = "fastdeploy"
+    max_model_len: int
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    max_num_batched_tokens: int
+    """Tokens of the profile run whose activation peak the engine sets aside."""
+    block_size: int = FASTDEPLOY_BLOCK_SIZE
+    max_blocks: int = FASTDEPLOY_MAX_BLOCKS
+    required_sequences: int
+    """Sequences of `max_model_len` the KV blocks must hold (+ 2 blocks) for the plan to fit: 1,
+    FastDeploy's own start check, or `--batch` where given."""
+    usable_bytes: int = 0
+    """device memory x gpu_memory_utilization: the budget every rank's total is held to."""
 
 
 class LayoutTry(BaseModel):
@@ -104,7 +146,7 @@ class LayoutTry(BaseModel):
 
 
 class MemoryPlan(BaseModel):
-    """The answer of `plan_memory`; its JSON (`model_dump(mode="json")`) is docs/planning.md section 5."""
+    """The answer of `plan_memory`; its JSON (`model_dump(mode="json")`) is docs/planning.md section 6."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -118,6 +160,9 @@ class MemoryPlan(BaseModel):
     lora_rank: int | None
     seq_len: int
     batch: int
+    engine: Literal["fastdeploy", "none"] = "none"
+    engine_settings: EngineSettings | None = None
+    """The engine's flags and usable memory (None: `engine` none)."""
     pipeline: str
     tp: int
     ep: int
@@ -146,27 +191,40 @@ class MemoryPlan(BaseModel):
 
 def plan_memory(model: str, target: str, quant: str | None = None, tp: int | None = None,
                 ep: int | None = None, mode: str = "inference", lora_rank: int | None = None,
-                seq_len: int = 4096, batch: int = 1, offload_optimizer: bool = False,
+                seq_len: int | None = None, batch: int | None = None, offload_optimizer: bool = False,
                 recompute: bool = False, device_memory: int | str | None = None, *,
                 cuda_arch: int = DEFAULT_CUDA_ARCH, lora_alpha: float | None = None,
                 lora_targets: Sequence[str] | None = None, quant_config: Path | None = None,
                 moment_dtype: str = "fp32", master_weights: bool = True,
                 kv_cache_dtype: str | None = None, prefill_tokens: int | None = None,
                 reserve: int | str = DEFAULT_RESERVE, capacity_factor: float = 1.0,
-                max_devices: int = MAX_DEVICES) -> MemoryPlan:
+                max_devices: int = MAX_DEVICES, engine: str | None = None,
+                max_model_len: int | None = None, max_num_seqs: int | None = None,
+                gpu_memory_utilization: float | None = None,
+                max_num_batched_tokens: int | None = None) -> MemoryPlan:
     """Plan the per-rank memory of `model` compiled for `target` (see the module docstring).
 
     model: a checkpoint folder (config.json only is read), a built-in name (`NAME`, `NAME@meta`,
     `NAME@tiny`), an .ir file / graph folder, or a compiled artifact (its rank graphs; then
     quant, LoRA and tp/ep come from the artifact and must not be given). device_memory: bytes or
     a string (`80GiB`); with it and neither tp nor ep, layouts are searched from 1 device up
-    (docs/planning.md section 4) and the plan is that of the smallest one that fits (or of the
+    (docs/planning.md section 5) and the plan is that of the smallest one that fits (or of the
     largest tried, with min_devices None). Errors are ErnieIRError subclasses (one line).
+
+    engine: "fastdeploy" (the default for cuda inference) or "none" (the default elsewhere; the
+    bare model). Under FastDeploy, max_model_len (default: seq_len, 4096), max_num_seqs (8),
+    gpu_memory_utilization (0.9) and max_num_batched_tokens (8192) are its flags; batch, where
+    given, is the number of max_model_len sequences the KV blocks must hold (default 1, the
+    engine's own start check). seq_len and batch default to 4096 and 1.
     """
-    opts = _Options.make(mode=mode, seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer,
+    opts = _Options.make(mode=mode, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len,
+                         batch=1 if batch is None else batch, offload_optimizer=offload_optimizer,
                          recompute=recompute, moment_dtype=moment_dtype, master_weights=master_weights,
                          kv_cache_dtype=kv_cache_dtype, prefill_tokens=prefill_tokens, reserve=reserve,
                          capacity_factor=capacity_factor)
+    serving = dict(engine=engine, seq_len=seq_len, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                   gpu_memory_utilization=gpu_memory_utilization,
+                   max_num_batched_tokens=max_num_batched_tokens, prefill_tokens=prefill_tokens)
     given = device_memory is not None
     memory = (parse_memory(device_memory) if isinstance(device_memory, str)
               else int(device_memory) if device_memory is not None else DEFAULT_DEVICE_MEMORY)
@@ -178,11 +236,12 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
         if any(x is not None for x in (quant, tp, ep, lora_rank, quant_config)):
             raise PlanError(f"{model} is a compiled artifact: its quantization, LoRA and layout are fixed; "
                             "drop --quant/--lora-rank/--tp/--ep (or plan its source model)")
-        return _plan_artifact(model, target, opts, memory, given)
+        return _plan_artifact(model, target, opts, memory, given, serving)
     for flag, degree in (("--tp", tp), ("--ep", ep)):
         if degree is not None and degree < 1:
             raise PlanError(f"{flag} {degree}: a parallel degree is a positive integer")
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp or 1, ep or 1)
+    opts = _with_engine(opts, tgt.name, **serving)
     targets = list(lora_targets) if lora_targets else None
     quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, targets, None)
     quant_name = None if quant is None or quant.strip().lower() in NO_QUANT else resolve_quant_name(quant)
@@ -259,6 +318,7 @@ class _Options(BaseModel):
     prefill_tokens: int
     reserve: int
     capacity_factor: float
+    engine: EngineSettings | None = None
 
     @classmethod
     def make(cls, *, mode: str, seq_len: int, batch: int, offload_optimizer: bool, recompute: bool,
@@ -293,6 +353,53 @@ class _Options(BaseModel):
         return cls(mode=mode, seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer,
                    recompute=recompute, moment=moment, master_weights=master_weights, kv_dtype=kv,
                    prefill_tokens=prefill_tokens or seq_len, reserve=res, capacity_factor=capacity_factor)
+
+
+def _with_engine(opts: _Options, target: str, engine: str | None, seq_len: int | None,
+                 max_model_len: int | None, max_num_seqs: int | None, gpu_memory_utilization: float | None,
+                 max_num_batched_tokens: int | None, prefill_tokens: int | None) -> _Options:
+    """`opts` with the serving engine resolved: FastDeploy by default for cuda inference (its flags
+    checked and defaulted; `seq_len` becomes max_model_len, the prefill its profile run's tokens),
+    none elsewhere, where the engine's flags are refused."""
+    applies = target == "cuda" and opts.mode == "inference"
+    name = ("fastdeploy" if applies else "none") if engine is None else engine.strip().lower()
+    if name not in ENGINES:
+        raise PlanError(f"--engine {engine!r}: choose fastdeploy (cuda inference) or none (the bare model)")
+    flags = {"--max-model-len": max_model_len, "--max-num-seqs": max_num_seqs,
+             "--gpu-memory-utilization": gpu_memory_utilization,
+             "--max-num-batched-tokens": max_num_batched_tokens}
+    if name == "none":
+        flag = next((f for f, v in flags.items() if v is not None), None)
+        if flag is not None:
+            why = "--engine none" if applies else ("--mode training" if opts.mode == "training"
+                                                   else f"--target {target}")
+            raise PlanError(f"{flag} is FastDeploy's flag and does not apply with {why}: drop it "
+                            "(the bare model is sized by --seq-len and --batch)")
+        return opts
+    if not applies:
+        where = "--mode training" if opts.mode == "training" else f"--target {target}"
+        raise PlanError(f"--engine fastdeploy models FastDeploy serving on cuda, not {where}: drop --engine "
+                        "(or give --engine none)")
+    if prefill_tokens is not None:
+        raise PlanError("prefill_tokens does not apply under --engine fastdeploy: its profile run's "
+                        "max_num_batched_tokens sets the activations; give that instead")
+    if max_model_len is not None and seq_len is not None and max_model_len != seq_len:
+        raise PlanError(f"--seq-len {seq_len} and --max-model-len {max_model_len} disagree: under --engine "
+                        "fastdeploy they are one number; give one of them")
+    mml = opts.seq_len if max_model_len is None else max_model_len
+    seqs = FASTDEPLOY_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
+    util = FASTDEPLOY_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
+    tokens = FASTDEPLOY_MAX_NUM_BATCHED_TOKENS if max_num_batched_tokens is None else max_num_batched_tokens
+    for flag, value, cap in (("--max-model-len", mml, 1 << 24), ("--max-num-seqs", seqs, 1 << 20),
+                             ("--max-num-batched-tokens", tokens, 1 << 24)):
+        if not 1 <= value <= cap:
+            raise PlanError(f"{flag} {value}: must be a positive integer of at most {cap}")
+    if not 0 < util <= 1:  # also refuses nan
+        raise PlanError(f"--gpu-memory-utilization {util}: the fraction of each device the engine may use, "
+                        "in (0, 1], e.g. 0.9")
+    settings = EngineSettings(max_model_len=mml, max_num_seqs=seqs, gpu_memory_utilization=util,
+                              max_num_batched_tokens=tokens, required_sequences=opts.batch)
+    return opts.model_copy(update={"seq_len": mml, "prefill_tokens": tokens, "engine": settings})
 
 
 def _is_artifact(model: str) -> bool:
@@ -368,7 +475,8 @@ def _type_key(g: Graph) -> tuple[Any, ...]:
             tuple((n.op, n.scope, tuple(o.type for o in n.outputs)) for n in g))
 
 
-def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: bool) -> MemoryPlan:
+def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: bool,
+                   serving: dict[str, Any]) -> MemoryPlan:
     from ernie_ir.artifacts import artifact_mapping, verify_artifact
 
     manifest = verify_artifact(model)
@@ -380,6 +488,7 @@ def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: 
     if manifest.get("mode") != opts.mode:
         raise PlanError(f"{model} is a {manifest.get('mode')} artifact: plan it with --mode "
                         f"{manifest.get('mode')} (or plan its source model)")
+    opts = _with_engine(opts, str(manifest.get("target")), **serving)
     plan_meta = ranks[0].metadata.get("kernel_plan", {}) or {}
     head = dict(model=model, target=str(manifest.get("target")), cuda_arch=plan_meta.get("cuda_arch"),
                 quant=(ranks[0].metadata.get("quantization") or {}).get("name"), mode=opts.mode,
@@ -436,8 +545,21 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
             "kv_cache_tokens": opts.batch * opts.seq_len, "prefill_tokens": opts.prefill_tokens,
             "logits": "last position of each sequence only",
         })
+        if opts.engine is not None:
+            assumptions.update({
+                "engine": "FastDeploy: usable = device x gpu_memory_utilization; the reserve, weights and "
+                          "the activation peak of a profile run over max_num_batched_tokens tokens come "
+                          "first; the KV blocks left must hold required_sequences of max_model_len + 2 "
+                          "blocks (at most 40000 blocks)",
+            })
+            if any(r.kv_detail["blocks_needed"] > opts.engine.max_blocks for r in per_rank):
+                notes = [*notes, f"max_model_len {opts.seq_len} needs more than FastDeploy's "
+                         f"{opts.engine.max_blocks} KV blocks per rank: it cannot start on any memory"]
+    engine = (opts.engine.model_copy(update={"usable_bytes": _usable(opts, memory)})
+              if opts.engine is not None else None)
     return MemoryPlan(
-        **head, seq_len=opts.seq_len, batch=opts.batch, pipeline=pipeline, tp=tp, ep=ep,
+        **head, seq_len=opts.seq_len, batch=opts.batch, engine="fastdeploy" if engine else "none",
+        engine_settings=engine, pipeline=pipeline, tp=tp, ep=ep,
         devices=len(ranks), device_memory_bytes=memory, device_memory_given=given,
         fits=all(m.fits for m in per_rank), headroom_bytes=min(m.headroom_bytes for m in per_rank),
         max_rank_bytes=worst.total_bytes, min_devices=None, searched=False, search=[],
@@ -455,6 +577,7 @@ def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memor
         cats["lora" if p.name in lora else "weights"] += b
         by_dtype[str(p.type.dtype)] = by_dtype.get(str(p.type.dtype), 0) + b
     detail: dict[str, int | bool] = {}
+    kv_detail: dict[str, int] = {}
     facts = GraphFacts(g, trainable)
     if opts.mode == "training":
         for name in trainable:
@@ -475,8 +598,18 @@ def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memor
                   "peak_without_recompute_bytes": both[False].peak_bytes,
                   "peak_with_recompute_bytes": both[True].peak_bytes}
     else:
-        cats["activations"] = inference_peak(g, facts, opts.prefill_tokens, opts.batch, opts.capacity_factor)
-        cats["kv_cache"] = kv_cache_bytes(g, opts.seq_len, opts.batch, opts.kv_dtype)
+        eng = opts.engine
+        # the engine's profile run computes logits for up to max_num_seqs sequences
+        rows = eng.max_num_seqs if eng is not None else opts.batch
+        cats["activations"] = inference_peak(g, facts, opts.prefill_tokens, rows, opts.capacity_factor)
+        if eng is None:
+            cats["kv_cache"] = kv_cache_bytes(g, opts.seq_len, opts.batch, opts.kv_dtype)
+        else:
+            block = kv_cache_bytes(g, eng.block_size, 1, opts.kv_dtype)
+            per_sequence = -(-eng.max_model_len // eng.block_size)
+            needed = eng.required_sequences * per_sequence + 2
+            cats["kv_cache"] = needed * block
+            kv_detail = {"block_bytes": block, "blocks_per_sequence": per_sequence, "blocks_needed": needed}
         detail = {"prefill_tokens": opts.prefill_tokens}
     cats["reserve"] = opts.reserve
     host = dict.fromkeys(HOST_CATEGORIES, 0)
@@ -484,7 +617,21 @@ def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memor
         for c in HOST_CATEGORIES:
             host[c], cats[c] = cats[c], 0
     total = sum(cats.values())
+    budget = _usable(opts, memory)
+    fits = total <= budget
+    if opts.engine is not None:
+        # what the engine allocates: every block the memory left after the profile holds
+        left = budget - (total - cats["kv_cache"])
+        block = kv_detail["block_bytes"]
+        blocks = min(max(left, 0) // block if block else opts.engine.max_blocks, opts.engine.max_blocks)
+        kv_detail.update(blocks=blocks, sequences=blocks // kv_detail["blocks_per_sequence"])
+        fits = fits and kv_detail["blocks_needed"] <= opts.engine.max_blocks
     return RankMemory(rank=rank, total_bytes=total, by_category=cats,
                       weights_by_dtype=dict(sorted(by_dtype.items())), host_bytes=sum(host.values()),
-                      host_by_category=host, headroom_bytes=memory - total, fits=total <= memory,
-                      activation_detail=detail)
+                      host_by_category=host, headroom_bytes=budget - total, fits=fits,
+                      activation_detail=detail, kv_detail=kv_detail)
+
+
+def _usable(opts: _Options, memory: int) -> int:
+    """The bytes each rank's total is held to: the device, or the engine's share of it."""
+    return int(memory * opts.engine.gpu_memory_utilization) if opts.engine is not None else memory

@@ -70,6 +70,13 @@ def plan_svg(plan: MemoryPlan, *, width: int = 760, height: int = 420) -> str:
                'stroke-dasharray="6,4"/>')
     out.append(f'<text x="{left + plot_w}" y="{dm - 4:.1f}" text-anchor="end">device memory '
                f'{escape(format_bytes(plan.device_memory_bytes))}</text>')
+    if plan.engine_settings is not None:  # the serving engine's share: what the bars are held to
+        usable, share = plan.engine_settings.usable_bytes, plan.engine_settings.gpu_memory_utilization
+        um = y(usable)
+        out.append(f'<line x1="{left}" y1="{um:.1f}" x2="{left + plot_w}" y2="{um:.1f}" stroke="black" '
+                   'stroke-dasharray="2,3"/>')
+        out.append(f'<text x="{left + plot_w}" y="{um + 12:.1f}" text-anchor="end">fastdeploy usable '
+                   f'{escape(format_bytes(usable))} (x{share:g})</text>')
     for j, cat in enumerate(reversed(used)):
         ly = top + 10 + j * 18
         out.append(f'<rect x="{left + plot_w + 20}" y="{ly - 9}" width="12" height="12" '

@@ -134,13 +134,18 @@ def test_kv_cache_by_hand() -> None:
 
     assert kv_cache_bytes(g, seq_len=100, batch=3, dtype=DType.F8E4M3) == 2 * 2 * 3 * 100 * 16
     # 21B-A3B@tiny: 3 layers, 2 KV heads of 8; tp 2 leaves one KV head per rank
-    plan = plan_memory("ernie-4.5-21b-a3b@tiny", "cuda", tp=2, seq_len=64, batch=5)
+    plan = plan_memory("ernie-4.5-21b-a3b@tiny", "cuda", tp=2, seq_len=64, batch=5, engine="none")
     for r in plan.per_rank:
         assert r.by_category["kv_cache"] == 3 * 2 * 5 * 64 * 1 * 8 * BF16
+    # FastDeploy (the default): blocks of 64 tokens, 5 sequences of one block each + 2 blocks
+    plan = plan_memory("ernie-4.5-21b-a3b@tiny", "cuda", tp=2, seq_len=64, batch=5)
+    for r in plan.per_rank:
+        assert r.kv_detail["block_bytes"] == 3 * 2 * 64 * 1 * 8 * BF16
+        assert r.by_category["kv_cache"] == (5 * 1 + 2) * 3 * 2 * 64 * 1 * 8 * BF16
     # tp 4 > 2 KV heads: each rank holds a replica of one KV head (FastDeploy), not half of one
     g = load_input("ernie-4.5-300b-a47b@tiny")
     heads = next(n for n in g if n.op == "attention").inputs[1].shape[2]
-    plan = plan_memory("ernie-4.5-300b-a47b@tiny", "cuda", tp=2 * heads, seq_len=8, batch=1)
+    plan = plan_memory("ernie-4.5-300b-a47b@tiny", "cuda", tp=2 * heads, seq_len=8, batch=1, engine="none")
     layers = sum(1 for n in g if n.op == "attention")
     hd = next(n for n in g if n.op == "attention").inputs[1].shape[3]
     assert plan.per_rank[0].by_category["kv_cache"] == layers * 2 * 8 * 1 * hd * BF16
