@@ -71,6 +71,8 @@ def targets(tmp: Path) -> dict[str, tuple[st.SearchStrategy[Any], Callable[[Any]
         "ir": (fz.ir_texts(), fz.parse_ir_property),
         "ir-paths": (fz.ir_texts(), fz.parse_ir_both_paths),
         "ir-file": (fz.ir_files(), lambda raw: fz.ir_file_property(tmp / "g.ir", raw)),
+        "ir-attrs": (fz.ir_attr_swaps(), fz.parse_ir_property),
+        "attrs": (fz.swapped_attrs(), lambda case: fz.make_attrs_property(*case)),
         "pipeline-text": (fz.pipeline_texts(), fz.pipeline_text_property),
         "pipeline-yaml": (fz.pipeline_yamls(), fz.pipeline_yaml_property),
         "config": (fz.config_dicts(), fz.config_property),

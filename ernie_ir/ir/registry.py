@@ -20,8 +20,11 @@ asking for an op it does not provide names the plugin and the error.
 from __future__ import annotations
 
 import difflib
+import enum
 import inspect
 import re
+import types
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .dtypes import DType
 from .errors import OpError
 from .types import TensorType
 
@@ -45,14 +49,89 @@ class OpAttrs(BaseModel):
     """Base of every op's attribute schema: immutable, hashable, no unknown keys.
 
     Use tuples, not lists, for sequence attributes so that attrs hash (CSE and
-    rule matching compare attrs by value).
+    rule matching compare attrs by value). Float attributes are finite: an op
+    that can take inf or nan says so per field with `Field(allow_inf_nan=True)`.
+    Validators see values of the annotated type: `OpDef.make_attrs` refuses a
+    bool or an enum member (a bare `bf16` in IR text) that the annotation has no
+    place for before pydantic coerces it (True to 1, an enum to its value).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False,
+                              allow_inf_nan=False)
 
 
-_NUMBERS: tuple[Any, ...] = (int, float, int | None, float | None)
-"""Attribute annotations a bool must not pass as (True is an int to pydantic)."""
+def _leaf_types(annotation: Any) -> set[Any] | None:
+    """The classes an attribute annotation admits at any depth (a Literal's values as their
+    classes), or None when it admits something this cannot name (Any, a type variable)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return {type(v) for v in typing.get_args(annotation)}
+    if origin is typing.Annotated:
+        return _leaf_types(typing.get_args(annotation)[0])
+    if origin is not None:
+        found: set[Any] = {origin} if isinstance(origin, type) else set()
+        for arg in typing.get_args(annotation):
+            if arg is Ellipsis:
+                continue
+            inner = _leaf_types(arg)
+            if inner is None:
+                return None
+            found |= inner
+        return found
+    if annotation is None or annotation is types.NoneType:
+        return {types.NoneType}
+    if isinstance(annotation, type) and annotation is not object:
+        return {annotation}
+    return None
+
+
+def _misfit(value: Any, annotation: Any, loc: str = "") -> tuple[str, Any, Any] | None:
+    """The bool or enum member in `value` (or in its items) that `annotation` has no place for,
+    as (where: "" or ".1" for an item, the value, the annotation there), or None. Pydantic would
+    coerce it (True to 1; an enum to its value, even into an int field) before validators run."""
+    if isinstance(value, list | tuple):
+        leaves = _leaf_types(annotation)
+        if leaves is not None and not leaves & {list, tuple}:
+            return None  # no sequence fits here at all: pydantic refuses it as it is
+        item = _item_annotation(annotation)
+        for i, v in enumerate(value):
+            bad = _misfit(v, item, f"{loc}.{i}")
+            if bad is not None:
+                return bad
+        return None
+    if not isinstance(value, bool | enum.Enum):
+        return None
+    leaves = _leaf_types(annotation)
+    if leaves is None:
+        return None
+    if isinstance(value, bool):
+        admitted = bool in leaves
+    else:
+        admitted = any(isinstance(t, type) and issubclass(t, enum.Enum) and isinstance(value, t)
+                       for t in leaves)
+    return None if admitted else (loc, value, annotation)
+
+
+def _item_annotation(annotation: Any) -> Any:
+    """The items' annotation of `tuple[int, ...]` or `list[int]`; else the annotation itself."""
+    args = {a for a in typing.get_args(annotation) if a is not Ellipsis}
+    if typing.get_origin(annotation) in (tuple, list) and len(args) == 1:
+        return next(iter(args))
+    return annotation
+
+
+def _spell(value: bool | enum.Enum) -> str:
+    """A misfit value as IR text writes it: `true`, `the dtype bf16`."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"the dtype {value}" if isinstance(value, DType) else repr(value)
+
+
+def _describe(annotation: Any) -> str:
+    """An annotation as a user reads it: `int`, `float | None`, `tuple[int, ...]`."""
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "").replace("ernie_ir.ir.dtypes.", "")
 
 
 class NoAttrs(OpAttrs):
@@ -145,9 +224,13 @@ class OpDef(ABC):
             if hit is not None:
                 return hit
         fields = self.Attrs.model_fields
-        for name, v in (values or {}).items():  # pydantic reads true as 1: a bool is no number
-            if isinstance(v, bool) and name in fields and fields[name].annotation in _NUMBERS:
-                raise OpError(f"op {self.name}: attribute {name}: expected a number, got {v}")
+        for name, v in (values or {}).items():  # the type first: validators compare values
+            if name in fields and isinstance(v, bool | enum.Enum | list | tuple):
+                bad = _misfit(v, fields[name].annotation)
+                if bad is not None:
+                    where, got, want = bad
+                    raise OpError(f"op {self.name}: attribute {name}{where}: expected {_describe(want)}, "
+                                  f"got {_spell(got)}")
         try:
             attrs = self.Attrs.model_validate(values or {})
             # pydantic lets an Enum (a bare `u8` in IR text) through an int field as its str
@@ -156,7 +239,10 @@ class OpDef(ABC):
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "attributes"
-            raise OpError(f"op {self.name}: attribute {where}: {err['msg']}") from None
+            msg = err["msg"]
+            if err["type"] == "finite_number":  # 1e309 in IR text reads as inf
+                msg = f"{err['input']} is not a finite number: write a finite value"
+            raise OpError(f"op {self.name}: attribute {where}: {msg}") from None
         if key is not None and len(self._attr_cache) < 4096:
             self._attr_cache[key] = attrs
         return attrs

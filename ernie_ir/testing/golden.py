@@ -62,6 +62,8 @@ class GoldenResult:
     diff: str = ""
     reason: str = ""
     updated: bool = False
+    unreadable: bool = False
+    """The golden's IR does not parse: a broken file, not a difference (`update` rewrites it)."""
 
 
 @dataclass
@@ -74,6 +76,8 @@ class GoldenCase:
     """`values` (structure and a content hash per param) or `structure`."""
     no_hash: tuple[str, ...] = ()
     """Globs of param names written and compared without a hash (values not portable)."""
+    body_line: int = 1
+    """The file's line number of the first line of `expected` (parse errors name file lines)."""
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> GoldenCase:
@@ -98,7 +102,7 @@ class GoldenCase:
                                "and a hash per param) or 'structure'")
         no_hash = tuple(g.strip() for g in fields.get("no-hash", "").split(",") if g.strip())
         return cls(p, fields["input"], fields.get("pipeline", ""), "\n".join(lines[body_start:]),
-                   compare, no_hash)
+                   compare, no_hash, body_line=body_start + 1)
 
     @classmethod
     def new(cls, path: str | os.PathLike[str], input: str, pipeline: str = "", *,
@@ -164,9 +168,10 @@ class GoldenCase:
         if not self.expected.strip():
             return GoldenResult(self, False, reason="golden file has no IR yet")
         try:
-            expected = parse_graph(self.expected, source=str(self.path), check_types=False)
+            expected = parse_graph("\n" * (self.body_line - 1) + self.expected, source=str(self.path),
+                                   check_types=False)
         except ErnieIRError as e:
-            return GoldenResult(self, False, reason=f"golden IR does not parse: {e}")
+            return GoldenResult(self, False, reason=f"golden IR does not parse: {e}", unreadable=True)
         values = self.compare == VALUES and not structure_only
         why = structural_diff(actual, expected)
         hashes = self._hashes(actual) if values else None
@@ -210,6 +215,7 @@ class GoldenCase:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, self.path)
         self.expected = text[len(self.header()):]
+        self.body_line = self.header().count("\n") + 1
 
 
 def find_goldens(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -251,12 +257,16 @@ def _written_by_test(p: Path) -> bool:
 def check_goldens(paths: Iterable[str | os.PathLike[str]], *, update: bool = False,
                   structure_only: bool = False) -> list[GoldenResult]:
     """Check every golden case; with `update`, rewrite the failing ones (only those). With
-    `structure_only`, param values (hashes) are not compared."""
+    `structure_only`, param values (hashes) are not compared. A golden whose IR does not parse
+    is an ErnieIRError when checking (a broken file is no difference); `update` rewrites it."""
     results = []
     for path in find_goldens(paths):
         case = GoldenCase.read(path)
         actual = case.compute()
         result = case.check(actual, structure_only=structure_only)
+        if result.unreadable and not update:
+            raise ErnieIRError(f"{result.reason} (repair the file, or rewrite it with "
+                               f"`ernie-ir golden update {path}`)")
         if not result.ok and update:
             case.write(actual)
             result.updated = True

@@ -569,6 +569,32 @@ for name, text, expect in [
 
 case("ir-fifo", ["show", "{t}/g.ir"], "g.ir", setup=fifo("g.ir"))
 
+# An attribute of the wrong type reaches no op's validator (issue 24: `group_size = bf16` went
+# through pydantic's int check as the string "bf16" and ended in a TypeError from `v <= 0`), and
+# a float attribute that is not finite (1e309 overflows to inf) is refused where it is parsed.
+_WOL = "  param @w : i8[4,8]\n  param @s : f32[8]\n  %0 = weight_only_linear(%x, @w, @s) {{{}}} : f32[2,8]"
+_RMS = "  param @w : f32[4]\n  %0 = rms_norm(%x, @w) {{eps = {}}} : f32[2,4]"
+for name, text, expect in [
+    ("wol-group-size-dtype", ir(_WOL.format("group_size = bf16"), result="y: f32[2,8]"), "group_size"),
+    ("wol-group-size-int-dtype", ir(_WOL.format("group_size = i8"), result="y: f32[2,8]"), "group_size"),
+    ("wol-group-size-bool", ir(_WOL.format("group_size = true"), result="y: f32[2,8]"), "group_size"),
+    ("wol-group-size-list", ir(_WOL.format("group_size = [bf16]"), result="y: f32[2,8]"), "group_size"),
+    ("split-sizes-dtype-item", ir("  %0, %1 = split(%x) {axis = -1, sizes = [2, bf16]} : f32[2,2], f32[2,2]"), "sizes"),
+    ("fake-quant-round-type-bool", ir("  %0 = fake_quant(%x) {round_type = true} : f32[2,4]"), "round_type"),
+    ("positions-limit-dtype", ir("  %0 = position_ids(%x) {limit = bf16} : i64[2,4]", "%x: i64[2,4]", "y: i64[2,4]"),
+     "limit"),
+    ("eps-overflows-to-inf", ir(_RMS.format("1e309")), "eps"),
+    ("eps-inf", ir(_RMS.format("inf")), "eps"),
+    ("rope-theta-inf", ir("  %0 = rope(%x) {theta = 1e400} : f32[2,4,1,2]", "%x: f32[2,4,1,2]", "y: f32[2,4,1,2]"),
+     "theta"),
+    ("attention-scale-nan", ir("  %0 = attention(%x, %x, %x) {scale = nan} : f32[1,2,1,4]", "%x: f32[1,2,1,4]",
+                               "y: f32[1,2,1,4]"), "scale"),
+    ("lora-scale-minus-inf", ir("  param @a : f32[4,2]\n  param @b : f32[2,4]\n  %0 = lora(%x, %x, @a, @b) "
+                                "{scale = -inf} : f32[2,4]"), "scale"),
+]:
+    for cmd, argv in (("show", ["show", "{t}/g.ir"]), ("explain", ["explain", "fuse-linear-bias", "{t}/g.ir"])):
+        case(f"ir-attr-{name}-{cmd}", argv, "g.ir", expect, setup=write_file("g.ir", text))
+
 
 def _graph_folder(edit: Callable[[Path], None]) -> Setup:
     def setup(tmp: Path, b: Bases) -> None:
@@ -784,6 +810,8 @@ case("flag-plan-seq-over-cap", ["plan", "gpt-345m", "--target", "cuda", "--seq-l
 for flag, v in [("--timeout", "nan"), ("--timeout", "-1"), ("--timeout", "inf"), ("--emulate", "f8"),
                 ("--backend", "tensorrt")]:
     case(f"flag-run{flag}={v}", ["run", GPT, "--tokens", "1,2", flag, v], flag.removeprefix("--"))
+case("flag-run-save-logits-is-folder", ["run", GPT, "--tokens", "1,2", "--save-logits", "{t}/d"], "--save-logits",
+     "folder", setup=write_file("d/keep", ""))  # np.save("d") would write d.npy beside it
 case("flag-run-save-logits-no-folder", ["run", GPT, "--tokens", "1,2", "--save-logits", "{t}/x/l.npy"],
      "--save-logits")
 case("flag-run-compare-to-unknown", ["run", GPT, "--tokens", "1,2", "--compare-to", "nope-model"], "nope-model")
@@ -940,6 +968,12 @@ case("train-recipe-deep", TRAIN, "train.json", needs="paddle",
 
 # -- 12. verify, run on artifacts, golden, passes, explain ------------------------------------------
 
+def _manifest_with(art: Path, **fields: Any) -> None:
+    """Edit fields of the artifact's manifest.json (the one file its hashes do not cover)."""
+    p = art / "manifest.json"
+    p.write_text(_json({**json.loads(p.read_text()), **fields}))
+
+
 for name, edit, expect in [
     ("manifest-empty", lambda d: (d / "manifest.json").write_text(""), "manifest.json"),
     ("manifest-deep", lambda d: (d / "manifest.json").write_text(deep_list()), "manifest.json"),
@@ -948,6 +982,11 @@ for name, edit, expect in [
         _json({**json.loads((d / "manifest.json").read_text()), "files": []})), "files"),
     ("file-modified", lambda d: (d / "rank0" / "graph.ir").write_text("// tampered\n"), "graph.ir"),
     ("file-missing", lambda d: (d / "rank0" / "graph.ir").unlink(), "graph.ir"),
+    # the manifest is the one file no hash covers: a field that contradicts graph.ir or the
+    # executables folder (which the hashes do cover) is tampering (issue 24)
+    ("manifest-target-edited", lambda d: _manifest_with(d, target="kunlun"), "target"),
+    ("manifest-mode-edited", lambda d: _manifest_with(d, mode="training"), "mode"),
+    ("manifest-cuda-arch-edited", lambda d: _manifest_with(d, cuda_arch=90), "cuda_arch"),
 ]:
     def _art(tmp: Path, b: Bases, edit: Callable[[Path], Any] = edit) -> None:
         shutil.copytree(b.artifact, tmp / "a")
@@ -963,6 +1002,9 @@ for name, text, expect in [
     ("input-missing", "// golden case\n// input: nope-model@tiny\n// pipeline: dce\n", "nope-model"),
     ("pipeline-deep", "// golden case\n// input: gpt-345m@tiny\n// pipeline: split{tp=" + deep_list() + "}\n", "too deeply"),
     ("not-utf8", b"// golden case\n\xff\xfe", "g.ir"),
+    # a valid header over IR that does not parse: a broken file (exit 2), not a difference (exit 1)
+    ("garbage-ir", "// golden case\n// input: gpt-345m@tiny\n// pipeline: dce\nhello world (\n", "g.ir:4:1"),
+    ("truncated-ir", "// golden case\n// input: gpt-345m@tiny\n// pipeline:\n" + IR_GOOD[:40], "g.ir"),
 ]:
     data = text if isinstance(text, bytes) else text.encode()
     case(f"golden-check-{name}", ["golden", "check", "{t}/g.ir"], expect, setup=write_file("g.ir", data))

@@ -150,3 +150,66 @@ def test_a_compile_of_nan_weights_names_the_tensor_and_leaves_nothing(tmp_path: 
         with pytest.raises(ErnieIRError, match=name.replace(".", r"\.")):
             compile_model(str(model), "cuda", quant=quant, out=tmp_path / "out")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+# -- issue 24: bad inputs that still escaped ------------------------------------------------------
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    captured = capsys.readouterr()
+    return int(info.value.code or 0), captured.out, captured.err
+
+
+def test_a_golden_whose_ir_does_not_parse_is_an_error_for_check_and_repaired_by_update(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    path = tmp_path / "g.ir"
+    path.write_text("// golden case\n// input: gpt-345m@tiny\n// pipeline: dce\nhello world (\n")
+    code, out, err = _cli(["golden", "check", str(path)], capsys)
+    assert (code, out) == (2, "")
+    assert err.strip() == (f"error: golden IR does not parse: {path}:4:1: expected 'graph', found 'hello' "
+                           f"(repair the file, or rewrite it with `ernie-ir golden update {path}`)")
+    code, out, err = _cli(["golden", "update", str(path)], capsys)
+    assert code == 0 and f"updated  {path}" in out, err
+    code, out, err = _cli(["golden", "check", str(path)], capsys)
+    assert code == 0 and f"ok       {path}" in out, err
+
+
+def test_run_save_logits_writes_exactly_the_path_given(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    dest = tmp_path / "logits"  # np.save(path) would have written logits.npy
+    code, out, err = _cli(["run", "gpt-345m@tiny", "--tokens", "1,2", "--json", "--save-logits", str(dest)],
+                          capsys)
+    assert code == 0, err
+    assert json.loads(out)["saved"] == str(dest)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logits"]
+    assert np.load(dest).shape == (1, 2, 1024)
+
+
+def test_an_attribute_of_the_wrong_type_never_reaches_the_ops_validator():
+    from ernie_ir.ir import DType, OpError, get_op
+
+    op = get_op("weight_only_linear")  # its validator compares: `v != -1 and v <= 0`
+    for value, got in [(DType.BF16, "the dtype bf16"), (DType.I8, "the dtype i8"), (True, "true")]:
+        with pytest.raises(OpError, match=rf"^op weight_only_linear: attribute group_size: expected int, "
+                                          rf"got {got}$"):
+            op.make_attrs({"group_size": value})
+    with pytest.raises(OpError, match=r"^op rms_norm: attribute eps: inf is not a finite number"):
+        get_op("rms_norm").make_attrs({"eps": float("1e309")})
+    assert op.make_attrs({"group_size": 64}).group_size == 64
+
+
+def test_verify_checks_the_manifests_mode_against_a_training_artifacts_own_records(tmp_path: Path):
+    pytest.importorskip("paddle")
+    from ernie_ir.artifacts import ArtifactError
+    from ernie_ir.targets import compile_model, verify_artifact
+
+    art = tmp_path / "train"
+    compile_model("gpt-345m@tiny", "cuda", mode="training", lora_rank=2, out=art)
+    assert verify_artifact(art)["mode"] == "training"
+    manifest = json.loads((art / "manifest.json").read_text())
+    for field, value, source in [("mode", "inference", "the executables folder training/"),
+                                 ("target", "ascend", "graph.ir"), ("cuda_arch", 75, "graph.ir")]:
+        (art / "manifest.json").write_text(json.dumps({**manifest, field: value}))
+        with pytest.raises(ArtifactError, match=rf"manifest\.json says {field} .* but {source} records"):
+            verify_artifact(art)

@@ -310,6 +310,116 @@ def parse_ir_both_paths(text: str) -> None:
     assert results[0][0] == results[1][0], f"fast path {results[0]} but general path {results[1]}"
 
 
+# -- op attributes of the wrong type --------------------------------------------------------------
+# Every kind of value the IR text reader makes (int, float with inf and nan, bool, none, string,
+# dtype, list, dict), in IR text and as the Python values the parser hands to `make_attrs`.
+# Swapped into any attribute of any op, each is validated or refused with one OpError line:
+# an op's validator never sees a value of another type (`group_size = bf16` once reached
+# `v <= 0` as the string "bf16") and no float attribute is inf or nan (`eps = 1e309`).
+
+ATTR_VALUE_TEXTS = [
+    "0", "1", "-1", "2", "64", "128", "-0", "1.5", "0.0", "1e-05", "1e309", "-1e309", "1e-400",
+    "nan", "inf", "-inf", "9223372036854775808", "true", "false", "none", '""', '"s"', '"none"',
+    '"tanh"', '"half"', '"bf16"', *(d.value for d in DType), "[]", "[1]", "[0, -1]", "[true]",
+    "[bf16]", "[1.5]", "[none]", '["a"]', "[[1]]", "[inf]", "{}", "{a = 1}", "{group_size = bf16}",
+]
+ATTR_VALUES: list[Any] = [
+    0, 1, -1, 2, 7, 8, 64, 80, 128, 2**63, -(2**63) - 1, 10**30, 0.0, -0.0, 0.5, 1e-5, 1e4,
+    math.inf, -math.inf, math.nan, True, False, None, "", "x", "none", "tanh", "half",
+    "interleaved", "bf16", *DType, [], [1], [0, -1], [True], [DType.BF16], [1.5], [None],
+    [math.inf], [[1]], ["a"], (1, 2), {}, {"a": 1},
+]
+
+_ATTR_SLOT = re.compile(r'(?:(?<=\{)|(?<=, ))([A-Za-z_]\w* = )'  # `key = ` after `{` or `, `
+                        r'(\[[^\[\]\n]*\]|"(?:[^"\\\n]|\\.)*"|[^,{}\[\]\s()]+)')  # a flat list or a word
+
+
+@st.composite
+def ir_attr_swaps(draw: Any) -> str:
+    """A seed graph with 1..3 op attribute values (on node lines) replaced by a value of any
+    other kind, or an attribute added with a real name and such a value."""
+    lines = draw(st.sampled_from(ir_seeds())).split("\n")
+    nodes = [i for i, line in enumerate(lines) if line.lstrip().startswith("%") and "{" in line]
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.sampled_from(nodes))
+        spots = list(_ATTR_SLOT.finditer(lines[i]))
+        value = draw(st.sampled_from(ATTR_VALUE_TEXTS))
+        if spots and draw(st.integers(0, 4)):
+            m = spots[draw(st.integers(0, len(spots) - 1))]
+            lines[i] = lines[i][:m.start(2)] + value + lines[i][m.end(2):]
+        else:  # an attribute the node does not write (a default), or one the op lacks
+            key = draw(st.sampled_from(_attr_names()))
+            lines[i] = lines[i].replace("{", f"{{{key} = {value}, ", 1)
+    return "\n".join(lines)
+
+
+@functools.cache
+def _attr_fields() -> dict[str, tuple[str, ...]]:
+    """Every op that has attributes, with their names."""
+    from ernie_ir.ir.registry import all_ops
+
+    return {name: tuple(op.Attrs.model_fields) for name, op in all_ops().items() if op.Attrs.model_fields}
+
+
+@functools.cache
+def _attr_names() -> tuple[str, ...]:
+    return tuple(sorted({k for keys in _attr_fields().values() for k in keys}))
+
+
+@functools.cache
+def _seed_attrs() -> tuple[tuple[str, dict[str, Any]], ...]:
+    """(op, attribute values) of every distinct node of the seed graphs: valid starting points."""
+    from ernie_ir.ir.parser import parse_graph
+
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for text in ir_seeds():
+        for node in parse_graph(text).nodes:
+            values = dict(node.attrs.__dict__)
+            if values:
+                found.setdefault((node.op, repr(values)), values)
+    return tuple((op, values) for (op, _), values in sorted(found.items()))
+
+
+@st.composite
+def swapped_attrs(draw: Any) -> tuple[str, dict[str, Any]]:
+    """(op name, attribute values): a seed node's valid attributes, or just the op's name for
+    ops no seed uses, with 1..2 attributes set to a value of any kind."""
+    fields = _attr_fields()
+    if draw(st.booleans()):
+        op, values = draw(st.sampled_from(_seed_attrs()))
+        values = dict(values)
+    else:
+        op, values = draw(st.sampled_from(sorted(fields))), {}
+    for key in draw(st.lists(st.sampled_from(fields[op]), min_size=1, max_size=2, unique=True)):
+        values[key] = draw(st.sampled_from(ATTR_VALUES))
+    return op, values
+
+
+def make_attrs_property(op_name: str, values: dict[str, Any]) -> None:
+    """`make_attrs` accepts values of the annotated types only (no bool as a number, no dtype as
+    an int) with finite floats (unless the field says `allow_inf_nan=True`), or refuses them with
+    one OpError line."""
+    from ernie_ir.ir import OpError, get_op
+
+    op = get_op(op_name)
+    try:
+        attrs = op.make_attrs(values)
+    except OpError as e:
+        if "\n" in str(e):
+            raise NotOneLine(f"message is not one line: {str(e)[:300]!r}") from e
+        raise
+    for key, value in attrs.__dict__.items():
+        given = values.get(key)
+        flat = value if isinstance(value, tuple) else (value,)
+        takes_inf_nan = any(getattr(m, "allow_inf_nan", False) for m in op.Attrs.model_fields[key].metadata)
+        assert takes_inf_nan or not any(isinstance(x, float) and not math.isfinite(x) for x in flat), (
+            f"op {op_name}: attribute {key} accepted non-finite {value!r}")
+        if isinstance(given, bool):
+            assert isinstance(value, bool), f"op {op_name}: attribute {key}: {given} became {value!r}"
+        if isinstance(given, DType):
+            assert value is given, f"op {op_name}: attribute {key}: dtype {given} became {value!r}"
+
+
 # -- pipelines ----------------------------------------------------------------------------------
 
 OPTION_VALUES = st.one_of(
