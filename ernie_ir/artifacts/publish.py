@@ -3,7 +3,8 @@
 The protocol (what git does for its refs, what pip/uv do for installs):
 
 - **A lock per destination**: `PARENT/.NAME.lock`, an `fcntl.flock` held while a writer
-  changes `NAME` (compile's write phase, a training checkpoint being recorded). The kernel drops
+  changes `NAME` (compile's write phase, a training checkpoint being recorded); it is
+  `ernie_ir.ir.storage.folder_lock`, which graph folders and `--dump-dir` take too. The kernel drops
   the lock when its holder dies, so a killed writer never blocks the next one; the file holds
   the holder's PID for the message. A second writer fails at once (`wait_s=0`, compile) with one
   line naming the lock and the holder's PID, or waits up to `wait_s` (training checkpoints).
@@ -40,9 +41,12 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from ernie_ir.ir.storage import folder_lock
+from ernie_ir.ir.storage import lock_holder as lock_holder  # re-exported: who holds a lock
+from ernie_ir.ir.storage import lock_path as lock_path
 
 from .manifest import MANIFEST, ArtifactError, read_manifest, record_files, show
 
@@ -51,91 +55,16 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
 _OLD = re.compile(r"^\.(?P<name>.+)\.old-(?P<pid>\d+)$")
 
 
-def lock_path(dest: Path) -> Path:
-    return dest.parent / f".{dest.name}.lock"
-
-
-def _holder(fd: int) -> str:
-    text = ""
-    for _ in range(20):  # the holder writes its PID just after it takes the lock
-        try:
-            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        except OSError:
-            break
-        if text.isdigit():
-            return f"PID {text}"
-        time.sleep(0.01)
-    return "another process"
-
-
-@contextlib.contextmanager
 def artifact_lock(dest: Path, *, wait_s: float = 0.0, what: str = "--out",
-                  parents: bool = False) -> Iterator[Path]:
+                  parents: bool = False) -> contextlib.AbstractContextManager[Path]:
     """Hold `dest`'s lock (`PARENT/.NAME.lock`) for the block; the parent must exist (`parents`:
     make it).
 
     Held elsewhere: wait up to `wait_s` seconds, then ArtifactError (one line, the lock's path
-    and its holder's PID)."""
-    import fcntl
-
-    path = lock_path(dest)
-    if parents:
-        try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ArtifactError(f"cannot write the artifact {show(dest)}: {e.strerror or e} "
-                                f"({show(e.filename or dest.parent)}): choose a writable {what}") from None
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as e:
-            raise ArtifactError(f"cannot lock {show(dest)}: {e.strerror or e} ({show(path)}): choose a "
-                                f"writable {what}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            os.close(fd)
-            if time.monotonic() < deadline:
-                time.sleep(0.05)
-                continue
-            raise ArtifactError(f"{show(dest)} is being written by {holder} (lock {show(path)}): wait for it "
-                                f"to finish, or choose another {what}") from None
-        # The holder we waited for unlinks the file before it lets go: a lock on an unlinked
-        # file guards nothing, so take it again on whatever the path names now.
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield path
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.close(fd)
-
-
-def lock_holder(dest: Path) -> str | None:
-    """Who holds `dest`'s lock right now ("PID n"), or None (free, or no lock file)."""
-    import fcntl
-
-    try:
-        fd = os.open(lock_path(dest), os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return _holder(fd)
-    finally:
-        os.close(fd)
-    return None
+    and its holder's PID). The lock is `ernie_ir.ir.storage.folder_lock`, the one every folder
+    writer takes (graph folders, `--dump-dir` too)."""
+    return folder_lock(dest, wait_s=wait_s, what=what, kind="artifact", parents=parents,
+                       error=ArtifactError)
 
 
 def make_temp_dir(dest: Path) -> Path:

@@ -4,15 +4,24 @@
 never holds more than one tensor in memory; `load_graph` parses the text and
 attaches memory-mapped sources, so loading reads no weight bytes. A reload is
 bit-exact: the same dtypes, shapes and bytes.
+
+`folder_lock` is the one lock per destination folder that every writer of a folder takes
+(`save_graph`, `--dump-dir`, and the artifact writers above this layer through
+`ernie_ir.artifacts.artifact_lock`): `PARENT/.NAME.lock`, an `fcntl.flock` that the kernel drops
+when its holder dies. A second writer is refused at once with one line naming the lock and its
+holder's PID (or waits up to `wait_s`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .errors import ErnieIRError, WeightError
@@ -53,12 +62,17 @@ def write_graph_files(graph: Graph, folder: Path,
 
 
 def save_graph(graph: Graph, folder: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
-    """Save a graph folder atomically: a failure leaves nothing behind."""
+    """Save a graph folder atomically: a failure leaves nothing behind.
+
+    Under the folder's lock (`folder_lock`), as an artifact is written: while another process
+    writes the same folder, ErnieIRError (one line, the lock and its holder's PID) and nothing
+    is written."""
     dest = Path(folder)
-    if dest.exists() and not overwrite:
-        raise ErnieIRError(f"{dest} already exists (pass overwrite=True / --force to replace it)")
-    # a graph folder may hold what it is given: no finiteness check
-    return replace_folder(dest, lambda tmp: write_graph_files(graph, tmp, require_finite=False))
+    with folder_lock(dest, what="folder", kind="graph folder", parents=True):
+        if dest.exists() and not overwrite:
+            raise ErnieIRError(f"{dest} already exists (pass overwrite=True / --force to replace it)")
+        # a graph folder may hold what it is given: no finiteness check
+        return replace_folder(dest, lambda tmp: write_graph_files(graph, tmp, require_finite=False))
 
 
 def replace_folder(dest: Path, fill: Callable[[Path], object]) -> Path:
@@ -75,6 +89,116 @@ def replace_folder(dest: Path, fill: Callable[[Path], object]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+# -- the lock per destination folder ---------------------------------------------------------------
+
+
+def printable(text: object) -> str:
+    """A name or path as it may appear in a one-line message (control characters escaped)."""
+    s = str(text)
+    return s if s.isprintable() else repr(s)[1:-1]
+
+
+def lock_path(dest: Path) -> Path:
+    """Where `dest`'s lock lives: `PARENT/.NAME.lock`."""
+    return dest.parent / f".{dest.name}.lock"
+
+
+def _holder(fd: int) -> str:
+    text = ""
+    for _ in range(20):  # the holder writes its PID just after it takes the lock
+        try:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            break
+        if text.isdigit():
+            return f"PID {text}"
+        time.sleep(0.01)
+    return "another process"
+
+
+_held = threading.local()  # .paths: the lock files this thread holds (a nested take is a no-op)
+
+
+@contextlib.contextmanager
+def folder_lock(dest: Path, *, wait_s: float = 0.0, what: str = "--out", kind: str = "folder",
+                parents: bool = False,
+                error: type[ErnieIRError] = ErnieIRError) -> Iterator[Path]:
+    """Hold `dest`'s lock (`PARENT/.NAME.lock`) for the block; the parent must exist (`parents`:
+    make it).
+
+    Held by another process (or thread): wait up to `wait_s` seconds, then `error` (one line, the
+    lock's path and its holder's PID, ending "choose another `what`"). Taken again by the thread
+    that holds it (compile --stop-after saving a graph folder under its own lock): a no-op.
+    `kind` names the folder in the message when its parent cannot be made."""
+    import fcntl
+
+    path = lock_path(dest)
+    held: set[str] = _held.__dict__.setdefault("paths", set())
+    key = os.path.abspath(path)
+    if key in held:
+        yield path
+        return
+    if parents:
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise error(f"cannot write the {kind} {printable(dest)}: {e.strerror or e} "
+                        f"({printable(e.filename or dest.parent)}): choose a writable {what}") from None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise error(f"cannot lock {printable(dest)}: {e.strerror or e} ({printable(path)}): choose a "
+                        f"writable {what}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            raise error(f"{printable(dest)} is being written by {holder} (lock {printable(path)}): wait "
+                        f"for it to finish, or choose another {what}") from None
+        # The holder we waited for unlinks the file before it lets go: a lock on an unlinked
+        # file guards nothing, so take it again on whatever the path names now.
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    held.add(key)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        held.discard(key)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def lock_holder(dest: Path) -> str | None:
+    """Who holds `dest`'s lock right now ("PID n"), or None (free, or no lock file)."""
+    import fcntl
+
+    try:
+        fd = os.open(lock_path(dest), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    finally:
+        os.close(fd)
+    return None
 
 
 def load_graph(folder: str | os.PathLike[str], *, check_hashes: bool = True) -> Graph:

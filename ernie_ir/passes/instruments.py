@@ -8,12 +8,14 @@
   goes to a `sink` callable (the CLI prints it).
 - `DumpInstrument`: every step into numbered `.ir` files whose header records
   the resolved pipeline and the remaining pipeline to replay from that step;
-  the folder must be new or empty, so that no older step is mistaken for one.
+  the folder must be new or empty, so that no older step is mistaken for one, and no other
+  process may be writing it (its lock, as for artifacts and graph folders).
 - `RewriteCountInstrument`: per-rule rewrite counts reported by rewrite passes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.printer import print_graph
+from ernie_ir.ir.storage import folder_lock
 
 from .base import Pass, PassContext
 from .pipeline import Pipeline
@@ -126,12 +129,21 @@ class PrintIRInstrument(PassInstrument):
 
 
 class DumpInstrument(PassInstrument):
-    """Write `000-input.ir`, `001-<pass>.ir`, ... into `folder`."""
+    """Write `000-input.ir`, `001-<pass>.ir`, ... into `folder`.
+
+    From `enter_pipeline` to `exit_pipeline` (or `close`) it holds the folder's lock
+    (`ernie_ir.ir.storage.folder_lock`, the one artifact and graph-folder writers take): while
+    another process writes the folder, InstrumentError (one line, the lock and its holder's PID)
+    and nothing is written."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         self.files: list[Path] = []
         self._pipeline: Pipeline | None = None
+        self._lock = contextlib.ExitStack()
+        self._check_folder()
+
+    def _check_folder(self) -> None:
         if self.folder.exists() and not self.folder.is_dir():
             raise InstrumentError(f"dump folder {self.folder} is a file, not a folder: choose a new "
                                   "or empty folder")
@@ -158,16 +170,31 @@ class DumpInstrument(PassInstrument):
 
     def enter_pipeline(self, pipeline: Pipeline, graph: Graph) -> None:
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            self.folder.parent.mkdir(parents=True, exist_ok=True)
+            self._lock.enter_context(folder_lock(self.folder, what="dump folder", error=InstrumentError))
+            self._check_folder()  # again, under the lock
+            self.folder.mkdir(exist_ok=True)
         except OSError as e:
+            self.close()
             raise InstrumentError(f"dump folder {self.folder}: cannot create it ({e.strerror or e}): "
                                   "choose a writable folder") from None
+        except BaseException:
+            self.close()
+            raise
         self._pipeline = pipeline
         self._write(0, "input", graph, pipeline.passes)
 
     def after_pass(self, index: int, p: Pass, graph: Graph, changed: bool, ctx: PassContext) -> None:
         assert self._pipeline is not None
         self._write(index, p.name, graph, self._pipeline.passes[index:])
+
+    def exit_pipeline(self, graph: Graph) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Let go of the folder's lock (the pass manager does not call `exit_pipeline` when a
+        pass raises; a dropped instrument lets go too)."""
+        self._lock.close()
 
 
 @dataclass
