@@ -67,6 +67,51 @@ class CompileReport:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def fallback_groups(self) -> list[FallbackGroup]:
+        """`fallbacks` grouped by what fell back and why (see `group_fallbacks`)."""
+        return group_fallbacks(self.fallbacks)
+
+
+@dataclass(frozen=True)
+class FallbackGroup:
+    """The fallbacks that share an op, a kernel and a reason: one line of `compile`'s output."""
+
+    op: str
+    kernel: str
+    reason: str
+    scopes: tuple[str, ...]
+    """One per fallback node, in plan order; a scope repeats where several nodes of one layer
+    fall back alike (routed experts: up_gate and down)."""
+
+    @property
+    def count(self) -> int:
+        """How many nodes fell back."""
+        return len(self.scopes)
+
+    def scope_counts(self) -> list[tuple[str, int]]:
+        """(scope, nodes there) per distinct scope, in plan order."""
+        counts: dict[str, int] = {}
+        for s in self.scopes:
+            counts[s] = counts.get(s, 0) + 1
+        return list(counts.items())
+
+
+_SHAPE = re.compile(r"\[\d+(?:, \d+)*\]")
+
+
+def group_fallbacks(fallbacks: Sequence[dict[str, Any]]) -> list[FallbackGroup]:
+    """The kernel plan's fallbacks (`{scope, op, kernel, reason}` each) grouped by (op, kernel,
+    reason), groups in the order of their first fallback: a model whose every linear falls back
+    for one reason is one group, not one entry per layer. A weight's shape in a reason
+    ("no sm80 layout for [80, 112]: in_features 80 ...") is not part of it: weights of several
+    shapes refused for the same cause are one group, whose reason reads `[...]` there."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for f in fallbacks:
+        reason = _SHAPE.sub("[...]", str(f.get("reason", "")))
+        key = (str(f.get("op", "")), str(f.get("kernel", "")), reason)
+        groups.setdefault(key, []).append(str(f.get("scope", "")))
+    return [FallbackGroup(*key, scopes=tuple(scopes)) for key, scopes in groups.items()]
+
 
 def params_by_dtype(graph: Graph) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
