@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping
-from ernie_ir.ir.storage import load_graph, sha256_file
+from ernie_ir.ir.storage import load_graph, printable, sha256_file
 
 FORMAT = "ernie-ir-artifact"
 FORMAT_VERSION = 1
@@ -47,10 +47,8 @@ class ArtifactError(ErnieIRError):
     """An artifact folder that is missing, incomplete, tampered with, or in the way."""
 
 
-def show(text: object) -> str:
-    """A name or path as it may appear in a one-line message (control characters escaped)."""
-    s = str(text)
-    return s if s.isprintable() else repr(s)[1:-1]
+show = printable
+"""A name or path as it may appear in a one-line message (control characters escaped)."""
 
 
 # -- the schema ----------------------------------------------------------------------------------
@@ -248,7 +246,55 @@ def verify_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
         if name not in entries:
             raise ArtifactError(f"{where}: {show(name)} is missing (listed in {MANIFEST})")
         _check_digest(root, name, digest, where)
+    _check_records(root, manifest, where)
     return manifest
+
+
+def _check_records(root: Path, manifest: dict[str, Any], where: str) -> None:
+    """The manifest's target, cuda_arch and mode against what the hashed files record of them
+    (checked after the hashes, so these records are the compiler's own): `graph.ir`'s metadata
+    (`kernel_plan.target`, `kernel_plan.cuda_arch`, the `lowered:<target>` property) and the
+    executables folder (`inference/` or `training/`) with its `launch.json` (target and mode).
+    The manifest is the one file no hash covers: an edited field is tampering."""
+    from ernie_ir.ir.parser import parse_graph  # the op set loads only for this check
+
+    listed: dict[str, str] = manifest["files"]
+    records: list[tuple[str, str, Any]] = []  # (field, file that records it, its value there)
+    if "graph.ir" in listed:
+        try:
+            meta = parse_graph((root / "graph.ir").read_text(encoding="utf-8"), source="graph.ir",
+                               check_types=False).metadata
+        except (OSError, UnicodeDecodeError, ErnieIRError) as e:
+            raise ArtifactError(f"{where}: graph.ir cannot be read as IR ({e}): the artifact is corrupt; "
+                                "recompile the model") from None
+        plan = meta.get("kernel_plan")
+        if isinstance(plan, dict):
+            if "target" in plan:
+                records.append(("target", "graph.ir", plan["target"]))
+            if "cuda_arch" in plan:
+                records.append(("cuda_arch", "graph.ir", plan["cuda_arch"]))
+        props = meta.get("properties")
+        lowered = [p.removeprefix("lowered:") for p in (props if isinstance(props, list) else [])
+                   if isinstance(p, str) and p.startswith("lowered:")]
+        if len(lowered) == 1:
+            records.append(("target", "graph.ir", lowered[0]))
+    modes = sorted({n.split("/", 1)[0] for n in listed} & {"inference", "training"})
+    if len(modes) == 1:
+        records.append(("mode", f"the executables folder {modes[0]}/", modes[0]))
+        recipe_name = f"{modes[0]}/launch.json"
+        if recipe_name in listed:
+            try:
+                recipe = json.loads((root / recipe_name).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                raise ArtifactError(f"{where}: {recipe_name} is not valid JSON: the artifact is corrupt; "
+                                    "recompile the model") from None
+            if isinstance(recipe, dict):
+                records += [(k, recipe_name, recipe[k]) for k in ("target", "mode") if k in recipe]
+    for field, source, value in records:
+        if field in manifest and manifest[field] != value:
+            raise ArtifactError(f"{where}: {MANIFEST} says {field} {show(json.dumps(manifest[field]))} "
+                                f"but {source} records {show(json.dumps(value))}: the manifest was edited "
+                                "(tampered with); recompile the model")
 
 
 def _check_digest(root: Path, name: str, digest: str, where: str) -> None:
