@@ -424,6 +424,9 @@ def run(
     if save_logits is not None and not save_logits.parent.is_dir():
         raise ErnieIRError(f"--save-logits {save_logits}: folder {save_logits.parent} does not exist: "
                            "create it or choose another path")
+    if save_logits is not None and save_logits.is_dir():
+        raise ErnieIRError(f"--save-logits {save_logits}: cannot write it (it is a folder): name a "
+                           f"file, e.g. {save_logits / 'logits.npy'}")
     if (disable_pass or stop_after is not None) and not pipeline:
         raise ErnieIRError("--disable-pass/--stop-after need a pipeline (--pipeline, --quant or --lora-*)")
     if backend == "interpreter" and not pipeline and not emulate and _is_multi_rank(model):
@@ -462,7 +465,8 @@ def run(
         report["compare_to"] = compare_to
     if save_logits is not None:
         try:
-            np.save(save_logits, logits.astype(np.float32))
+            with open(save_logits, "wb") as f:  # that path: np.save(path) would append .npy
+                np.save(f, logits.astype(np.float32))
         except OSError as e:
             raise ErnieIRError(f"--save-logits {save_logits}: cannot write it ({e.strerror or e}): "
                                "choose a writable path") from None
@@ -514,6 +518,9 @@ def compile(
     stop_after: Annotated[str | None, typer.Option(
         "--stop-after", help="End the pipeline after pass NAME or the N-th pass and write the graph "
         "there to --out as a graph folder, not an artifact: for bisecting.")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="List every fallback's scope (without it: one line per reason, the "
+        "first 3 scopes and how many more).")] = False,
 ) -> None:
     """Compile a model for a target into an artifact folder (written atomically)."""
     import json
@@ -584,12 +591,10 @@ def compile(
     for kernel, n in sorted(counts.items()):
         plan.add_row(kernel, str(n))
     out.print(plan)
-    seen: dict[str, int] = {}
-    for f in report.fallbacks:  # one line per distinct fallback (experts: up_gate and down alike)
-        line = f"fallback: {f.get('scope')} {f.get('op')} -> {f.get('kernel')}: {f.get('reason')}"
-        seen[line] = seen.get(line, 0) + 1
-    for line, n in seen.items():
-        out.print(line + (f" (x{n})" if n > 1 else ""), markup=False)
+    from ernie_ir.cli.compile_view import fallback_lines
+
+    for line in fallback_lines(report.fallback_groups(), verbose=verbose):  # one line per reason
+        out.print(line, markup=False)
 
 
 @app.command()
@@ -771,8 +776,23 @@ def plan(
     ep: Annotated[int | None, typer.Option("--ep", help="Expert-parallel degree (default 1).")] = None,
     mode: Annotated[str, typer.Option("--mode", help="inference or training.")] = "inference",
     lora_rank: LoraRankOpt = None,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 4096,
-    batch: Annotated[int, typer.Option("--batch", help="Sequences (KV cache; per training step).")] = 1,
+    seq_len: Annotated[int | None, typer.Option(
+        "--seq-len", help="Tokens per sequence (default 4096; the engine's --max-model-len).")] = None,
+    batch: Annotated[int | None, typer.Option(
+        "--batch", help="Sequences of full length in the KV cache; per training step (default 1).")] = None,
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="Serving engine modelled: fastdeploy (default for cuda inference) or none "
+        "(the bare model).")] = None,
+    max_model_len: Annotated[int | None, typer.Option(
+        "--max-model-len", help="FastDeploy's flag: longest sequence (default: --seq-len).")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        "--max-num-seqs", help="FastDeploy's flag: sequences scheduled at once (default 8).")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(
+        "--gpu-memory-utilization", help="FastDeploy's flag: share of each device it uses (default 0.9).")
+    ] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        "--max-num-batched-tokens", help="FastDeploy's flag: tokens of its profile run (default 8192).")
+    ] = None,
     offload_optimizer: Annotated[
         bool, typer.Option("--offload-optimizer", help="Optimizer states in host memory.")
     ] = False,
@@ -808,7 +828,10 @@ def plan(
                          seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer,
                          recompute=recompute, device_memory=device_memory,
                          cuda_arch=DEFAULT_CUDA_ARCH if cuda_arch is None else cuda_arch,
-                         moment_dtype=moment_dtype, kv_cache_dtype=kv_cache_dtype, reserve=reserve)
+                         moment_dtype=moment_dtype, kv_cache_dtype=kv_cache_dtype, reserve=reserve,
+                         engine=engine, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                         gpu_memory_utilization=gpu_memory_utilization,
+                         max_num_batched_tokens=max_num_batched_tokens)
     if plot is not None:
         from ernie_ir.planning.svg import plan_svg
 
