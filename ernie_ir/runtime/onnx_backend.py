@@ -1,11 +1,11 @@
 """Run an ONNX artifact (`ernie_ir.targets.emit_onnx`) in onnxruntime on the CPU.
 
 The model's metadata says which numerics it was written for
-(`ernie_ir.onnx_numerics`: "exact" or "fast", `ernie_ir.onnx_form`):
+(`ernie_ir.onnx_numerics`: "weight-only", "exact" or "fast", `ernie_ir.onnx_form`):
 
 - form "matmulnbits" (what `compile` writes): the weight-only matmuls are
   `MatMulNBits` nodes whose `accuracy_level` fixes their numerics (1: float32,
-  exact; 4: int8 activations, fast), which onnxruntime's optimizer keeps as
+  weight-only and exact; 4: int8 activations, fast), which onnxruntime's optimizer keeps as
   written. The session is onnxruntime's default (`ORT_ENABLE_ALL`), the same a
   user gets from a bare `onnxruntime.InferenceSession(path)`.
 - form "qdq" (and files without the metadata, written before it): exact only at
@@ -59,7 +59,8 @@ def run_onnx(model_path: Path, input_ids: np.ndarray, *, fast: bool = False,
              numerics: str | None = None) -> np.ndarray:
     """Logits [B, S, V] (float32) of the ONNX model at `model_path` for `input_ids` [B, S].
 
-    `numerics`: what the artifact's manifest records ("exact" or "fast"); the file must agree.
+    `numerics`: what the artifact's manifest records ("weight-only", "exact" or "fast"); the file
+    must agree.
     """
     ids = np.asarray(input_ids)
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):

@@ -33,9 +33,11 @@ from .executables import backend_of, check_emit, default_emit, parse_emit, selec
 from .registry import TargetError, get_target
 
 MODES = ("inference", "training")
-ONNX_NUMERICS = ("exact", "fast")
-"""`onnx_numerics` choices: the ONNX model's weight-only matmuls in float32 (equal to the
-interpreter) or with int8 activations (faster); recorded in the model and the manifest."""
+ONNX_NUMERICS = ("weight-only", "exact", "fast")
+"""`onnx_numerics` choices (ernie_ir.targets.emit_onnx): float32 activations with every weight
+dequantized in float32 (the default), the interpreter's numerics bit for bit (the bf16 rounding of
+dequantized weights kept), or int8 activations; recorded in the model and the manifest."""
+DEFAULT_ONNX_NUMERICS = "weight-only"
 
 
 @dataclass
@@ -57,7 +59,7 @@ class CompileReport:
     parallel: str = ""
     """The layout (e.g. "world 2, tp 2"); empty for one rank."""
     onnx_numerics: str | None = None
-    """"exact" or "fast" where an ONNX model was written, else None."""
+    """"weight-only", "exact" or "fast" where an ONNX model was written, else None."""
     emit: list[str] = field(default_factory=list)
     """The executables written (see `executables.EXECUTABLES`)."""
     stopped: str = ""
@@ -148,8 +150,9 @@ def default_out(model: str, target: str, quant: str | None) -> Path:
 
 def check_onnx_numerics(numerics: str) -> str:
     if numerics not in ONNX_NUMERICS:
-        raise TargetError(f"unknown --onnx-numerics {numerics!r}: choose exact (float32, equal to the "
-                          "interpreter) or fast (int8 activations, faster)")
+        raise TargetError(f"unknown --onnx-numerics {numerics!r}: choose weight-only (the default: "
+                          "float32 activations), exact (equal to the interpreter) or fast (int8 "
+                          "activations)")
     return numerics
 
 
@@ -237,7 +240,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     `meta`: read a checkpoint folder's config.json alone (no weights): a graph-only artifact.
     `progress(stage, done, total)` is called as passes run, weights are written and
     executables are emitted (the CLI draws it).
-    `onnx_numerics`: "exact" (the default) or "fast" weight-only matmuls in the ONNX model,
+    `onnx_numerics`: "weight-only" (the default), "exact" or "fast" matmuls in the ONNX model,
     recorded in the model and the manifest (`"onnx_numerics"`); only with "onnx" in `emit`.
     `emit`: the executables to write ("onnx,paddle", see `executables.EXECUTABLES`); None: the
     target's default (`executables.default_emit`: those that read the rank bytes, so every
@@ -323,8 +326,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                                           warnings=warnings))
         emitters = select_emitters(emit_names, explicit=chosen is not None, target=tgt, mode=mode,
                                    model=model, ranks=ranks, mapping=mapping, arch=arch,
-                                   onnx_numerics=onnx_numerics or "exact", warnings=warnings)
-    numerics = (onnx_numerics or "exact") if "onnxruntime" in emitters else None
+                                   onnx_numerics=onnx_numerics or DEFAULT_ONNX_NUMERICS, warnings=warnings)
+    numerics = (onnx_numerics or DEFAULT_ONNX_NUMERICS) if "onnxruntime" in emitters else None
     written = [n for n in emit_names if backend_of(n) in emitters]
     extra: dict[str, Any] = {"params_before": before, "params_after": after, "emit": written}
     if numerics is not None:

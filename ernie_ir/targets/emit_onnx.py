@@ -17,16 +17,23 @@ Weight-only int8/int4 (`form`, `numerics`):
 - "matmulnbits" (default): `com.microsoft.MatMulNBits` with `accuracy_level`
   set explicitly, so the file itself fixes its numerics in any session
   (onnxruntime's optimizer keeps an existing MatMulNBits as written).
-  `numerics="exact"`: accuracy_level 1 (float32 compute, equal to the
-  interpreter to float tolerance); an int8 weight q is written as two 4-bit
+  `numerics="weight-only"` (the default): accuracy_level 1 (float32
+  compute, float32 activations); an int8 weight q is written as two 4-bit
   planes q = 16 * hi + lo (hi in [-8, 7], zero point 8, scale 16 s; lo in
   [0, 15], zero point 0, scale s) and the two products are added: 8-bit
-  MatMulNBits at float32 accuracy is a slow path, 4-bit is not.
+  MatMulNBits at float32 accuracy is a slow path, 4-bit is not. A
+  `dequantize` read only by a `linear` (a kernel fallback) or by the MoE
+  experts becomes MatMulNBits too, so the bf16 rounding of the dequantized
+  weight that the IR states is dropped: the weight is q * s in float32.
+  `numerics="exact"`: the same MatMulNBits for weight-only linears, equal to
+  the interpreter to float tolerance; `dequantize` nodes stay
+  DequantizeLinear and keep their bf16 rounding (slower: the routed experts
+  are dequantized on every call).
   `numerics="fast"`: accuracy_level 4 (activations quantised to int8 per
-  block; faster, not exact), int8 written as one 8-bit MatMulNBits.
+  block; faster, not exact), int8 written as one 8-bit MatMulNBits,
+  `dequantize` + linear / experts as in weight-only.
   Per-channel scales are repeated per block of 128 (or the next power of
-  two >= K); K is padded with the zero point. `dequantize` nodes (which may
-  round to bf16) stay QDQ.
+  two >= K); K is padded with the zero point.
 - "qdq": `DequantizeLinear` (per-axis for per-channel scales, blocked for
   group-wise; int4 initializers are INT4) + `MatMul`, no contrib op. Exact
   only at ORT_ENABLE_BASIC: onnxruntime's default level rewrites it into
@@ -41,7 +48,7 @@ per expert, taken only when the call routes a token to it, gathers the expert's
 rows (NonZero, Gather), runs its FFN on them alone with its weights read from
 initializers of its own (views of the stack's bytes in the data file; a stacked
 int8/int4 `dequantize` read only by the experts is dequantized per expert, in
-the branch; with fast numerics each expert matmul is a MatMulNBits of the
+the branch; with weight-only or fast numerics each expert matmul is a MatMulNBits of the
 expert's own weights instead, and the stack is not written) and adds the
 weighted rows back (ScatterND add). Zero-weight slots
 (experts another rank holds) are skipped. `with dense_moe(): ...` exports the
@@ -67,8 +74,9 @@ from ernie_ir.ops.quant_numerics import num_groups
 
 OPSET = 21
 FORMS = ("matmulnbits", "qdq")
-NUMERICS = ("exact", "fast")
-ACCURACY_LEVEL = {"exact": 1, "fast": 4}
+NUMERICS = ("weight-only", "exact", "fast")
+DEFAULT_NUMERICS = "weight-only"
+ACCURACY_LEVEL = {"weight-only": 1, "exact": 1, "fast": 4}
 """MatMulNBits accuracy_level per numerics: 1 = float32 compute, 4 = int8 activations."""
 META_NUMERICS = "ernie_ir.onnx_numerics"
 META_FORM = "ernie_ir.onnx_form"
@@ -135,7 +143,7 @@ class _ExternalData:
 
 class _Emitter:
     def __init__(self, graph: Graph, form: str, sink: _ExternalData | None = None,
-                 numerics: str = "exact") -> None:
+                 numerics: str = DEFAULT_NUMERICS) -> None:
         self.graph = graph
         self.form = form
         self.numerics = numerics
@@ -324,8 +332,8 @@ class _Emitter:
     def matmul_nbits(self, x: str, q: np.ndarray, qname: str, scale: np.ndarray, group_size: int,
                      bits: int) -> str:
         """com.microsoft.MatMulNBits over logical q [K, N] with scales [N] (per channel) or
-        [groups, N], accuracy_level per `self.numerics` (exact: float32 compute, int8 as two 4-bit
-        planes; fast: int8 activations)."""
+        [groups, N], accuracy_level per `self.numerics` (weight-only, exact: float32 compute, int8
+        as two 4-bit planes; fast: int8 activations)."""
         k, n = q.shape
         s = np.asarray(scale).astype(np.float32)
         block = _nbits_block(k, group_size)
@@ -336,7 +344,7 @@ class _Emitter:
         scales = np.ascontiguousarray(scales.T).reshape(-1)  # [N * nblocks]
         level = ACCURACY_LEVEL[self.numerics]
         self.ms_domain = True
-        if bits == 8 and self.numerics == "exact":
+        if bits == 8 and level == 1:
             q32 = q.astype(np.int32)
             hi, lo = q32 >> 4, q32 & 15  # q = 16 * hi + lo, hi in [-8, 7], lo in [0, 15]
             zeros = np.zeros(n * math.ceil(nblocks / 2), np.uint8)  # 4-bit zero points 0, packed
@@ -387,7 +395,16 @@ class _Emitter:
         return [self.op("Gather", [self.name(table), self.name(node.inputs[0])], axis=0)]
 
     def op_linear(self, node: Node) -> list[str]:
-        y = self.op("MatMul", [self.name(node.inputs[0]), self.name(node.inputs[1])])
+        dq = self.deferred.pop(node.inputs[1], None)
+        if dq is not None:  # dequantize(int) + linear as one MatMulNBits (weight-only, fast numerics)
+            qv = dq.inputs[0]
+            q = self.take(qv)
+            bits = 4 if qv.type.dtype == DType.I4 else 8
+            qname = qv.name if isinstance(qv, Param) else self.fresh("unpacked")
+            y = self.matmul_nbits(self.name(node.inputs[0]), q, qname, self.array(dq.inputs[1]),
+                                  dq.attrs.group_size, bits)
+        else:
+            y = self.op("MatMul", [self.name(node.inputs[0]), self.name(node.inputs[1])])
         if len(node.inputs) > 2 and node.inputs[2] is not None:
             y = self.op("Add", [y, self.name(node.inputs[2])])
         return [y]
@@ -425,9 +442,9 @@ class _Emitter:
         qv = node.inputs[0]
         if qv.type.dtype not in (DType.I8, DType.I4):
             raise self.fail(f"only int8/int4 dequantize lowers, not {qv.type.dtype}")
-        if self._nbits_experts(node):
+        if self._nbits_experts(node) or self._nbits_linear(node):
             self.deferred[node.outputs[0]] = node
-            return [self.fresh("deferred_expert_stack")]  # no node reads it: the MoE lowers it per expert
+            return [self.fresh("deferred_dequantize")]  # no node reads it: its reader lowers it
         q = self.take(qv)
         qname = qv.name if isinstance(qv, Param) else self.fresh("unpacked")
         w = self.dequant(q, qname, node.inputs[1], node.attrs.group_size)
@@ -695,14 +712,25 @@ class _Emitter:
             if n not in read:
                 self.inits.pop(n, None)
 
+    def _nbits_linear(self, node: Node) -> bool:
+        """Whether this `dequantize` of a [K, N] weight (a fallback of the target's kernel choice)
+        is lowered, with the `linear` that is its only reader, as one MatMulNBits: with
+        weight-only or fast numerics (not exact: the bf16 rounding of the dequantized weight is
+        dropped), when its groups fit MatMulNBits."""
+        uses = node.outputs[0].uses
+        k = node.inputs[0].type.shape[0] if node.inputs[0].type.rank == 2 else None
+        return (self.form == "matmulnbits" and self.numerics != "exact"
+                and isinstance(k, int) and _nbits_block(k, node.attrs.group_size) is not None
+                and len(uses) == 1 and uses[0][0].op == "linear" and uses[0][1] == 1)
+
     def _nbits_experts(self, node: Node) -> bool:
         """Whether this `dequantize` of an expert stack is lowered per expert as MatMulNBits: with
-        fast numerics (int8 activations: the bf16 rounding of the dequantized weight that exact
-        numerics keep is not there either), in the sparse form, when the MoE is its only reader
-        and the groups fit MatMulNBits."""
+        weight-only or fast numerics (the bf16 rounding of the dequantized weight that exact
+        numerics keep is dropped), in the sparse form, when the MoE is its only reader and the
+        groups fit MatMulNBits."""
         uses = node.outputs[0].uses
         k = node.inputs[0].type.shape[-2] if node.inputs[0].type.rank == 3 else None
-        return (self.form == "matmulnbits" and self.numerics == "fast" and self.moe_form == "sparse"
+        return (self.form == "matmulnbits" and self.numerics != "exact" and self.moe_form == "sparse"
                 and isinstance(k, int) and _nbits_block(k, node.attrs.group_size) is not None
                 and len(uses) == 1 and uses[0][0].op in ("moe_experts", "moe_experts_lora")
                 and uses[0][1] in (3, 4))
@@ -862,31 +890,38 @@ def unsupported_ops(graph: Graph) -> list[str]:
     return sorted({n.op for n in graph if not lowers(n.opdef)})
 
 
-def _check_choice(form: str, numerics: str) -> None:
+def _check_choice(form: str, numerics: str | None) -> str:
+    """The numerics to write (`None`: the default of the form; qdq has only exact), checked."""
+    if numerics is None:
+        numerics = "exact" if form == "qdq" else DEFAULT_NUMERICS
     if form not in FORMS:
         raise OnnxExportError(f"unknown ONNX form {form!r}: choose one of {', '.join(FORMS)}")
     if numerics not in NUMERICS:
-        raise OnnxExportError(f"unknown ONNX numerics {numerics!r}: choose exact or fast")
+        raise OnnxExportError(f"unknown ONNX numerics {numerics!r}: choose {', '.join(NUMERICS)}")
     if form == "qdq" and numerics != "exact":
-        raise OnnxExportError("ONNX form qdq has no fast numerics of its own (onnxruntime's default "
-                              "optimizer chooses them): use form matmulnbits for numerics fast")
+        raise OnnxExportError(f"ONNX form qdq has no {numerics} numerics of its own (onnxruntime's "
+                              "default optimizer chooses them): use form matmulnbits for numerics "
+                              f"{numerics}")
+    return numerics
 
 
-def build_onnx(graph: Graph, *, form: str = "matmulnbits", numerics: str = "exact") -> onnx.ModelProto:
+def build_onnx(graph: Graph, *, form: str = "matmulnbits", numerics: str | None = None) -> onnx.ModelProto:
     """The ONNX model of `graph` in memory (initializers inline)."""
-    _check_choice(form, numerics)
+    numerics = _check_choice(form, numerics)
     return _Emitter(graph, form, numerics=numerics).run()
 
 
 def emit_onnx(graph: Graph, folder: Path, *, form: str = "matmulnbits",
-              numerics: str = "exact") -> list[Path]:
+              numerics: str | None = None) -> list[Path]:
     """Write `folder/model.onnx` + `folder/model.onnx.data` (every initializer external); returns both.
 
-    `numerics`: "exact" (float32 weight-only matmuls, equal to the interpreter in any
-    onnxruntime session) or "fast" (int8 activations in the matmuls, accuracy_level 4); recorded
-    in the model's metadata. The model passes `onnx.checker.check_model` (checked here, path-based).
+    `numerics` (see the module): "weight-only" (the default: float32 activations, every
+    quantized weight dequantized in float32 inside a MatMulNBits), "exact" (equal to the
+    interpreter, the bf16 rounding of dequantized weights included, in any onnxruntime session)
+    or "fast" (int8 activations in the matmuls, accuracy_level 4); recorded in the model's
+    metadata. The model passes `onnx.checker.check_model` (checked here, path-based).
     """
-    _check_choice(form, numerics)
+    numerics = _check_choice(form, numerics)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / MODEL_FILE

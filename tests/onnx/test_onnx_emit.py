@@ -42,7 +42,8 @@ def _check(ref: np.ndarray, got: np.ndarray) -> float:
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str | None], Path]:
     root = tmp_path_factory.mktemp("onnx")
-    return {(m, q): Path(compile_model(m, "cuda", quant=q, out=root / f"{m}-{q}", emit="onnx").out)
+    return {(m, q): Path(compile_model(m, "cuda", quant=q, out=root / f"{m}-{q}", emit="onnx",
+                                       onnx_numerics="exact").out)
             for m, q in CASES}
 
 
@@ -77,7 +78,7 @@ def test_quantized_onnx_keeps_int_weights(artifacts: dict) -> None:
 @pytest.mark.parametrize("case", [("ernie-4.5-21b-a3b@tiny", "wint8mix"), ("ernie-4.5-0.3b@tiny", "wint8")])
 def test_matmulnbits_form_is_exact(artifacts: dict, tmp_path: Path, case: tuple[str, str]) -> None:
     graph = load_artifact(artifacts[case])
-    path, _ = emit_onnx(graph, tmp_path, form="matmulnbits")
+    path, _ = emit_onnx(graph, tmp_path, form="matmulnbits", numerics="exact")
     model = onnx.load(str(path), load_external_data=False)
     assert any(n.op_type == "MatMulNBits" and n.domain == "com.microsoft" for n in model.graph.node)
     from ernie_ir.runtime import run_graph
@@ -115,7 +116,7 @@ def test_default_artifacts_have_no_onnx(tmp_path: Path) -> None:
 
 def test_emit_onnx_on_ascend_agrees_with_interpreter(tmp_path: Path) -> None:
     art = Path(compile_model("ernie-4.5-21b-a3b@tiny", "ascend", quant="wint8mix", out=tmp_path / "a",
-                             emit="onnx").out)
+                             emit="onnx", onnx_numerics="exact").out)
     assert read_manifest(art)["backends"] == ["interpreter", "onnxruntime"]
     ids = _ids(2, 5)
     _check(run_artifact(art, ids, "interpreter"), run_artifact(art, ids, "onnxruntime"))

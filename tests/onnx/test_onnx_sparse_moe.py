@@ -46,9 +46,9 @@ def test_sparse_onnx_equals_interpreter_and_dense(case: str, tmp_path: Path) -> 
     experts = [n for n in g if n.op in ("moe_experts", "moe_experts_lora")]
     assert experts
     ref = run_graph(g, {"input_ids": IDS})["logits"]
-    sparse, _ = emit_onnx(g, tmp_path / "sparse")
+    sparse, _ = emit_onnx(g, tmp_path / "sparse", numerics="exact")
     with dense_moe():
-        dense, _ = emit_onnx(g, tmp_path / "dense")
+        dense, _ = emit_onnx(g, tmp_path / "dense", numerics="exact")
     got, got_dense = logits_of(sparse), logits_of(dense)
     tol = 1e-4 * float(np.abs(ref).max())
     assert np.abs(got - ref).max() <= tol
@@ -79,14 +79,14 @@ def test_64_experts_packed_at_sm80_sparse(tmp_path: Path) -> None:
     assert any(n.op == "unpack_weight" for n in g)  # the packed-expert path at the default sm80
     assert all(n.inputs[3].type.shape[0] == 64 for n in g if n.op == "moe_experts")
     ref = run_graph(g, {"input_ids": IDS})["logits"]
-    path, _ = emit_onnx(g, tmp_path / "m")
+    path, _ = emit_onnx(g, tmp_path / "m", numerics="exact")
     got = logits_of(path)
     assert np.abs(got - ref).max() <= 1e-4 * float(np.abs(ref).max())
 
 
 def test_int4_experts_keep_their_bytes_once(tmp_path: Path) -> None:
     g = moe_graph("wint4,legalize-cuda{cuda_arch=80}")
-    path, data = emit_onnx(g, tmp_path / "m")
+    path, data = emit_onnx(g, tmp_path / "m", numerics="exact")
     model = onnx.load(str(path), load_external_data=False)
     ends = [(int(e["offset"]), int(e["length"]))
             for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL

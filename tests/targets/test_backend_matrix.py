@@ -37,7 +37,10 @@ def test_every_backend_agrees(model: str, target: str, quant: str | None, tmp_pa
     out = tmp_path / "artifact"
     # every executable each target can carry: kunlun's packed XPU int8 has no ONNX lowering
     onnx = target != "kunlun" or quant is None
-    compile_model(model, target, quant=quant, out=out, emit="onnx,paddle" if onnx else "paddle")
+    # exact ONNX numerics: the backends' agreement is to float32 tolerance (the default weight-only
+    # numerics drop the bf16 rounding of dequantized experts; tests/onnx bounds that)
+    compile_model(model, target, quant=quant, out=out, emit="onnx,paddle" if onnx else "paddle",
+                  onnx_numerics="exact" if onnx else None)
     manifest = verify_artifact(out)
     backends = manifest["backends"]
     assert backends == ["interpreter", "onnxruntime", "paddle"] if onnx else ["interpreter", "paddle"]
