@@ -16,19 +16,19 @@ from ernie_ir.cli.app import main
 def cli(capsys: pytest.CaptureFixture[str], *argv: str, width: int | None = None) -> tuple[int, str, str]:
     """`ernie-ir ARGV` in this process: (exit code, stdout, stderr). `width`: lay rich tables out at
     that many columns (in-process they get 80 unless told otherwise)."""
-    from ernie_ir.cli import app
+    from ernie_ir.cli import common
 
     capsys.readouterr()
-    saved = app.out._width, app.err._width
+    saved = common.out._width, common.err._width
     if width is not None:
-        app.out._width = app.err._width = width
+        common.out._width = common.err._width = width
     try:
         main(list(argv))
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
-        app.out._width, app.err._width = saved
+        common.out._width, common.err._width = saved
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

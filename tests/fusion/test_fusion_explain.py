@@ -68,18 +68,19 @@ def test_matches_are_listed() -> None:
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    from ernie_ir.cli import app
+    from ernie_ir.cli import common
+    from ernie_ir.cli.app import main
 
-    saved = app.out._width
-    app.out._width = 240  # rich lays tables out at 80 columns in process
+    saved = common.out._width
+    common.out._width = 240  # rich lays tables out at 80 columns in process
     capsys.readouterr()
     try:
-        app.main(list(argv))
+        main(list(argv))
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0
     finally:
-        app.out._width = saved
+        common.out._width = saved
     return code, capsys.readouterr().out
 
 

@@ -824,7 +824,7 @@ def memory_property(text: str) -> None:
 
 
 def tokens_property(text: str) -> None:
-    from ernie_ir.cli.app import _parse_tokens
+    from ernie_ir.cli.run_cmds import _parse_tokens
 
     ids = _parse_tokens(text)
     assert ids.dtype == np.int64 and ids.ndim == 2 and ids.size >= 1
@@ -884,7 +884,7 @@ def npy_files(draw: Any) -> bytes:
 
 
 def npy_tokens_property(path: Path, raw: bytes) -> None:
-    from ernie_ir.cli.app import _parse_tokens
+    from ernie_ir.cli.run_cmds import _parse_tokens
 
     path.write_bytes(raw)
     ids = _parse_tokens(str(path))

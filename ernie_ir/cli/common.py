@@ -1,0 +1,193 @@
+"""What the commands share: the consoles, the option types and the pipeline flags.
+
+`out` and `err` are rich Consoles made on first use. The option types (`ModelArg`,
+`QuantOpt`, `LoraRankOpt`, `TrustOpt`, ...) are typer annotations, so a flag reads the
+same in every command that takes it. `full_pipeline` and `load_rewritten` turn
+--pipeline, --quant, --lora-* and the bisecting and printing flags into a rewritten graph.
+
+Like every module of the CLI, this one imports nothing of the library at module level
+(see app.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from ernie_ir.ir import Graph
+
+
+class _LazyConsole:
+    """A rich Console made on first use (importing rich.console is a fifth of `--version`);
+    attributes read and written go to that Console (`get()` hands it to rich itself)."""
+
+    def __init__(self, **options: Any) -> None:
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_console", None)
+
+    def get(self) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            object.__setattr__(self, "_console", Console(**self._options))
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.get(), name, value)
+
+
+err = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
+out = _LazyConsole(highlight=False, soft_wrap=True)
+
+
+ModelArg = Annotated[
+    str, typer.Argument(help="An .ir file, a graph folder, a model folder or a built-in name.")
+]
+PipelineOpt = Annotated[
+    str | None,
+    typer.Option("--pipeline", "-p", help="Passes to run: 'canonicalize,cse,dce' or a YAML file."),
+]
+QuantOpt = Annotated[
+    str | None,
+    typer.Option("--quant", help="Quantization preset: none, wint8, wint4, wint8mix, qat-int8, fp8 "
+                 "(or an ERNIEKit/FastDeploy alias)."),
+]
+QuantConfigOpt = Annotated[
+    Path | None, typer.Option("--quant-config", help="A YAML quantization config (rules by scope).")
+]
+LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", help="Insert LoRA adapters of rank R.")]
+LoraAlphaOpt = Annotated[float | None, typer.Option("--lora-alpha", help="LoRA alpha (default 2*rank).")]
+LoraTargetsOpt = Annotated[
+    str | None,
+    typer.Option("--lora-targets",
+                 help="Comma-separated regexes, each matching a whole module name (e.g. '.*qkv_proj')."),
+]
+LoraAdapterOpt = Annotated[
+    Path | None, typer.Option("--lora-adapter", help="Import a paddleformers LoRA adapter folder.")
+]
+TrustOpt = Annotated[
+    bool, typer.Option("--trust-pickle", help="Allow loading pickle-based .pdparams checkpoints.")
+]
+MetaOpt = Annotated[bool, typer.Option("--meta", help="Read a checkpoint folder's config.json only: "
+                                       "the full-size graph without weights.")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (attention heads, FFN, vocab).")]
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (whole routed experts per group).")]
+DisablePassOpt = Annotated[
+    list[str] | None,
+    typer.Option("--disable-pass", help="Skip pass NAME wherever the pipeline has it (repeatable, or "
+                 "comma-separated): for bisecting."),
+]
+StopAfterOpt = Annotated[
+    str | None,
+    typer.Option("--stop-after", help="End the pipeline after pass NAME (its first occurrence) or after "
+                 "the N-th pass: for bisecting."),
+]
+
+
+def full_pipeline(pipeline: str | None, quant: str | None, quant_config: Path | None,
+                   lora_rank: int | None, lora_alpha: float | None, lora_targets: str | None,
+                   lora_adapter: Path | None) -> str | None:
+    """The user's --pipeline, then what the quantization and LoRA flags expand to."""
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.passes.quant_cli import pipeline_for
+
+    if pipeline and pipeline.endswith((".yaml", ".yml")) and (quant or quant_config or lora_rank
+                                                              or lora_adapter):
+        raise ErnieIRError("--pipeline FILE.yaml cannot be combined with --quant/--lora-* flags: "
+                           "put those passes in the YAML file")
+    targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
+    extra = pipeline_for(quant, quant_config, lora_rank, lora_alpha, targets, lora_adapter)
+    parts = [p for p in (pipeline, extra) if p]
+    return ",".join(parts) or None
+
+
+def split_names(values: list[str] | None) -> list[str]:
+    return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+
+
+def load_rewritten(model: str, pipeline: str | None, *, trust_pickle: bool, meta: bool = False,
+                    print_before: Sequence[str] = (), print_after: Sequence[str] = (),
+                    dump_dir: Path | None = None, timing: bool = False,
+                    disable_pass: list[str] | None = None, stop_after: str | None = None) -> Graph:
+    """MODEL loaded, verified, and rewritten by `pipeline` under the requested instruments."""
+    from ernie_ir.ir.verifier import verify
+    from ernie_ir.load import load_input
+
+    graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
+    verify(graph)
+    _run_pipeline(graph, pipeline, print_before=list(print_before), print_after=list(print_after),
+                  dump_dir=dump_dir, timing=timing, disabled=split_names(disable_pass), stop_after=stop_after)
+    return graph
+
+
+def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str],
+                  print_after: list[str], dump_dir: Path | None, timing: bool,
+                  disabled: list[str] | None = None, stop_after: str | None = None) -> None:
+    from rich.table import Table
+
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.passes import (
+        DumpInstrument,
+        PrintIRInstrument,
+        TimingInstrument,
+        load_pipeline,
+        run_pipeline,
+    )
+    from ernie_ir.passes.base import graph_properties
+    from ernie_ir.passes.pipeline import describe_restriction
+
+    disabled = disabled or []
+    if not pipeline:
+        if print_before or print_after or dump_dir or timing or disabled or stop_after is not None:
+            raise ErnieIRError("--print-before/--print-after/--dump-dir/--timing/--disable-pass/"
+                               "--stop-after need --pipeline")
+        return
+    pl = load_pipeline(pipeline, initial=graph_properties(graph))
+    if disabled or stop_after is not None:
+        full, pl = pl, pl.restricted(disabled, stop_after)
+        pl.check_order(graph_properties(graph))
+        err.print("note: " + describe_restriction(full, pl, stopped=stop_after is not None),
+                  markup=False)
+    names = {p.name for p in pl}
+    for n in [*print_before, *print_after]:
+        if n != "*" and n not in names:
+            raise ErnieIRError(f"--print-before/--print-after: pass {n!r} is not in the pipeline "
+                               f"({', '.join(sorted(names))})")
+    instruments = []
+    tim = TimingInstrument()
+    if timing:
+        instruments.append(tim)
+    if print_before or print_after:
+        instruments.append(PrintIRInstrument(lambda s: err.print(s, markup=False),
+                                             before=print_before, after=print_after))
+    if dump_dir is not None:
+        instruments.append(DumpInstrument(dump_dir))  # refuses a non-empty folder
+    from ernie_ir.runtime import Interpreter
+
+    result = run_pipeline(graph, pl, instruments=instruments, evaluator=Interpreter)
+    for w in result.warnings:
+        err.print(f"warning: {w}", markup=False)
+    if timing:
+        t = Table(title=f"pipeline {pl}")
+        t.add_column("#", justify="right")
+        t.add_column("pass")
+        t.add_column("pass ms", justify="right")
+        t.add_column("verify ms", justify="right")
+        t.add_column("print ms", justify="right")
+        t.add_column("changed")
+        t.add_column("rewrites")
+        for r in tim.rows:
+            counts = result.stats.get(f"{r.index}:{r.spec.split('{')[0]}", {})
+            t.add_row(str(r.index), r.spec, f"{r.seconds * 1e3:.2f}", f"{r.verify_seconds * 1e3:.2f}",
+                      f"{r.instrument_seconds * 1e3:.2f}", "yes" if r.changed else "no",
+                      ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+        t.add_row("", "total", f"{tim.total * 1e3:.2f}", f"{tim.total_verify * 1e3:.2f}",
+                  f"{tim.total_instruments * 1e3:.2f}", "", "", style="bold")
+        err.print(t)

@@ -1,0 +1,152 @@
+"""`ernie-ir compile` (a model into an artifact folder) and `ernie-ir verify` (an artifact's
+files against its manifest). The report's fallback lines are compile_view.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .common import (
+    DisablePassOpt,
+    EpOpt,
+    LoraAdapterOpt,
+    LoraAlphaOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    MetaOpt,
+    ModelArg,
+    PipelineOpt,
+    QuantConfigOpt,
+    QuantOpt,
+    TpOpt,
+    TrustOpt,
+    err,
+    out,
+    split_names,
+)
+
+
+def compile(
+    model: ModelArg,
+    target: Annotated[str, typer.Option("--target", "-t", help="cuda, ascend or kunlun.")],
+    quant: QuantOpt = None,
+    mode: Annotated[str, typer.Option("--mode", help="inference or training.")] = "inference",
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_adapter: LoraAdapterOpt = None,
+    quant_config: QuantConfigOpt = None,
+    tp: TpOpt = 1,
+    ep: EpOpt = 1,
+    pipeline: PipelineOpt = None,
+    cuda_arch: Annotated[
+        int | None, typer.Option("--cuda-arch", help="--target cuda only: 70, 75, 80, 86, 89 or 90 "
+                                 "(default 80).")
+    ] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Artifact folder to write.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing artifact folder.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    meta: MetaOpt = False,
+    trust_pickle: TrustOpt = False,
+    onnx_numerics: Annotated[
+        str | None, typer.Option("--onnx-numerics", help="With --emit onnx: weight-only (default: "
+                          "float32 activations, weights dequantized in float32), exact (equal to the "
+                          "interpreter in any onnxruntime session) or fast (int8 activations).")
+    ] = None,
+    emit: Annotated[
+        str | None, typer.Option("--emit", help="Executables to write, comma-separated: paddle, "
+                                 "fastdeploy, onnx, paddle-inference (default: those that read the rank "
+                                 "weights: paddle, plus fastdeploy for cuda inference).")
+    ] = None,
+    disable_pass: DisablePassOpt = None,
+    stop_after: Annotated[str | None, typer.Option(
+        "--stop-after", help="End the pipeline after pass NAME or the N-th pass and write the graph "
+        "there to --out as a graph folder, not an artifact: for bisecting.")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="List every fallback's scope (without it: one line per reason, the "
+        "first 3 scopes and how many more).")] = False,
+) -> None:
+    """Compile a model for a target into an artifact folder (written atomically)."""
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.targets import compile_model
+    from ernie_ir.targets.cuda.packing import DEFAULT_CUDA_ARCH
+
+    if cuda_arch is not None and target.strip().lower() != "cuda":
+        raise ErnieIRError(f"--cuda-arch applies to --target cuda only, not {target}: drop it")
+    arch = DEFAULT_CUDA_ARCH if cuda_arch is None else cuda_arch
+    targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
+    # Progress goes to stderr, so --json output stays one clean object on stdout.
+    with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err.get(), transient=json_out,
+                  disable=not err.is_terminal) as bar:
+        tasks: dict[str, object] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            key = stage.split(" ")[0]
+            if key not in tasks:
+                tasks[key] = bar.add_task(stage, total=total)
+            bar.update(tasks[key], completed=done, total=total, description=stage)  # type: ignore[arg-type]
+
+        report = compile_model(model, target, quant=quant, mode=mode, pipeline=pipeline,
+                               lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
+                               lora_adapter=lora_adapter, quant_config=quant_config,
+                               cuda_arch=arch, tp=tp, ep=ep, out=out_dir, force=force,
+                               trust_pickle=trust_pickle, meta=meta, progress=progress,
+                               onnx_numerics=onnx_numerics, emit=emit,
+                               disabled_passes=split_names(disable_pass), stop_after=stop_after)
+    data = report.as_dict()
+    if json_out:
+        print(json.dumps(data, default=str))
+        return
+    for w in report.warnings:
+        err.print(f"warning: {w}", markup=False)
+    if report.stopped:
+        out.print(f"{report.stopped}: wrote the graph folder {report.out} (not an artifact; "
+                  f"`ernie-ir show {report.out}` prints it)", markup=False)
+        return
+    out.print(f"compiled {model} for {target} ({mode}) -> {report.out}", markup=False)
+    if report.parallel:
+        out.print(f"layout: {report.parallel}", markup=False)
+    out.print(f"pipeline: {report.pipeline}", markup=False)
+    out.print(f"executables: {', '.join(report.emit) or 'none (graph only)'}", markup=False)
+    if report.onnx_numerics is not None:
+        out.print(f"onnx numerics: {report.onnx_numerics}", markup=False)
+    t = Table(title="params by dtype")
+    t.add_column("dtype")
+    t.add_column("before", justify="right")
+    t.add_column("after", justify="right")
+    for dtype in sorted(set(report.params_before) | set(report.params_after)):
+        b = report.params_before.get(dtype, {})
+        a = report.params_after.get(dtype, {})
+        t.add_row(dtype, f"{b.get('count', 0)} / {b.get('bytes', 0):,} B",
+                  f"{a.get('count', 0)} / {a.get('bytes', 0):,} B")
+    out.print(t)
+    plan = Table(title="kernel plan")
+    plan.add_column("kernel")
+    plan.add_column("nodes", justify="right")
+    counts: dict[str, int] = {}
+    for k in report.kernel_plan:
+        counts[k["kernel"]] = counts.get(k["kernel"], 0) + 1
+    for kernel, n in sorted(counts.items()):
+        plan.add_row(kernel, str(n))
+    out.print(plan)
+    from ernie_ir.cli.compile_view import fallback_lines
+
+    for line in fallback_lines(report.fallback_groups(), verbose=verbose):  # one line per reason
+        out.print(line, markup=False)
+
+
+def verify_cmd(artifact: Annotated[Path, typer.Argument(help="An artifact folder.")]) -> None:
+    """Re-check the sha256 of every file of an artifact against its manifest."""
+    from ernie_ir.targets import verify_artifact
+
+    manifest = verify_artifact(artifact)
+    files = manifest.get("files", {})
+    out.print(f"ok: {artifact} ({len(files)} files match the manifest)", markup=False)

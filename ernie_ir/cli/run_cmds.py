@@ -1,0 +1,325 @@
+"""`ernie-ir run` (logits of a model or an artifact on this machine's CPU) and `ernie-ir train`
+(AdamW steps on a training artifact); a multi-rank artifact runs one paddle.distributed
+process per rank, and its failure prints the rank's log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from .common import (
+    DisablePassOpt,
+    LoraAdapterOpt,
+    LoraAlphaOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    ModelArg,
+    PipelineOpt,
+    QuantConfigOpt,
+    QuantOpt,
+    StopAfterOpt,
+    TrustOpt,
+    err,
+    full_pipeline,
+    load_rewritten,
+    out,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ernie_ir.ir import Graph
+
+
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", help="Seconds a multi-rank paddle run may take (default: run 600, train 3600).")
+]
+
+
+def _parse_tokens(tokens: str) -> np.ndarray:
+    """`1,2,3` (one sequence) or a .npy file of int token ids [batch, seq]."""
+    import numpy as np
+
+    from ernie_ir.ir import ErnieIRError
+
+    if tokens.endswith(".npy"):
+        from ernie_ir.ir.inputs import read_token_ids
+
+        if not Path(tokens).exists():
+            raise ErnieIRError(f"--tokens {tokens}: no such file")
+        return read_token_ids(tokens, "--tokens file")
+    try:
+        values = [int(t) for t in tokens.split(",") if t.strip()]
+        if not values:
+            raise ErnieIRError("--tokens: give at least one token id")
+        return np.asarray([values], dtype=np.int64)
+    except (ValueError, OverflowError):
+        raise ErnieIRError(f"--tokens {tokens!r}: expected comma-separated integers such as 1,2,3 "
+                           "(each a valid token id) or a .npy file") from None
+
+
+def _logits(graph: Graph, ids: np.ndarray, emulate: str | None) -> np.ndarray:
+    from ernie_ir.ir import DType, ErnieIRError
+    from ernie_ir.ops.positions import check_sequence_length
+    from ernie_ir.runtime import Interpreter
+
+    if len(graph.inputs) != 1 or not graph.inputs[0].type.dtype.is_int or not graph.outputs:
+        raise ErnieIRError(f"graph {graph.name} does not take token ids: inputs "
+                           f"{[v.name for v in graph.inputs]}")
+    check_sequence_length(graph, int(ids.shape[1]))  # before any [batch, seq, hidden] is allocated
+    mode = DType.parse(emulate) if emulate else None
+    outputs = Interpreter(graph, emulate=mode).run({graph.inputs[0].name or "": ids})
+    return outputs[graph.output_names[0]]
+
+
+def _is_multi_rank(model: str) -> bool:
+    """An artifact folder with more than one rank (the interpreter runs its ranks as SPMD)."""
+    if not (Path(model) / "manifest.json").is_file():
+        return False
+    from ernie_ir.targets import artifact_mapping, read_manifest
+
+    return artifact_mapping(read_manifest(model)).world_size > 1
+
+
+@contextmanager
+def _rank_log_on_error() -> Iterator[None]:
+    """A failed paddle.distributed run: its one-line error, then the tail of the rank's log."""
+    from rich.markup import escape
+
+    from ernie_ir.runtime.launcher import DistributedRunError
+
+    try:
+        yield
+    except DistributedRunError as e:
+        err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True)
+        if e.log_tail:
+            err.print("--- end of the rank's log ---", markup=False)
+            err.print(e.log_tail, markup=False, highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _check_finite(model: str, logits: np.ndarray) -> None:
+    import numpy as np
+
+    from ernie_ir.ir import ErnieIRError
+
+    bad = int(np.size(logits) - np.count_nonzero(np.isfinite(logits)))
+    if bad:
+        raise ErnieIRError(f"{model}: {bad} of {np.size(logits)} logits are NaN or Inf: a weight of the "
+                           "model is probably NaN/Inf or overflows; check or re-export the checkpoint")
+
+
+def run(
+    model: ModelArg,
+    tokens: Annotated[str, typer.Option("--tokens", help="Token ids: 1,2,3 or a .npy [batch, seq].")],
+    pipeline: PipelineOpt = None,
+    compare_to: Annotated[
+        str | None, typer.Option("--compare-to", help="Reference model (float) to compare logits with.")
+    ] = None,
+    save_logits: Annotated[
+        Path | None, typer.Option("--save-logits", help="Write float32 logits [batch, seq, vocab].")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    emulate: Annotated[
+        str | None, typer.Option("--emulate", help="Round activations typed bf16/f16 after each op.")
+    ] = None,
+    backend: Annotated[
+        str, typer.Option("--backend", help="interpreter, or for an artifact: onnxruntime or paddle "
+                          "(several ranks: one paddle.distributed process per rank).")
+    ] = "interpreter",
+    timeout: TimeoutOpt = None,
+    quant: QuantOpt = None,
+    quant_config: QuantConfigOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_adapter: LoraAdapterOpt = None,
+    disable_pass: DisablePassOpt = None,
+    stop_after: StopAfterOpt = None,
+    trust_pickle: TrustOpt = False,
+) -> None:
+    """Run a model or an artifact on this machine's CPU (float32 where the CPU lacks bf16)."""
+    import json
+
+    import numpy as np
+
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.ir.verifier import verify
+    from ernie_ir.load import load_input
+    from ernie_ir.runtime.compare import compare_logits
+
+    pipeline = full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
+                              lora_adapter)
+    if (Path(model) / "manifest.json").is_file():
+        from ernie_ir.targets import read_manifest, require_weights
+
+        require_weights(Path(model), read_manifest(model))
+    if backend not in ("interpreter", "onnxruntime", "paddle"):
+        raise ErnieIRError(f"--backend {backend!r}: choose interpreter, onnxruntime or paddle")
+    ids = _parse_tokens(tokens)
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise ErnieIRError(f"--timeout {timeout}: give a finite number of seconds above 0")
+    if emulate is not None and emulate not in ("bf16", "f16"):
+        raise ErnieIRError(f"--emulate {emulate!r}: choose bf16 or f16 (activation rounding)")
+    if save_logits is not None and not save_logits.parent.is_dir():
+        raise ErnieIRError(f"--save-logits {save_logits}: folder {save_logits.parent} does not exist: "
+                           "create it or choose another path")
+    if save_logits is not None and save_logits.is_dir():
+        raise ErnieIRError(f"--save-logits {save_logits}: cannot write it (it is a folder): name a "
+                           f"file, e.g. {save_logits / 'logits.npy'}")
+    if (disable_pass or stop_after is not None) and not pipeline:
+        raise ErnieIRError("--disable-pass/--stop-after need a pipeline (--pipeline, --quant or --lora-*)")
+    if backend == "interpreter" and not pipeline and not emulate and _is_multi_rank(model):
+        from ernie_ir.runtime.artifact_runner import run_artifact
+
+        logits = run_artifact(Path(model), ids, backend)
+    elif backend != "interpreter":
+        if pipeline or emulate:
+            raise ErnieIRError(f"--backend {backend} runs an artifact as compiled: drop --pipeline, "
+                               "--quant, --lora-* and --emulate (or use --backend interpreter)")
+        from ernie_ir.runtime.artifact_runner import run_artifact
+
+        with _rank_log_on_error():
+            logits = run_artifact(Path(model), ids, backend, timeout_s=timeout)
+    else:
+        graph = load_rewritten(model, pipeline, trust_pickle=trust_pickle, disable_pass=disable_pass,
+                                stop_after=stop_after)
+        logits = _logits(graph, ids, emulate)
+    _check_finite(model, logits)
+    report: dict[str, object] = {
+        "model": model,
+        "backend": backend,
+        "logits_shape": list(logits.shape),
+        "argmax": np.argmax(logits, axis=-1).tolist(),
+    }
+    if compare_to is not None:
+        ref_graph = load_input(compare_to, trust_pickle=trust_pickle)
+        verify(ref_graph)
+        ref_logits = _logits(ref_graph, ids, None)
+        _check_finite(compare_to, ref_logits)
+        if ref_logits.shape != logits.shape:
+            raise ErnieIRError(f"--compare-to {compare_to}: its logits are {list(ref_logits.shape)}, "
+                               f"{model}'s are {list(logits.shape)} (a different vocabulary): compare "
+                               "against the float model this one was made from")
+        report.update(compare_logits(logits, ref_logits).as_dict())
+        report["compare_to"] = compare_to
+    if save_logits is not None:
+        try:
+            with open(save_logits, "wb") as f:  # that path: np.save(path) would append .npy
+                np.save(f, logits.astype(np.float32))
+        except OSError as e:
+            raise ErnieIRError(f"--save-logits {save_logits}: cannot write it ({e.strerror or e}): "
+                               "choose a writable path") from None
+        report["saved"] = str(save_logits)
+    if json_out:
+        print(json.dumps(report))
+        return
+    out.print(f"logits {report['logits_shape']}  argmax {report['argmax']}", markup=False)
+    if compare_to is not None:
+        out.print(f"vs {compare_to}: max_abs_error {report['max_abs_error']:.3e}  rel_error "
+                  f"{report['rel_error']:.3e}  top1_agreement {report['top1_agreement']:.3f}",
+                  markup=False)
+
+
+def train(
+    artifact: Annotated[Path, typer.Argument(help="An artifact compiled with --mode training.")],
+    steps: Annotated[int, typer.Option("--steps", "--max-steps", min=1, help="Optimizer steps.")],
+    data: Annotated[
+        Path | None, typer.Option("--data", help='JSON lines {"input_ids": [...]}; default: a fixed batch.')
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="YAML or JSON of training options (these names or ERNIEKit's: "
+                     "learning_rate, per_device_train_batch_size, gradient_accumulation_steps, "
+                     "max_grad_norm, weight_decay, adam_beta1/2, adam_epsilon, warmup_steps, "
+                     "lr_scheduler_type, seed); flags given override it."),
+    ] = None,
+    lr: Annotated[float | None, typer.Option("--lr", "--learning-rate",
+                                             help="AdamW peak learning rate (recipe: 1e-3).")] = None,
+    batch_size: Annotated[int | None, typer.Option(
+        "--batch-size", "--per-device-train-batch-size", help="Sequences per batch (recipe: 4).")] = None,
+    grad_accum: Annotated[int | None, typer.Option(
+        "--grad-accum", "--gradient-accumulation-steps",
+        help="Batches per optimizer step, weighted by their token counts (recipe: 1).")] = None,
+    clip_norm: Annotated[float | None, typer.Option(
+        "--clip-norm", "--max-grad-norm", help="Global gradient-norm clip, 0 = none (recipe: 1.0).")] = None,
+    weight_decay: Annotated[float | None, typer.Option(
+        "--weight-decay", help="AdamW decoupled weight decay (recipe: 0).")] = None,
+    beta1: Annotated[float | None, typer.Option(
+        "--beta1", "--adam-beta1", help="AdamW beta1 (0.9).")] = None,
+    beta2: Annotated[float | None, typer.Option(
+        "--beta2", "--adam-beta2", help="AdamW beta2 (0.999).")] = None,
+    eps: Annotated[float | None, typer.Option(
+        "--eps", "--adam-epsilon", help="AdamW epsilon (1e-8).")] = None,
+    warmup_steps: Annotated[int | None, typer.Option(
+        "--warmup-steps", help="Steps of linear warmup from 0 (recipe: 0).")] = None,
+    schedule: Annotated[str | None, typer.Option(
+        "--schedule", "--lr-scheduler-type",
+        help="After warmup: constant, linear or cosine (decay to 0 at --steps; recipe: constant).")] = None,
+    seed: Annotated[int | None, typer.Option(
+        "--seed", help="Seed of dropout and the synthetic batch (recipe: 0).")] = None,
+    pad_id: Annotated[int | None, typer.Option(
+        "--pad-id", help="Token that fills input_ids past a sequence's end (recipe: 0).")] = None,
+    ignore_index: Annotated[int | None, typer.Option(
+        "--ignore-index", help="Label of padded positions, skipped by the loss (recipe: -100).")] = None,
+    progress: Annotated[bool | None, typer.Option(
+        "--progress/--no-progress", help="Draw a progress bar on stderr (default: when it is a terminal).")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the losses as JSON.")] = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Train the trainable params (LoRA, QAT) of a training artifact with AdamW on CPU
+    (a multi-rank artifact: one paddle.distributed gloo process per rank). Every option
+    defaults to the artifact's recipe (training/train.json), then --config, then the flag."""
+    import json
+
+    from ernie_ir.runtime.training import read_config, resolve_options, train_artifact
+
+    flags = {"lr": lr, "batch_size": batch_size, "grad_accum": grad_accum, "clip_norm": clip_norm,
+             "weight_decay": weight_decay, "beta1": beta1, "beta2": beta2, "eps": eps,
+             "warmup_steps": warmup_steps, "schedule": schedule, "seed": seed, "pad_id": pad_id,
+             "ignore_index": ignore_index}
+    options = {**(read_config(config) if config is not None else {}),
+               **{k: v for k, v in flags.items() if v is not None}}
+    resolve_options({}, options)  # a bad value is refused before the artifact is read
+    draw = err.is_terminal if progress is None else progress
+    with _rank_log_on_error(), _train_progress(draw, steps) as on_progress:
+        losses = train_artifact(artifact, steps, data, options=options, on_progress=on_progress,
+                                timeout_s=timeout)
+    if json_out:
+        from ernie_ir.runtime.training import read_training_artifact
+
+        used = resolve_options(read_training_artifact(artifact)[1], options).model_dump()
+        print(json.dumps({"artifact": str(artifact), "steps": steps, "losses": losses, "options": used}))
+        return
+    for i, loss in enumerate(losses, 1):
+        out.print(f"step {i:4d}  loss {loss:.6f}", markup=False)
+
+
+@contextmanager
+def _train_progress(draw: bool, steps: int) -> Iterator[object]:
+    """A rich progress bar on stderr (loss, tokens/s, ETA) fed by train_artifact's on_progress."""
+    if not draw:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ernie_ir.runtime.training import StepProgress
+
+    bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[status]}"), TextColumn("ETA"), TimeRemainingColumn(),
+                   console=err.get(), transient=False)
+    task = bar.add_task("train", total=steps, status="")
+
+    def on_progress(p: StepProgress) -> None:
+        bar.update(task, completed=p.step,
+                   status=f"loss {p.loss:.4f}  lr {p.lr:.2e}  {p.tokens_per_s:,.0f} tok/s  "
+                          f"eta {p.eta_s:.0f}s")
+
+    with bar:
+        yield on_progress
