@@ -352,32 +352,42 @@ def _layer_norm(L: Any, n: Node, a: list[Any]) -> list[Any]:
 
 @_op("rope")
 def _rope(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    """x * cos + partner(x) * (-sin | +sin): the pair (x1, x2) becomes (x1 cos - x2 sin,
+    x2 cos + x1 sin), with each lane's partner gathered (interleaved: 2i <-> 2i + 1, half:
+    i <-> i + D/2) rather than sliced out (a strided slice of the last axis makes every
+    elementwise op it feeds a slow one). a + (-b) rounds as a - b does: the same values."""
     P, x = L.P, a[0]
     d = int(x.shape[3])
     pos = _arg(a, 1)
+    interleaved = n.attrs.style == "interleaved"
     # q and k of a layer rotate by the same angles: an eager call computes them once per forward
     # (keyed by the positions tensor, which lives for the whole forward); tracing does not cache.
-    cache = getattr(L, "_rope_cache", None) if P.in_dynamic_mode() else None
-    key = (id(pos) if pos is not None else int(x.shape[1]), d, n.attrs.theta)
+    cache = getattr(L, "_forward_cache", None) if P.in_dynamic_mode() else None
+    key = ("rope", id(pos) if pos is not None else int(x.shape[1]), d, n.attrs.theta, interleaved)
     if cache is not None and key in cache:
-        cos, sin = cache[key]
+        cos, sin, partner = cache[key]
     else:
         inv = P.to_tensor(rope_angles(np.ones((), np.float32), d, n.attrs.theta).reshape(-1))
         if pos is None:
             pos = P.arange(P.shape(x)[1], dtype="int64").unsqueeze(0)
         ang = (P.cast(pos, "float32").unsqueeze(-1) * inv).unsqueeze(2)  # [B|1, S, 1, D/2]
         cos, sin = P.cos(ang), P.sin(ang)
+        lanes = np.arange(d, dtype=np.int64)
+        if interleaved:
+            cos = P.repeat_interleave(cos, 2, axis=-1)
+            sin = P.reshape(P.stack([-sin, sin], axis=-1), [0, 0, 0, d])
+            partner = P.to_tensor(lanes ^ 1)
+        else:
+            cos, sin = P.concat([cos, cos], axis=-1), P.concat([-sin, sin], axis=-1)
+            partner = P.to_tensor((lanes + d // 2) % d)
         if cache is not None:
-            cache[key] = (cos, sin)
-    if n.attrs.style == "interleaved":
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-    else:
-        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    r1 = x1 * cos - x2 * sin
-    r2 = x2 * cos + x1 * sin
-    if n.attrs.style == "interleaved":
-        return [P.reshape(P.stack([r1, r2], axis=-1), P.shape(x))]
-    return [P.concat([r1, r2], axis=-1)]
+            cache[key] = (cos, sin, partner)
+    if cache is not None:  # eager: the angles expanded to x's shape (a broadcast multiply is slower)
+        full = (*key, tuple(x.shape))
+        if full not in cache:
+            cache[full] = tuple(P.expand(t, x.shape).contiguous() for t in (cos, sin))
+        cos, sin = cache[full]
+    return [x * cos + P.gather(x, partner, axis=3) * sin]
 
 
 @_op("attention")
@@ -396,8 +406,7 @@ def _attention(L: Any, n: Node, a: list[Any]) -> list[Any]:
     scores = P.matmul(qh, kh, transpose_y=True) * scale
     keep = None
     if n.attrs.causal:
-        s_len, t_len = P.shape(q)[1], P.shape(k)[1]
-        keep = (P.arange(t_len).unsqueeze(0) <= P.arange(s_len).unsqueeze(1) + (t_len - s_len))
+        keep = _causal_keep(L, q, k)
     if mask is not None:
         if mask.dtype == P.bool:
             keep = mask if keep is None else P.logical_and(keep, mask)
@@ -407,6 +416,26 @@ def _attention(L: Any, n: Node, a: list[Any]) -> list[Any]:
         scores = P.where(keep, scores, P.full_like(scores, float("-inf")))
     probs = L.F.softmax(scores, axis=-1)
     return [P.transpose(P.matmul(probs, vh), [0, 2, 1, 3])]
+
+
+def _causal_keep(L: Any, q: Any, k: Any) -> Any:
+    """[S, T] bool: query i sees key j <= i + T - S. Eager: None when nothing is masked (one
+    query row), else made once per forward; traced: computed from the dynamic shapes."""
+    P = L.P
+    if not P.in_dynamic_mode():
+        s_len, t_len = P.shape(q)[1], P.shape(k)[1]
+        return P.arange(t_len).unsqueeze(0) <= P.arange(s_len).unsqueeze(1) + (t_len - s_len)
+    s_len, t_len = int(q.shape[1]), int(k.shape[1])
+    if s_len == 1:
+        return None
+    cache = getattr(L, "_forward_cache", None)
+    key = ("causal", s_len, t_len)
+    keep = None if cache is None else cache.get(key)
+    if keep is None:
+        keep = P.to_tensor(np.tril(np.ones((s_len, t_len), dtype=bool), t_len - s_len))
+        if cache is not None:
+            cache[key] = keep
+    return keep
 
 
 @_op("gelu")
@@ -523,58 +552,76 @@ def _moe_sparse(L: Any, n: Node, a: list[Any], lora: bool) -> list[Any]:
     index_added back. Slots of weight 0 (experts another rank holds, moe_local_experts) are
     skipped; the dense form adds 0 for them. Differentiable (gather / concat / index_add).
 
-    Eager runs group on the host: one sort of the (row, slot) pairs by expert, one gather of
-    the rows, one weighting and one index_add for all experts, so that the per-expert work is
-    its two matmuls and its activation (per-op overhead is what separates a decode step from
-    its weight reads). A traced program (no data-dependent loop) visits every expert with its
-    (possibly empty) row set instead. Both add each row's contributions in ascending expert
-    order."""
+    Eager runs read one array to the host per call (each (row, slot) pair's expert, -1 for a
+    zero weight) for the experts' row counts, and write nothing back: the device sorts the
+    pairs by expert (stable, as the counts are), then one gather of the rows, one activation,
+    one weighting and one index_add serve all experts, so that the per-expert work is its two
+    matmuls (per-op overhead is what separates a decode step from its weight reads). A traced
+    program (no data-dependent loop) visits every expert with its (possibly empty) row
+    set instead. Both add each row's contributions in ascending expert order."""
     P = L.P
     x, wts, idx, ug = a[:4]
     e, hidden = int(ug.shape[0]), int(x.shape[-1])
     k = int(wts.shape[-1])
     xt = P.reshape(x, [-1, hidden])
-    flat_w = P.reshape(wts, [-1, k])
-    masked = P.where(flat_w != 0, P.reshape(idx, [-1, k]).astype("int64"),
-                     P.full_like(P.reshape(idx, [-1, k]), -1, dtype="int64"))
-    out = P.zeros_like(xt)
     if not P.in_dynamic_mode():
+        flat_w = P.reshape(wts, [-1, k])
+        masked = P.where(flat_w != 0, P.reshape(idx, [-1, k]).astype("int64"),
+                         P.full_like(P.reshape(idx, [-1, k]), -1, dtype="int64"))
+        out = P.zeros_like(xt)
         for ex in range(e):
             hits = P.nonzero(masked == ex)  # [n, 2]: (row, slot)
             rows = hits[:, 0]
-            y = _expert_ffn(L, n, a, lora, ex, P.gather(xt, rows, axis=0))
+            y = _expert_ffns(L, n, a, lora, [ex], P.gather(xt, rows, axis=0))
             out = P.index_add(out, rows, 0, y * P.gather_nd(flat_w, hits).unsqueeze(-1))
         return [P.reshape(out, P.shape(x))]
-    slot_expert = masked.numpy().reshape(-1)  # pair (row * k + slot) -> expert, or -1
-    order = np.argsort(slot_expert, kind="stable")
-    order = order[slot_expert[order] >= 0]
-    if order.size:
-        experts, starts = np.unique(slot_expert[order], return_index=True)
-        bounds = [*starts.tolist(), int(order.size)]
-        rows = P.to_tensor(order // k)
-        v = P.gather(xt, rows, axis=0)
-        ys = [_expert_ffn(L, n, a, lora, int(ex), v[bounds[i]:bounds[i + 1]])
-              for i, ex in enumerate(experts)]
-        y = (ys[0] if len(ys) == 1 else P.concat(ys, axis=0)) * P.gather(
-            P.reshape(flat_w, [-1]), P.to_tensor(order)).unsqueeze(-1)
-        out = P.index_add(out, rows, 0, y)
-    return [P.reshape(out, P.shape(x))]
+    flat_w, flat_i = P.reshape(wts, [-1]), P.reshape(idx, [-1])
+    if flat_i.dtype != P.int64:
+        flat_i = flat_i.astype("int64")
+    masked = P.where(flat_w != 0, flat_i, P.full_like(flat_i, -1))  # pair (row * k + slot) -> expert
+    counts = np.bincount(masked.numpy() + 1, minlength=e + 1)  # the host sync; [0]: weight-0 pairs
+    skip = int(counts[0])
+    if skip == counts.sum():
+        return [P.zeros_like(x)]
+    order = P.argsort(masked, stable=True)[skip:]  # the held pairs by expert, then by pair
+    rows = order // k
+    experts = np.flatnonzero(counts[1:])
+    sizes = counts[1:][experts].tolist()
+    y = _expert_ffns(L, n, a, lora, experts.tolist(), P.gather(xt, rows, axis=0), sizes)
+    y = y * P.gather(flat_w, order).unsqueeze(-1)
+    return [P.reshape(P.index_add(P.zeros_like(xt), rows, 0, y), x.shape)]
 
 
-def _expert_ffn(L: Any, n: Node, a: list[Any], lora: bool, ex: int, v: Any) -> Any:
-    """Expert `ex`'s SwiGLU FFN (with its LoRA adapters) on the rows `v` routed to it."""
+def _expert_ffns(L: Any, n: Node, a: list[Any], lora: bool, experts: list[int], v: Any,
+                 sizes: list[int] | None = None) -> Any:
+    """The SwiGLU FFNs (with their LoRA adapters) of `experts` on their rows of `v`: sizes[i]
+    consecutive rows for experts[i] (None: one expert, every row). Each expert's two matmuls
+    run alone; the activation runs once on all the rows (the same values, fewer ops)."""
     P = L.P
     ug, dn = a[3], a[4]
-    inter = int(dn.shape[1])
     pad = list(a) + [None] * (9 - len(a))
-    h = P.matmul(v, ug[ex])
-    if lora and pad[5] is not None:
-        h = h + P.matmul(P.matmul(_drop(L, n, v), pad[5][ex]), pad[6][ex]) * n.attrs.scale
-    act = L.F.silu(h[:, :inter]) * h[:, inter:]
-    y = P.matmul(act, dn[ex])
-    if lora and pad[7] is not None:
-        y = y + P.matmul(P.matmul(_drop(L, n, act), pad[7][ex]), pad[8][ex]) * n.attrs.scale
-    return y
+    many = sizes is not None and len(sizes) > 1
+
+    def each(t: Any) -> list[Any]:
+        return list(P.split(t, sizes, axis=0)) if many else [t]
+
+    def joined(parts: list[Any]) -> Any:
+        return P.concat(parts, axis=0) if many else parts[0]
+
+    hs = []
+    for ex, vi in zip(experts, each(v), strict=True):
+        h = P.matmul(vi, ug[ex])
+        if lora and pad[5] is not None:
+            h = h + P.matmul(P.matmul(_drop(L, n, vi), pad[5][ex]), pad[6][ex]) * n.attrs.scale
+        hs.append(h)
+    gate, up = P.split(joined(hs), 2, axis=-1)  # contiguous halves (last-axis slices are strided)
+    ys = []
+    for ex, act in zip(experts, each(L.F.silu(gate) * up), strict=True):
+        y = P.matmul(act, dn[ex])
+        if lora and pad[7] is not None:
+            y = y + P.matmul(P.matmul(_drop(L, n, act), pad[7][ex]), pad[8][ex]) * n.attrs.scale
+        ys.append(y)
+    return joined(ys)
 
 
 def _moe_dense(L: Any, n: Node, a: list[Any], lora: bool) -> list[Any]:
@@ -717,7 +764,7 @@ def _layer_class() -> type:
         def _run(self, inputs: list[Any]) -> Any:
             # Not AST-transformed: tracing runs this code as is (no data-dependent control flow).
             env: dict[int, Any] = dict(zip(self._input_slots, inputs, strict=True))
-            self._rope_cache: dict[Any, Any] = {}  # per forward (see _rope)
+            self._forward_cache: dict[Any, Any] = {}  # per forward (see _rope, _causal_keep)
             for slot, attr in self._param_slots.items():
                 env[slot] = getattr(self, attr)
             for fn, node, ins, outs in self._program:

@@ -1,7 +1,8 @@
 """Sparse MoE in the Paddle layer: only the routed experts run (and only they are dequantized),
 equal to the interpreter and to the dense form, for float, wint8, wint4, cuda-arch 70 packed and
-LoRA experts, a 64-expert tiny variant, zero-weight (expert-parallel) slots, LoRA gradients and
-the traced Paddle Inference program."""
+LoRA experts, a 64-expert tiny variant (one token, and many tokens), the grouped experts alone
+against the dense form, zero-weight (expert-parallel) slots, LoRA gradients and the traced Paddle
+Inference program."""
 
 from __future__ import annotations
 
@@ -89,6 +90,45 @@ def test_64_experts_top6_runs_only_the_routed_experts(monkeypatch: pytest.Monkey
     counting.matmuls = 0
     assert_close(forward(layer, ids), ref)
     assert sparse_matmuls - counting.matmuls == (2 * k - 2) * moe_layers  # dense: 2 batched [E] matmuls
+
+
+@pytest.mark.parametrize("pipeline", ["", "lora{rank=4}"])
+def test_64_experts_many_tokens_sparse_equals_dense(pipeline: str) -> None:
+    """64 experts top-6 over 12 tokens: experts with several rows, with one, with none."""
+    g = moe_graph(pipeline, **EXPERTS64)
+    ref = run_graph(g, {"input_ids": IDS})["logits"]
+    layer = build_layer(g, device="cpu")
+    sparse = forward(layer, IDS)
+    layer.moe_dense = True
+    dense = forward(layer, IDS)
+    assert_close(sparse, dense)
+    assert_close(sparse, ref)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_grouped_experts_equal_dense_values(lora: bool) -> None:
+    """The grouped form on its own (E=64, k=6, 40 rows: 0 to many rows per expert, zero-weight
+    slots) against the dense form, with LoRA adapters on both matmuls."""
+    rng = np.random.default_rng(5)
+    e, h, i, t, k, r = 64, 24, 12, 40, 6, 3
+    idx = np.stack([rng.permutation(e)[:k] for _ in range(t)]).astype(np.int64)
+    idx[:10] = idx[0]  # ten rows routed alike: the same experts get several rows
+    w = rng.random((t, k)).astype(np.float32)
+    w[3, 2] = w[17, 0] = 0.0  # skipped slots
+    arrays = [rng.standard_normal((1, t, h)).astype(np.float32), w[None], idx[None],
+              rng.standard_normal((e, h, 2 * i)).astype(np.float32),
+              rng.standard_normal((e, i, h)).astype(np.float32)]
+    if lora:
+        arrays += [rng.standard_normal(s).astype(np.float32) * 0.3
+                   for s in ((e, h, r), (e, r, 2 * i), (e, i, r), (e, r, h))]
+    L = SimpleNamespace(P=paddle, F=paddle.nn.functional, training=False)
+    node = SimpleNamespace(attrs=SimpleNamespace(scale=0.5, dropout=0.0))
+    args = [paddle.to_tensor(v) for v in arrays]
+    with paddle.no_grad():
+        got = paddle_layer._moe_sparse(L, node, args, lora=lora)[0].numpy()  # type: ignore[arg-type]
+        dense = paddle_layer._moe_dense(L, node, args, lora=lora)[0].numpy()  # type: ignore[arg-type]
+    assert got.shape == (1, t, h) and np.abs(got).max() > 1
+    np.testing.assert_allclose(got, dense, rtol=1e-5, atol=1e-4)
 
 
 def test_zero_weight_slots_are_skipped_and_equal_dense() -> None:
