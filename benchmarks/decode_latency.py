@@ -1,43 +1,39 @@
-"""Batch-1 next-token latency of the ONNX executable: wint8mix vs float32, same run.
+"""Batch-1 decode-step latency of the ONNX executable in every numerics mode, against float32 and
+against the interpreter, in one run.
 
-The model: ERNIE 4.5 0.3B widths (hidden 1024, 16 heads / 2 kv heads, head
-dim 128, intermediate 3072, vocab 103424 unless --vocab) with 2 layers,
-seeded generated weights (the frontends' config machinery + GeneratedWeights),
-lowered for cuda like `ernie-ir compile --target cuda [--quant wint8mix]`,
-exported with `emit_onnx`. Per-token latency = one forward on a 1-token input
-(no KV cache: a 1-token forward is what a decode step costs in weight reads),
-median of --repeat runs after warm-up, onnxruntime CPU EP.
+Two models, each built twice (float32 and wint8mix, lowered for cuda sm80 like `ernie-ir compile
+--target cuda`), with seeded generated weights (the frontends' config machinery +
+GeneratedWeights):
 
-Settings (each a separate session on the same file):
-  exact  ORT_ENABLE_BASIC (+ qdq_matmulnbits_accuracy_level=0): DequantizeLinear + MatMul
-         kept as written, numerics equal the interpreter's (the dequantize runs every call)
-  fast   ORT_ENABLE_ALL, onnxruntime's default accuracy level 4: DQ + MatMul fused into
-         MatMulNBits that quantises activations to int8 (numerics change)
-  nbits  the "matmulnbits" export form (what compile writes: accuracy_level 1, exact, the file
-         fixes it) in onnxruntime's default session
+- dense: ERNIE 4.5 0.3B as published (hidden 1024, 16 heads / 2 kv heads, head dim 128,
+  intermediate 3072, vocab --vocab, 103424, tied float32 head) with --layers layers (default 18,
+  the published count: with fewer, the head that no preset quantizes is most of the bytes read);
+  a 1-token forward (no KV cache: what a decode step costs in weight reads);
+- MoE (--no-moe skips it): ernie-4.5-21b-a3b's shape (64 experts top-6, 2 shared, every layer
+  MoE) at --moe-hidden / --moe-inter widths (default 1024 / 768: the expert matmuls dominate),
+  --moe-layers layers, vocab --moe-vocab, a --moe-tokens-token forward; the float32 file also in
+  its dense-MoE checking form (every expert on every token) and the eager Paddle layer (float32)
+  dense and sparse, for the sparse-over-dense ratio (goal: >= 5x at E=64, k=6).
 
-MoE (--moe, on by default): an ERNIE-4.5-MoE-shaped model (ernie-4.5-21b-a3b's config: 64
-experts top-6, 2 shared experts, every layer MoE) at --moe-hidden / --moe-inter widths (default
-1024 / 768: 600 MB of float32 expert weights per layer, so the expert matmuls dominate), --moe-layers
-layers (default 4), vocab --moe-vocab. Dense MoE (every expert on every token: `emit_onnx`
-under `dense_moe()`, the Paddle layer with `moe_dense`) against sparse MoE (the default: only
-the routed experts run), for float32 and wint8mix exact / fast ONNX sessions and the eager
-Paddle layer (float32), per --moe-tokens-token forward. Goal: sparse >= 5x faster than dense at E=64, k=6.
+ONNX files, each in onnxruntime's default session (`InferenceSession(path)`: the file fixes its
+numerics): float32, and wint8mix in each `--onnx-numerics` mode:
+  weight-only  (the default) float32 activations, every quantized weight dequantized in float32
+               inside a MatMulNBits (accuracy_level 1); drops the bf16 rounding of dequantized
+               weights (MoE experts, kernel fallbacks) that the IR states
+  exact        the interpreter's numerics bit for bit: routed experts dequantized and rounded to
+               bf16 (DequantizeLinear + Cast) on every call
+  fast         int8 activations (accuracy_level 4)
+Each row: ms per forward (median of --repeat after warm-up), the ratio to float32, and the
+logits against the interpreter on the same graph: max abs error, relative (Frobenius) error,
+top-1 agreement. With --runs N the script repeats the timing N times in this process and reports
+each ratio's min / median / max (the machine is noisy: compare ratios, not milliseconds).
 
-Measured (2 cores, quiet, 1 token, 4 layers, medians, 2026-12-01, --moe-only):
-  onnx float32 exact   dense   89 ms  sparse  16 ms  (5.5-5.7x)
-  paddle float32       dense  167 ms  sparse  32 ms  (5.2x; eager groups the routed rows on the host)
-  onnx wint8mix exact  dense 2041 ms  sparse 133 ms  (15x)
-  onnx wint8mix fast   dense 2047 ms  sparse 5.1 ms (400x; 0.32x float32 sparse)
-Float32 is bound by weight reads: sparse reads 6 of 64 experts plus what every token reads
-(2 shared experts, attention, lm_head), an ideal ratio of about 6.7x at these widths; an
-expert's If/NonZero/Gather overhead is under 1 us. Sparse wint8mix fast runs each routed expert
-as MatMulNBits (int4, int8 activations); exact keeps the bf16 rounding of each dequantized
-expert weight (the interpreter's numerics), so it dequantizes the routed experts' int4 weights
-(DequantizeLinear + Cast) on every call, which is most of its time.
+Measured (2 cores, 2026-12-01, --runs 3, min / median / max): see docs/targets.md
+("Numerics: weight-only, exact, fast").
 
-    python benchmarks/decode_latency.py [--layers 2] [--vocab 103424] [--threads 2] [--repeat 20]
-                                        [--no-moe] [--moe-only] [--moe-tokens 1]
+    python benchmarks/decode_latency.py [--layers 18] [--vocab 103424] [--threads 2] [--repeat 20]
+                                        [--runs 1] [--no-moe] [--moe-only] [--moe-tokens 1]
+                                        [--no-paddle]
 """
 
 from __future__ import annotations
@@ -47,6 +43,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -56,23 +53,32 @@ from ernie_ir.frontends.config import parse_config
 from ernie_ir.frontends.loader import GeneratedWeights, _finish, build_graph
 from ernie_ir.ir import Graph
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.base import graph_properties
-from ernie_ir.passes.pipeline import load_pipeline
-from ernie_ir.passes.quant_cli import pipeline_for
+from ernie_ir.passes.infra.base import graph_properties
+from ernie_ir.passes.infra.pipeline import load_pipeline
+from ernie_ir.passes.quant.cli_flags import pipeline_for
+from ernie_ir.runtime import run_graph
+from ernie_ir.runtime.compare import compare_logits
 from ernie_ir.runtime.onnx_backend import session
-from ernie_ir.targets.emit_onnx import dense_moe, emit_onnx
+from ernie_ir.targets.emit_onnx import NUMERICS, dense_moe, emit_onnx
+
+QUANT = "wint8mix"
 
 
-def build(layers: int, vocab: int, quant: str | None) -> Graph:
-    config = builtin_config("ernie-4.5-0.3b", "meta")
-    config.update({"num_hidden_layers": layers, "vocab_size": vocab})
-    cfg = parse_config(config, "decode_latency")
-    graph = _finish(build_graph(cfg, GeneratedWeights(TINY_SEED), name="ernie-4.5-0.3b-2l"), cfg,
+def _lower(config: dict, name: str, quant: str | None) -> Graph:
+    cfg = parse_config(config, name)
+    graph = _finish(build_graph(cfg, GeneratedWeights(TINY_SEED), name=name), cfg,
                     {"source": "decode_latency", "weights": "generated"})
     quant_text = pipeline_for(quant, None, None, None, None, None)
     parts = [p for p in (quant_text, "legalize-cuda{cuda_arch=80}") if p]
     run_pipeline(graph, load_pipeline(",".join(parts), initial=graph_properties(graph)))
     return graph
+
+
+def build(layers: int, vocab: int, quant: str | None) -> Graph:
+    """ERNIE 4.5 0.3B widths with `layers` layers."""
+    config = builtin_config("ernie-4.5-0.3b", "meta")
+    config.update({"num_hidden_layers": layers, "vocab_size": vocab})
+    return _lower(config, "ernie-4.5-0.3b-shaped", quant)
 
 
 def build_moe(layers: int, vocab: int, hidden: int, inter: int, quant: str | None) -> Graph:
@@ -83,144 +89,125 @@ def build_moe(layers: int, vocab: int, hidden: int, inter: int, quant: str | Non
                    "head_dim": 128, "moe_intermediate_size": inter, "intermediate_size": 4 * hidden,
                    "moe_layer_start_index": 0, "moe_layer_end_index": layers - 1,
                    "num_nextn_predict_layers": 0})
-    cfg = parse_config(config, "decode_latency-moe")
-    graph = _finish(build_graph(cfg, GeneratedWeights(TINY_SEED), name="ernie-4.5-moe-e64k6"), cfg,
-                    {"source": "decode_latency", "weights": "generated"})
-    quant_text = pipeline_for(quant, None, None, None, None, None)
-    parts = [p for p in (quant_text, "legalize-cuda{cuda_arch=80}") if p]
-    run_pipeline(graph, load_pipeline(",".join(parts), initial=graph_properties(graph)))
-    return graph
+    return _lower(config, "ernie-4.5-moe-e64k6", quant)
 
 
-def paddle_latency(graph: Graph, *, dense: bool, ids: np.ndarray, repeat: int) -> tuple[float, np.ndarray]:
+def _median_ms(fn: Callable[[], object], repeat: int) -> float:
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _onnx_runner(path: Path, ids: np.ndarray, threads: int) -> tuple[Callable[[], np.ndarray], np.ndarray]:
+    sess = session(path, threads=threads)
+    feed = {sess.get_inputs()[0].name: ids}
+
+    def run() -> np.ndarray:
+        return sess.run(None, feed)[0]
+
+    return run, run()
+
+
+def _paddle_runners(graph: Graph, ids: np.ndarray) -> dict[str, Callable[[], np.ndarray]]:
+    """The eager Paddle layer's MoE sparse and dense (one layer: the form is chosen per call)."""
     import paddle
 
     from ernie_ir.runtime.paddle_layer import build_layer
 
     layer = build_layer(graph, device="cpu")
-    layer.moe_dense = dense
     layer.eval()
     x = paddle.to_tensor(ids)
-    with paddle.no_grad():
-        out = layer(x).numpy()
-        for _ in range(2):
-            layer(x)
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            layer(x).numpy()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3, out
+
+    def runner(dense: bool) -> Callable[[], np.ndarray]:
+        def run() -> np.ndarray:
+            layer.moe_dense = dense
+            with paddle.no_grad():
+                return layer(x).numpy()
+        return run
+
+    return {"paddle float32 dense-moe": runner(True), "paddle float32 sparse": runner(False)}
 
 
-def moe_rows(args: argparse.Namespace, tmp: str) -> dict[str, object]:
-    ids = (np.arange(args.moe_tokens, dtype=np.int64)[None, :] * 37 + 17) % args.moe_vocab
-    ms: dict[str, float] = {}
-    outs: dict[str, np.ndarray] = {}
-    for quant in (None, "wint8mix"):
-        graph = build_moe(args.moe_layers, args.moe_vocab, args.moe_hidden, args.moe_inter, quant)
-        label = quant or "float32"
-        for form in ("dense", "sparse"):
-            for setting in ("exact", "fast") if quant else ("exact",):  # the file fixes its numerics
-                folder = Path(tmp) / f"moe-{label}-{form}-{setting}"
-                if form == "dense":
-                    with dense_moe():
-                        path, _ = emit_onnx(graph, folder, numerics=setting)
-                else:
-                    path, _ = emit_onnx(graph, folder, numerics=setting)
-                key = f"onnx {label} {setting} {form}"
-                ms[key], outs[key] = latency(path, fast=False, threads=args.threads, repeat=args.moe_repeat,
-                                             ids=ids)
-                print(f"{key:34s} {ms[key]:9.2f} ms/forward", flush=True)
-                for p in folder.iterdir():
-                    p.unlink()  # free the disk before the next export
-        if quant is None and not args.no_paddle:
-            for form in ("dense", "sparse"):
-                key = f"paddle float32 {form}"
-                ms[key], outs[key] = paddle_latency(graph, dense=form == "dense", ids=ids,
-                                                    repeat=args.moe_repeat)
-                print(f"{key:34s} {ms[key]:9.2f} ms/forward", flush=True)
-        del graph
-    speedup = {k.removesuffix(" sparse"): ms[k.replace(" sparse", " dense")] / ms[k]
-               for k in ms if k.endswith(" sparse")}
-    agree = {k.removesuffix(" sparse"): float(np.abs(outs[k] - outs[k.replace(" sparse", " dense")]).max())
-             for k in outs if k.endswith(" sparse")}
-    return {"ms_per_forward": ms, "speedup_sparse_over_dense": speedup,
-            "max_abs_logit_diff_sparse_vs_dense": agree,
-            "logit_scale": float(np.abs(outs["onnx float32 exact dense"]).max()),
-            "goal_sparse_5x_met": all(v >= 5.0 for v in speedup.values()),
-            "experts": 64, "top_k": 6, "hidden": args.moe_hidden, "moe_intermediate": args.moe_inter,
-            "layers": args.moe_layers, "tokens": args.moe_tokens}
+def _accuracy(out: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    c = compare_logits(out, ref)
+    return {"max_abs_error": c.max_abs_error, "rel_error": c.rel_error, "top1_agreement": c.top1_agreement}
 
 
-def latency(path: Path, *, fast: bool, threads: int, repeat: int,
-            ids: np.ndarray | None = None) -> tuple[float, np.ndarray]:
-    sess = session(path, fast=fast, threads=threads)
-    feed = {sess.get_inputs()[0].name: np.array([[17]], dtype=np.int64) if ids is None else ids}
-    out = sess.run(None, feed)[0]
-    for _ in range(3):
-        sess.run(None, feed)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        sess.run(None, feed)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3, out
+def measure(name: str, graphs: dict[str, Graph], ids: np.ndarray, tmp: Path, args: argparse.Namespace, *,
+            moe: bool) -> dict[str, object]:
+    """Every executable of one model: its runners timed --runs times, its logits judged once."""
+    runners: dict[str, Callable[[], np.ndarray]] = {}
+    accuracy: dict[str, dict[str, float]] = {}
+    for label, graph in graphs.items():
+        ref = run_graph(graph, {"input_ids": ids})["logits"]
+        modes = NUMERICS if label == QUANT else ("weight-only",)  # float32: no quantized weight
+        for mode in modes:
+            key = f"onnx {label}" + (f" {mode}" if label == QUANT else "")
+            path, _ = emit_onnx(graph, tmp / f"{name}-{label}-{mode}", numerics=mode)
+            runners[key], out = _onnx_runner(path, ids, args.threads)
+            accuracy[key] = _accuracy(out, ref)
+        if moe and label == "float32":
+            with dense_moe():
+                path, _ = emit_onnx(graph, tmp / f"{name}-{label}-dense")
+            runners["onnx float32 dense-moe"], out = _onnx_runner(path, ids, args.threads)
+            accuracy["onnx float32 dense-moe"] = _accuracy(out, ref)
+            if not args.no_paddle:
+                for key, run in _paddle_runners(graph, ids).items():
+                    runners[key] = run
+                    accuracy[key] = _accuracy(run(), ref)
+    runs: list[dict[str, float]] = []
+    for r in range(args.runs):
+        ms = {key: _median_ms(run, args.repeat) for key, run in runners.items()}
+        runs.append(ms)
+        print(f"{name} run {r + 1}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in ms.items()), flush=True)
+    ratios: dict[str, list[float]] = {
+        f"{key} / onnx float32": [ms[key] / ms["onnx float32"] for ms in runs]
+        for key in runners if key.startswith(f"onnx {QUANT}")}
+    if moe:
+        ratios["onnx float32: dense-moe / sparse"] = [ms["onnx float32 dense-moe"] / ms["onnx float32"]
+                                                      for ms in runs]
+        if not args.no_paddle:
+            ratios["paddle float32: dense-moe / sparse"] = [
+                ms["paddle float32 dense-moe"] / ms["paddle float32 sparse"] for ms in runs]
+    spread = {k: {"min": min(v), "median": statistics.median(v), "max": max(v)} for k, v in ratios.items()}
+    return {"ms_per_forward_median_of_runs": {k: statistics.median(ms[k] for ms in runs) for k in runners},
+            "ratios": spread, "versus_interpreter": accuracy, "tokens": int(ids.size), "runs": args.runs}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=18)
     ap.add_argument("--vocab", type=int, default=103424)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--no-moe", action="store_true", help="skip the dense vs sparse MoE comparison")
-    ap.add_argument("--moe-only", action="store_true", help="only the dense vs sparse MoE comparison")
+    ap.add_argument("--runs", type=int, default=1, help="timing runs (ratios: min / median / max)")
+    ap.add_argument("--no-moe", action="store_true", help="skip the MoE model")
+    ap.add_argument("--moe-only", action="store_true", help="only the MoE model")
     ap.add_argument("--moe-layers", type=int, default=4)
     ap.add_argument("--moe-hidden", type=int, default=1024)
     ap.add_argument("--moe-inter", type=int, default=768)
     ap.add_argument("--moe-vocab", type=int, default=8192)
     ap.add_argument("--moe-tokens", type=int, default=1)
-    ap.add_argument("--moe-repeat", type=int, default=10)
     ap.add_argument("--no-paddle", action="store_true", help="MoE: skip the Paddle layer rows")
     args = ap.parse_args()
-    if args.moe_only:
-        with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps({"moe": moe_rows(args, tmp)}, indent=2))
-        return
-    rows: dict[str, float] = {}
-    outs: dict[str, np.ndarray] = {}
+    report: dict[str, object] = {"threads": args.threads, "quant": QUANT}
     with tempfile.TemporaryDirectory() as tmp:
-        for quant in (None, "wint8mix"):
-            graph = build(args.layers, args.vocab, quant)
-            label = quant or "float32"
-            forms = ("qdq", "matmulnbits") if quant else ("qdq",)
-            for form in forms:
-                path, data = emit_onnx(graph, Path(tmp) / f"{label}-{form}", form=form)
-                settings = (("exact", False), ("fast", True)) if form == "qdq" else (("nbits", False),)
-                for setting, fast in settings:
-                    key = f"{label} {setting}"
-                    rows[key], outs[key] = latency(path, fast=fast, threads=args.threads, repeat=args.repeat)
-                    mib = data.stat().st_size / 2**20
-                    print(f"{key:18s} {rows[key]:9.2f} ms/token   ({mib:.0f} MiB weights)", flush=True)
-    ref = outs["float32 exact"]
-    scale = float(np.abs(ref).max())
-    report = {
-        "ms_per_token": rows,
-        "ratio_wint8mix_over_float32": {
-            s: rows[f"wint8mix {s}"] / rows[f"float32 {t}"]
-            for s, t in (("exact", "exact"), ("fast", "fast"), ("nbits", "exact"))},
-        "fast_vs_exact_max_abs_logit_diff": {
-            "float32": float(np.abs(outs["float32 fast"] - ref).max()),
-            "wint8mix": float(np.abs(outs["wint8mix fast"] - outs["wint8mix exact"]).max()),
-            "wint8mix nbits": float(np.abs(outs["wint8mix nbits"] - outs["wint8mix exact"]).max()),
-        },
-        "logit_scale": scale,
-        "threads": args.threads, "layers": args.layers, "vocab": args.vocab,
-    }
-    if not args.no_moe:
-        with tempfile.TemporaryDirectory() as tmp:
-            report["moe"] = moe_rows(args, tmp)
+        if not args.moe_only:
+            graphs = {label: build(args.layers, args.vocab, q)
+                      for label, q in (("float32", None), (QUANT, QUANT))}
+            report["dense"] = measure("dense", graphs, np.array([[17]], dtype=np.int64), Path(tmp), args,
+                                      moe=False)
+            del graphs
+        if not args.no_moe:
+            ids = (np.arange(args.moe_tokens, dtype=np.int64)[None, :] * 37 + 17) % args.moe_vocab
+            graphs = {label: build_moe(args.moe_layers, args.moe_vocab, args.moe_hidden, args.moe_inter, q)
+                      for label, q in (("float32", None), (QUANT, QUANT))}
+            report["moe"] = measure("moe", graphs, ids, Path(tmp), args, moe=True)
     print(json.dumps(report, indent=2))
 
 

@@ -47,7 +47,7 @@ from ernie_ir.ir import Graph
 from ernie_ir.ir.weights import ArraySource, write_safetensors
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.split import mapping_for, split_graph
+from ernie_ir.passes.parallel.split import mapping_for, split_graph
 from ernie_ir.runtime import run_graph
 from ernie_ir.runtime.onnx_backend import session
 from ernie_ir.targets import compile_model

@@ -125,7 +125,7 @@ def tree_bytes(folder: Path) -> dict[str, int]:
 
 
 def _stage_instrument(sampler: RssSampler, hwm: bool):
-    from ernie_ir.passes.instruments import PassInstrument
+    from ernie_ir.passes.infra.instruments import PassInstrument
 
     class StageInstrument(PassInstrument):
         """Seconds and peak RSS of each pass (summed / maxed over the ranks after a split)."""
@@ -163,7 +163,7 @@ def measure_pipeline(repeat: int) -> dict[str, Any]:
     with debug=False."""
     import ernie_ir  # noqa: F401  (the baseline includes the op set)
     from ernie_ir.load import load_input
-    from ernie_ir.passes.manager import run_pipeline_ranks
+    from ernie_ir.passes.infra.manager import run_pipeline_ranks
 
     baseline_kb = _status_kb("VmRSS")
     hwm = reset_hwm()

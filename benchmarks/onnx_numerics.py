@@ -34,9 +34,9 @@ from ernie_ir.frontends.config import parse_config
 from ernie_ir.frontends.loader import GeneratedWeights, _finish, build_graph
 from ernie_ir.ir import Graph
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.base import graph_properties
-from ernie_ir.passes.pipeline import load_pipeline
-from ernie_ir.passes.quant_cli import pipeline_for
+from ernie_ir.passes.infra.base import graph_properties
+from ernie_ir.passes.infra.pipeline import load_pipeline
+from ernie_ir.passes.quant.cli_flags import pipeline_for
 from ernie_ir.runtime.interpreter import run_graph
 from ernie_ir.targets.emit_onnx import emit_onnx
 

@@ -24,8 +24,8 @@ import numpy as np
 import ernie_ir  # noqa: F401
 from ernie_ir.ir import GraphBuilder, f32, tensor
 from ernie_ir.ir.verifier import verify
-from ernie_ir.passes.fuse_linear_bias import FuseLinearBias
-from ernie_ir.passes.rewrite import RuleSet
+from ernie_ir.passes.fusion.linear_bias import FuseLinearBias
+from ernie_ir.passes.infra.rewrite import RuleSet
 
 HIDDEN = 16
 

@@ -118,7 +118,7 @@ def measure_meta(case: str, repeat: int) -> dict[str, Any]:
     import ernie_ir  # noqa: F401  (the baseline includes the op set)
     from ernie_ir.load import load_input
     from ernie_ir.passes import run_pipeline
-    from ernie_ir.passes.split import mapping_for, split_graph
+    from ernie_ir.passes.parallel.split import mapping_for, split_graph
 
     spec = META_CASES[case]
     baseline_kb = _status_kb("VmRSS")

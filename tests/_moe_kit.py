@@ -17,8 +17,8 @@ from ernie_ir.frontends.config import parse_config
 from ernie_ir.frontends.loader import GeneratedWeights, build_graph
 from ernie_ir.ir import Graph
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.base import graph_properties
-from ernie_ir.passes.pipeline import load_pipeline
+from ernie_ir.passes.infra.base import graph_properties
+from ernie_ir.passes.infra.pipeline import load_pipeline
 from ernie_ir.testing.models import randomize_lora_b
 
 MOE = "ernie-4.5-21b-a3b"

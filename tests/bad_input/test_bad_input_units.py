@@ -105,7 +105,7 @@ def test_lora_rank_above_min_in_out_is_refused_before_the_graph_changes():
     from ernie_ir.frontends import load_model
     from ernie_ir.ir.printer import print_graph
     from ernie_ir.passes import run_pipeline
-    from ernie_ir.passes.lora import LoraError
+    from ernie_ir.passes.lora.insert import LoraError
 
     g = load_model("gpt-345m@tiny")  # hidden 64: every linear has min(in, out) = 64
     before = print_graph(g)

@@ -109,7 +109,7 @@ def run_block(graph: Graph, inputs: dict[str, np.ndarray] | None = None) -> np.n
 def explain(rule: str, graph: Graph) -> Any:
     """The tracer's report for `rule` (a registered pass's rule) on `graph`."""
     from ernie_ir.passes import all_passes
-    from ernie_ir.passes.rewrite import RuleSet, find_rule
+    from ernie_ir.passes.infra.rewrite import RuleSet, find_rule
 
     (trace,) = RuleSet([find_rule(rule, all_passes())]).explain(graph)
     return trace

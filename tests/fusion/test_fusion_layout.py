@@ -17,7 +17,7 @@ from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.weights import ArraySource, ConcatSource, SlicedSource
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.weight_views import SumSource
+from ernie_ir.passes.fusion.weight_views import SumSource
 
 
 def values(graph, name):  # type: ignore[no-untyped-def]

@@ -15,7 +15,7 @@ from _fusion_testkit import IDS, VARIANTS, logits, rel, tiny
 
 from ernie_ir.ir.equality import structural_diff
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.split import SHARD, mapping_for, split_graph
+from ernie_ir.passes.parallel.split import SHARD, mapping_for, split_graph
 from ernie_ir.runtime.spmd import run_spmd
 
 CASES = [
@@ -89,7 +89,7 @@ def test_a_fused_parallel_block_keeps_one_all_reduce_per_layer_and_runs() -> Non
 def test_unfusing_a_rank_graph_is_refused() -> None:
     ranks = split2(tiny("ernie-3.5-se-3b"))
     from ernie_ir.passes import all_passes
-    from ernie_ir.passes.rewrite import RuleSet, find_rule
+    from ernie_ir.passes.infra.rewrite import RuleSet, find_rule
 
     (trace,) = RuleSet([find_rule("unfuse-parallel-block", all_passes())]).explain(ranks[0])
     assert trace.matches == 0 and "unfuse before split" in trace.summary()

@@ -16,7 +16,7 @@ import pytest
 from _fusion_testkit import logits, parallel_block, rel, rewrites, run_block, tiny
 
 from ernie_ir.passes import all_passes, run_pipeline
-from ernie_ir.passes.rewrite import RuleSet, find_rule
+from ernie_ir.passes.infra.rewrite import RuleSet, find_rule
 
 
 def quant(tmp_path: Path, *rules: str) -> str:

@@ -206,7 +206,7 @@ _PIPELINES_FOR_SEEDS = [
 def ir_seeds() -> tuple[str, ...]:
     """Printed graphs of every family, some after quantization, LoRA, TP split or fusion."""
     from ernie_ir.load import load_input
-    from ernie_ir.passes.manager import run_pipeline
+    from ernie_ir.passes.infra.manager import run_pipeline
 
     texts = [SMALL_IR]
     for model, pipeline in _PIPELINES_FOR_SEEDS:
@@ -442,7 +442,7 @@ OPTION_VALUES = st.one_of(
 
 @functools.cache
 def _registry() -> tuple[dict[str, list[str]], tuple[str, ...]]:
-    from ernie_ir.passes.registry import REGISTRY
+    from ernie_ir.passes.infra.registry import REGISTRY
 
     REGISTRY.ensure_loaded()
     passes = {name: list(cls.Options.model_fields) for name, cls in REGISTRY.passes.items()}
@@ -530,7 +530,8 @@ def pipeline_yamls() -> st.SearchStrategy[str]:
 
 def pipeline_text_property(text: str) -> None:
     """Text -> pipeline; an accepted pipeline's canonical text builds the same pipeline."""
-    from ernie_ir.passes.pipeline import build_pipeline, parse_pipeline_text
+    from ernie_ir.passes.infra.pipeline import build_pipeline
+    from ernie_ir.passes.infra.pipeline_syntax import parse_pipeline_text
 
     p = build_pipeline(parse_pipeline_text(text))
     again = build_pipeline(parse_pipeline_text(str(p)))
@@ -538,7 +539,8 @@ def pipeline_text_property(text: str) -> None:
 
 
 def pipeline_yaml_property(text: str) -> None:
-    from ernie_ir.passes.pipeline import build_pipeline, parse_pipeline_text, parse_pipeline_yaml
+    from ernie_ir.passes.infra.pipeline import build_pipeline
+    from ernie_ir.passes.infra.pipeline_syntax import parse_pipeline_text, parse_pipeline_yaml
 
     p = build_pipeline(parse_pipeline_yaml(text, "fuzz.yaml"))
     assert str(build_pipeline(parse_pipeline_text(str(p)))) == str(p)
@@ -831,14 +833,15 @@ def tokens_property(text: str) -> None:
 
 
 def quant_property(text: str) -> None:
-    from ernie_ir.passes.pipeline import build_pipeline, parse_pipeline_text
-    from ernie_ir.passes.quant_cli import quant_pipeline
+    from ernie_ir.passes.infra.pipeline import build_pipeline
+    from ernie_ir.passes.infra.pipeline_syntax import parse_pipeline_text
+    from ernie_ir.passes.quant.cli_flags import quant_pipeline
 
     build_pipeline(parse_pipeline_text(",".join(quant_pipeline(text, None))))
 
 
 def pattern_property(text: str) -> None:
-    from ernie_ir.passes.quant_config import match_path
+    from ernie_ir.passes.quant.config import match_path
 
     match_path(text, "ernie.layers.0.self_attn.qkv_proj")
 
@@ -917,7 +920,7 @@ def ir_file_property(path: Path, raw: bytes) -> None:
 
 @functools.cache
 def quant_config_seeds() -> tuple[dict[str, Any], ...]:
-    from ernie_ir.passes.quant_config import QuantConfig
+    from ernie_ir.passes.quant.config import QuantConfig
 
     ours = [QuantConfig.preset(n).to_dict() for n in ("wint8", "wint4", "wint8mix", "qat-int8", "fp8")]
     return (*ours, {"preset": "wint8mix", "rules": [{"match": ".*o_proj", "algo": "none"}]},
@@ -956,7 +959,7 @@ def quant_config_texts() -> st.SearchStrategy[str]:
 
 def quant_config_property(path: Path, text: str) -> None:
     """`--quant-config FILE.yaml`: read, then its rules decide on real parameter paths."""
-    from ernie_ir.passes.quant_config import QuantConfig, match_path
+    from ernie_ir.passes.quant.config import QuantConfig, match_path
 
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     cfg = QuantConfig.from_yaml(path)

@@ -18,8 +18,8 @@ from _fuzz_strategies import (
 )
 from hypothesis import example, given
 
-from ernie_ir.passes.base import PipelineError
-from ernie_ir.passes.pipeline import load_pipeline, parse_pipeline_text, parse_pipeline_yaml
+from ernie_ir.passes.infra.pipeline import load_pipeline
+from ernie_ir.passes.infra.pipeline_syntax import PipelineError, parse_pipeline_text, parse_pipeline_yaml
 
 BAD_ESCAPE = 'fuse-parallel-block{bogus="N\\q",rank=nan}'  # JSONDecodeError: invalid \escape
 BAD_UNICODE_ESCAPE = 'cse{rank="\\u0"}'

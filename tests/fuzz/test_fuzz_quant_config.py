@@ -11,7 +11,7 @@ import pytest
 from _fuzz_strategies import check_total, fuzz_settings, quant_config_property, quant_config_texts
 from hypothesis import example, given
 
-from ernie_ir.passes.quant_config import QuantConfig, QuantConfigError, compile_pattern
+from ernie_ir.passes.quant.config import QuantConfig, QuantConfigError, compile_pattern
 
 READER_ERROR = "name: fp8\nrules:\n- algo: fp8\n  match: x\x1c\n"  # PyYAML ReaderError: several lines
 DEEP = "- " + "[" * 3000 + "]" * 3000  # RecursionError in PyYAML's composer

@@ -22,7 +22,7 @@ import pytest
 from ernie_ir.ir import DType, ErnieIRError
 from ernie_ir.ir.parser import parse_graph
 from ernie_ir.ir.weights import GeneratedSource, content_hash
-from ernie_ir.passes import projection_fusion
+from ernie_ir.passes.fusion import column_row_fusion
 from ernie_ir.runtime import Interpreter
 from ernie_ir.testing import GoldenCase, check_goldens
 from ernie_ir.testing.golden import find_goldens
@@ -39,7 +39,7 @@ def _qkv_case(folder: Path) -> GoldenCase:
 
 def _k_before_q(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bug: a fusion that concatenates [K|Q|V] where the graph reads [Q|K|V]."""
-    real = projection_fusion.concat_view
+    real = column_row_fusion.concat_view
 
     def wrong(parts, axis):
         parts = list(parts)
@@ -47,7 +47,7 @@ def _k_before_q(monkeypatch: pytest.MonkeyPatch) -> None:
             parts[0], parts[1] = parts[1], parts[0]
         return real(parts, axis)
 
-    monkeypatch.setattr(projection_fusion, "concat_view", wrong)
+    monkeypatch.setattr(column_row_fusion, "concat_view", wrong)
 
 
 def _logits(graph) -> np.ndarray:

@@ -16,7 +16,7 @@ from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.mapping import Mapping, MappingError
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.split import SplitError, mapping_for, split_graph
+from ernie_ir.passes.parallel.split import SplitError, mapping_for, split_graph
 from ernie_ir.runtime import Interpreter
 
 

@@ -21,7 +21,7 @@ from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.verifier import verify
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.split import mapping_for, split_graph
+from ernie_ir.passes.parallel.split import mapping_for, split_graph
 from ernie_ir.runtime.interpreter import run_graph
 from ernie_ir.runtime.spmd import run_spmd
 

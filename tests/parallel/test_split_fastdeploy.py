@@ -33,7 +33,7 @@ import pytest
 from _parallel_testkit import IDS, rel_err, write_paddle_checkpoint
 
 from ernie_ir.load import load_input
-from ernie_ir.passes.split import mapping_for, split_graph
+from ernie_ir.passes.parallel.split import mapping_for, split_graph
 from ernie_ir.runtime.interpreter import run_graph
 from ernie_ir.runtime.spmd import run_spmd
 

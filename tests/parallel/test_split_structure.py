@@ -19,7 +19,7 @@ from ernie_ir.ir import Graph, Node
 from ernie_ir.ir.equality import structural_diff
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.split import SHARD, SplitError, mapping_for, split_graph
+from ernie_ir.passes.parallel.split import SHARD, SplitError, mapping_for, split_graph
 from ernie_ir.runtime.interpreter import run_graph
 from ernie_ir.runtime.spmd import run_spmd
 from ernie_ir.testing import GoldenCase

@@ -27,7 +27,7 @@ from ernie_ir.ir.parser import parse_graph
 from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.weights import GeneratedSource
 from ernie_ir.passes import Pass, RewriteRule, RuleSet
-from ernie_ir.passes.registry import REGISTRY
+from ernie_ir.passes.infra.registry import REGISTRY
 
 VENV_BIN = Path(sys.executable).parent
 ERNIE_IR = str(VENV_BIN / "ernie-ir")

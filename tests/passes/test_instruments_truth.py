@@ -35,8 +35,8 @@ from ernie_ir.passes import (
     load_pipeline,
     run_pipeline,
 )
-from ernie_ir.passes import manager as manager_module
-from ernie_ir.passes.instruments import InstrumentError
+from ernie_ir.passes.infra import manager as manager_module
+from ernie_ir.passes.infra.instruments import InstrumentError
 
 PASS_SLEEP = 0.05
 PRINT_SLEEP = 0.15

@@ -10,8 +10,8 @@ from _passes_testkit import assert_ir, ir
 from ernie_ir.ir import GraphBuilder, Value
 from ernie_ir.ir.printer import print_graph
 from ernie_ir.passes import PassContext, PatternBuilder, RewriteRule, RuleSet, Var
-from ernie_ir.passes.canonicalize import CANONICAL_RULES, FoldReshapeChain
-from ernie_ir.passes.fuse_linear_bias import FuseLinearBias
+from ernie_ir.passes.cleanup.canonicalize import CANONICAL_RULES, FoldReshapeChain
+from ernie_ir.passes.fusion.linear_bias import FuseLinearBias
 
 FIVE_RESHAPES = """
 graph @g(%x: f32[B,24]) -> (y: f32[B,6,4]) {

@@ -31,8 +31,8 @@ from ernie_ir.passes import (
     load_pipeline,
     run_pipeline,
 )
-from ernie_ir.passes.manager import PassContractError
-from ernie_ir.passes.pipeline import parse_pipeline_text
+from ernie_ir.passes.infra.manager import PassContractError
+from ernie_ir.passes.infra.pipeline_syntax import parse_pipeline_text
 
 # -- test passes ----------------------------------------------------------------------------------
 

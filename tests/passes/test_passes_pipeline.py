@@ -16,8 +16,8 @@ from pydantic import Field
 
 from ernie_ir.ir import DType, Graph
 from ernie_ir.passes import Pass, PassContext, PassOptions, Pipeline, PipelineError, load_pipeline
-from ernie_ir.passes.pipeline import PassSpec, parse_pipeline_text
-from ernie_ir.passes.registry import REGISTRY
+from ernie_ir.passes.infra.pipeline_syntax import PassSpec, parse_pipeline_text
+from ernie_ir.passes.infra.registry import REGISTRY
 
 
 class KnobsOptions(PassOptions):

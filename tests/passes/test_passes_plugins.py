@@ -15,6 +15,8 @@ exactly as a real package declares them).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -22,8 +24,8 @@ import pytest
 from _passes_testkit import ERNIE_IR, one_error_line, run_tool
 
 from ernie_ir.passes import Pass, PassContext, PipelineError
-from ernie_ir.passes import registry as registry_module
-from ernie_ir.passes.registry import PassRegistry
+from ernie_ir.passes.infra import registry as registry_module
+from ernie_ir.passes.infra.registry import PassRegistry
 from ernie_ir.testing.plugins import install_plugin
 
 GOOD_MODULE = '''\
@@ -220,3 +222,37 @@ def test_plugin_failures_are_recorded_with_their_reason(monkeypatch: pytest.Monk
                                    "`ernie-ir passes` lists them; plugin 'clash' (other:ClashingPass) "
                                    "failed to load: PipelineError: ")
 
+
+
+def test_the_built_in_loader_runs_once_on_the_first_lookup_before_the_plugins(
+        monkeypatch: pytest.MonkeyPatch):
+    registry = PassRegistry()
+    calls = []
+
+    def built_ins() -> None:
+        calls.append("built-in")
+        registry.add(PluginPass)
+
+    registry.add_loader(built_ins)
+    monkeypatch.setattr(registry_module, "entry_points",
+                        lambda group: [FakeEntryPoint("clash", "other:ClashingPass", ClashingPass)])
+    assert calls == []  # adding a loader runs nothing
+    assert registry.get("t-plugin-pass") is PluginPass
+    registry.ensure_loaded()
+    assert calls == ["built-in"]
+    assert registry.origins["t-plugin-pass"] == "built-in"
+    assert [b.name for b in registry.broken] == ["clash"]  # a plugin cannot take a built-in's name
+    registry.add_loader(lambda: calls.append("late"))  # after the first lookup: runs at once
+    assert calls == ["built-in", "late"]
+
+
+def test_importing_ernie_ir_passes_imports_no_pass_until_a_lookup():
+    probe = ("import sys, ernie_ir.passes as p\n"
+             "def passes(): return sorted(m for m in sys.modules if m.startswith('ernie_ir.passes.')\n"
+             "                            and not m.startswith('ernie_ir.passes.infra'))\n"
+             "print(passes()); p.get_pass('dce'); print(len(passes()))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          timeout=120)
+    before, after = proc.stdout.splitlines()
+    assert before == "[]"
+    assert int(after) >= 20  # builtin, the family packages and their modules

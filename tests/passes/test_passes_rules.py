@@ -18,7 +18,7 @@ from ernie_ir.ir import DType, GraphBuilder, Value
 from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.weights import ConcatSource
 from ernie_ir.passes import MatchContext, MatchResult, PatternBuilder, RewriteRule, RuleSet, Var
-from ernie_ir.passes.canonicalize import (
+from ernie_ir.passes.cleanup.canonicalize import (
     FoldReshapeChain,
     FoldTransposeChain,
     IdentityCast,
@@ -26,7 +26,7 @@ from ernie_ir.passes.canonicalize import (
     IdentityTranspose,
     SinglePieceSplit,
 )
-from ernie_ir.passes.fuse_linear_bias import FuseLinearBias
+from ernie_ir.passes.fusion.linear_bias import FuseLinearBias
 from ernie_ir.runtime import run_graph
 
 

@@ -29,8 +29,8 @@ from ernie_ir.passes import (
     rewrite_pass,
     run_pipeline,
 )
-from ernie_ir.passes.pipeline import load_pipeline
-from ernie_ir.passes.rewrite import RewritePass
+from ernie_ir.passes.infra.pipeline import load_pipeline
+from ernie_ir.passes.infra.rewrite import RewritePass
 from ernie_ir.runtime import run_graph
 
 
@@ -526,7 +526,7 @@ def test_rewrite_pass_declares_what_it_invalidates():
     with registered(ScaleSiluPass):
         g = silu_graph()
         run_pipeline(g, "scale-silu")
-    from ernie_ir.passes.base import graph_properties
+    from ernie_ir.passes.infra.base import graph_properties
 
     assert "fused" not in graph_properties(g) and "quantized" in graph_properties(g)
 

@@ -21,14 +21,9 @@ from pydantic import BaseModel
 
 from ernie_ir.ir import DType, ErnieIRError
 from ernie_ir.passes import all_passes
-from ernie_ir.passes.pipeline import (
-    Pipeline,
-    build_pipeline,
-    format_value,
-    load_pipeline,
-    parse_pipeline_text,
-)
-from ernie_ir.passes.quant_config import QuantConfig
+from ernie_ir.passes.infra.pipeline import Pipeline, build_pipeline, load_pipeline
+from ernie_ir.passes.infra.pipeline_syntax import format_value, parse_pipeline_text
+from ernie_ir.passes.quant.config import QuantConfig
 
 # Strings that stress the syntax: separators, quotes, escapes, braces, words the reader
 # would otherwise take for a bool/None/number, and unicode.

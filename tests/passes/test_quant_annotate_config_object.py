@@ -15,10 +15,10 @@ import yaml
 
 from ernie_ir.load import load_input
 from ernie_ir.passes import PipelineError, run_pipeline
-from ernie_ir.passes.pipeline import Pipeline, load_pipeline
-from ernie_ir.passes.quant_annotate import ANNOTATION, QuantAnnotate, QuantAnnotateOptions
-from ernie_ir.passes.quant_config import QuantConfig
-from ernie_ir.passes.weight_only import WeightOnlyQuant
+from ernie_ir.passes.infra.pipeline import Pipeline, load_pipeline
+from ernie_ir.passes.quant.annotate import ANNOTATION, QuantAnnotate, QuantAnnotateOptions
+from ernie_ir.passes.quant.config import QuantConfig
+from ernie_ir.passes.quant.weight_only import WeightOnlyQuant
 
 # Layer-selective: layer 1's MLP in INT4, every out_proj in INT8, nothing else.
 CONFIG = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ernie_ir.ir import GraphBuilder, bf16, i64, tensor
 from ernie_ir.ir.weights import GeneratedSource
 from ernie_ir.load import load_input
-from ernie_ir.passes.manager import run_pipeline_ranks
+from ernie_ir.passes.infra.manager import run_pipeline_ranks
 from ernie_ir.planning import plan_memory
 from ernie_ir.planning.graph_memory import (
     GraphFacts,

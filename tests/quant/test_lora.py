@@ -12,7 +12,7 @@ from ernie_ir.frontends import load_model
 from ernie_ir.ir import DType, Graph
 from ernie_ir.ir.verifier import verify
 from ernie_ir.passes import PipelineError, run_pipeline
-from ernie_ir.passes.lora import LoraError
+from ernie_ir.passes.lora.insert import LoraError
 
 MOE = "ernie-4.5-21b-a3b@tiny"
 GPT = "gpt-345m@tiny"

@@ -19,9 +19,9 @@ from _quant_testkit import logits, run_reference
 
 from ernie_ir.frontends import load_model
 from ernie_ir.ir.weights import SafetensorsFile, write_safetensors
-from ernie_ir.passes import lora_import as lora_import_module
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.lora import LoraError
+from ernie_ir.passes.lora import import_adapter as lora_import_module
+from ernie_ir.passes.lora.insert import LoraError
 
 TOL = 5e-5  # max abs logit error / max |logit|: library noise is ~1e-6, a layout slip is ~1
 

@@ -8,8 +8,8 @@ import pytest
 
 from ernie_ir.frontends import load_model
 from ernie_ir.passes import all_passes, all_presets, load_pipeline, run_pipeline
-from ernie_ir.passes.quant_cli import QuantFlagError, pipeline_for
-from ernie_ir.passes.quant_config import QuantConfigError
+from ernie_ir.passes.quant.cli_flags import QuantFlagError, pipeline_for
+from ernie_ir.passes.quant.config import QuantConfigError
 from ernie_ir.runtime import Interpreter
 
 

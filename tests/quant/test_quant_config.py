@@ -9,7 +9,7 @@ import pytest
 from ernie_ir.frontends import load_model
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.passes import PipelineError, run_pipeline
-from ernie_ir.passes.quant_config import Algo, QuantConfig, QuantConfigError, QuantRule, resolve_quant_name
+from ernie_ir.passes.quant.config import Algo, QuantConfig, QuantConfigError, QuantRule, resolve_quant_name
 
 MOE = "ernie-4.5-21b-a3b@tiny"
 DENSE = "ernie-4.5-0.3b@tiny"
@@ -115,7 +115,7 @@ def test_rules_and_ignores_that_match_nothing_warn_with_the_rule(tmp_path: Path)
 def test_experts_of_one_stack_must_agree() -> None:
     cfg = _cfg((".*", "weight_only_int8"), (r".*experts\.[0-3]\..*", "weight_only_int4"))
     g = load_model(MOE)
-    from ernie_ir.passes.quant_config import decide_target, find_targets
+    from ernie_ir.passes.quant.config import decide_target, find_targets
 
     stack = next(t for t in find_targets(g) if t.experts)
     with pytest.raises(QuantConfigError, match="must share one quantization"):

@@ -196,7 +196,7 @@ def test_scales_outside_the_reciprocal_range_divide_and_stay_bit_identical() -> 
 def test_scales_computed_earlier_give_the_same_values(group: int) -> None:
     # the weight-only pass computes the scales once and hands them to the read that quantizes
     from ernie_ir.ir.weights import ArraySource
-    from ernie_ir.passes.weight_only import QuantizedWeightSource
+    from ernie_ir.passes.quant.weight_only import QuantizedWeightSource
 
     w = (0.02 * np.random.default_rng(3).standard_normal((2, 192, 40))).astype(ml_dtypes.bfloat16)
     for bits in (8, 4):

@@ -23,7 +23,7 @@ from ernie_ir.ir import DType, ErnieIRError, Graph, GraphBuilder, tensor
 from ernie_ir.ir.storage import GRAPH_FILE, WEIGHTS_FILE, load_graph, lock_holder, save_graph
 from ernie_ir.ir.weights import ArraySource
 from ernie_ir.passes import DumpInstrument, run_pipeline
-from ernie_ir.passes.instruments import InstrumentError
+from ernie_ir.passes.infra.instruments import InstrumentError
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 60

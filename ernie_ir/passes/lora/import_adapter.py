@@ -34,11 +34,11 @@ from ernie_ir.ir.errors import WeightError
 from ernie_ir.ir.inputs import read_json
 from ernie_ir.ir.weights import ArraySource, SafetensorsFile, count_nonfinite
 
-from .base import Pass, PassContext, PassOptions
-from .lora import MAX_LORA_RANK, AdapterValues, LoraError, attach_adapters, freeze_all_but
-from .param_edit import ParamPlacer
-from .quant_config import WeightSite, find_targets
-from .registry import register_pass
+from ..infra.base import Pass, PassContext, PassOptions
+from ..infra.param_placer import ParamPlacer
+from ..infra.registry import register_pass
+from ..quant.config import WeightSite, find_targets
+from .insert import MAX_LORA_RANK, AdapterValues, LoraError, attach_adapters, freeze_all_but
 
 _KEY = re.compile(r"(?P<module>.+)\.(?P<which>lora_A|lora_B)(?:\.weight)?$")
 _EXPERT = re.compile(r"(?P<head>.+\.experts)\.(?P<e>\d+)\.(?P<tail>[^.]+)$")

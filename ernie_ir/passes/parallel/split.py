@@ -50,8 +50,8 @@ from ernie_ir.ir.mapping import SHARD, Mapping, MappingError, RankLayout
 from ernie_ir.ir.mapping import shard_of as annotation_of
 from ernie_ir.ir.weights import ConcatSource, WeightSource
 
-from .base import Pass, PassContext, PassOptions
-from .registry import register_pass
+from ..infra.base import Pass, PassContext, PassOptions
+from ..infra.registry import register_pass
 
 
 def shard_of(p: Param) -> dict[str, Any] | None:

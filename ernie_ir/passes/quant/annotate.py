@@ -10,7 +10,7 @@ selected weight param, e.g.
 and records the config in `graph.metadata["quantization"]`. The convert
 passes (`weight-only-quant`, `qat-insert`, `fp8-quant`) read those
 annotations and rewrite the graph. Rules are described in
-`ernie_ir.passes.quant_config`.
+`ernie_ir.passes.quant.config`.
 
 Warnings (through the pass context): a rule or ignore pattern that matched
 nothing, and a mix preset on a model without routed experts.
@@ -25,9 +25,10 @@ from pydantic import field_validator
 
 from ernie_ir.ir import Graph
 
-from .base import Pass, PassContext, PassOptions, PipelineError
-from .quant_config import Algo, QuantConfig, QuantConfigError, decide_target, find_targets, match_path
-from .registry import register_pass
+from ..infra.base import Pass, PassContext, PassOptions
+from ..infra.pipeline_syntax import PipelineError
+from ..infra.registry import register_pass
+from .config import Algo, QuantConfig, QuantConfigError, decide_target, find_targets, match_path
 
 ANNOTATION = "quant"
 

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.ir import Graph
+
+from .pipeline_syntax import PipelineError, format_pass_spec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,10 +42,6 @@ class PassOptions(BaseModel):
 
 class NoOptions(PassOptions):
     """For passes without options."""
-
-
-class PipelineError(ErnieIRError):
-    """A pipeline that cannot be built: unknown pass, bad option, wrong order."""
 
 
 class GraphRunner(Protocol):
@@ -125,8 +123,6 @@ class Pass(ABC):
 
     def spec(self) -> str:
         """This pass and its non-default options, in pipeline syntax."""
-        from .pipeline import format_pass_spec
-
         return format_pass_spec(self.name, self.options)
 
     def __repr__(self) -> str:

@@ -37,11 +37,11 @@ from ernie_ir.ir.inputs import read_token_ids
 from ernie_ir.ir.weights import ArraySource, WeightSource, release_mapped_pages
 from ernie_ir.ops.quant_numerics import FP8_MAX, NonFiniteWeightError, abs_max, fp8_quantize, fp8_scale
 
-from .base import Pass, PassContext, PassOptions
-from .param_edit import ParamPlacer
-from .quant_annotate import ANNOTATION
-from .quant_config import Algo, module_path
-from .registry import register_pass
+from ..infra.base import Pass, PassContext, PassOptions
+from ..infra.param_placer import ParamPlacer
+from ..infra.registry import register_pass
+from .annotate import ANNOTATION
+from .config import Algo, module_path
 
 FMT = DType.F8E4M3
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from ernie_ir.ir import ErnieIRError
 
-from .pipeline import format_value
-from .quant_config import QuantConfig, resolve_quant_name
-from .quant_presets import convert_passes
+from ..infra.pipeline_syntax import format_value
+from .config import QuantConfig, resolve_quant_name
+from .presets import convert_passes
 
 NO_QUANT = ("none", "bf16", "fp16", "float", "")
 
@@ -72,7 +72,7 @@ def lora_pipeline(lora_rank: int | None, lora_alpha: float | None, lora_targets:
             raise QuantFlagError(f"--lora-alpha must be positive (a finite number), not {lora_alpha}")
         opts.append(f"alpha={format_value(float(lora_alpha))}")
     if lora_targets:
-        from .quant_config import compile_pattern
+        from .config import compile_pattern
 
         targets = [t.strip() for t in lora_targets if t.strip()]
         for t in targets:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ernie_ir.ir import Graph
 
-from .base import NoOptions, PassContext, function_pass
-from .registry import register_pass
+from ..infra.base import NoOptions, PassContext, function_pass
+from ..infra.registry import register_pass
 
 
 @register_pass

@@ -30,8 +30,12 @@ from dataclasses import dataclass
 
 from ernie_ir.ir import Graph, Node, Param, Value
 
-from .dataflow_rule import DataflowRule, Plan, Refusal, Steps, UnfusePass
-from .fuse_projections import (
+from ..infra.dataflow_rule import DataflowRule, Plan, Refusal, Steps, UnfusePass
+from ..infra.registry import register_pass
+from ..infra.rewrite import RewritePass
+from .column_row_fusion import ColumnFusion, ColumnOrder, ColumnSplit, Edit, RowFusion, RowSplit
+from .projection import LINEAR_LIKE, Adapter, Projection, projection_at, projection_of
+from .qkv_gate_up import (
     ACTIVATIONS,
     back_through,
     check_adapters_read,
@@ -44,10 +48,6 @@ from .fuse_projections import (
     linear_scopes,
     parent,
 )
-from .projection import LINEAR_LIKE, Adapter, Projection, projection_at, projection_of
-from .projection_fusion import ColumnFusion, ColumnOrder, ColumnSplit, Edit, RowFusion, RowSplit
-from .registry import register_pass
-from .rewrite import RewritePass
 
 BLOCK = "self_attn_mlp"
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from ernie_ir.ir import Graph, Node
 
-from .base import NoOptions, PassContext, function_pass
-from .registry import register_pass
+from ..infra.base import NoOptions, PassContext, function_pass
+from ..infra.registry import register_pass
 
 
 def _key(node: Node) -> Any:

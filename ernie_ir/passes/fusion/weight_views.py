@@ -23,7 +23,7 @@ import numpy as np
 from ernie_ir.ir import DType
 from ernie_ir.ir.weights import ConcatSource, GeneratedSource, SlicedSource, WeightSource
 
-from .weight_only import QuantizedWeightSource
+from ..quant.weight_only import QuantizedWeightSource
 
 
 def slice_view(src: WeightSource | None, axis: int, start: int, stop: int) -> WeightSource | None:

@@ -1,5 +1,10 @@
 """The pass registry: built-in passes, presets, and third-party plugins.
 
+Lookups load the passes first (`ensure_loaded`): the built-in loader, which
+`ernie_ir.passes` adds (it imports `ernie_ir.passes.builtin`, whose modules
+register themselves), then the entry points, once. The registry itself
+imports no pass module, so the pass modules can import it.
+
 Third-party packages register passes through the entry-point group
 `ernie_ir.passes`. An entry point may name a Pass subclass, a module (whose
 import registers passes with `@register_pass`) or a function taking the
@@ -14,15 +19,15 @@ name a preset wherever it may name a pass.
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from .base import Pass, PipelineError
+from .base import Pass
+from .pipeline_syntax import PipelineError, format_value
 
 ENTRY_POINT_GROUP = "ernie_ir.passes"
 
@@ -47,6 +52,8 @@ class PassRegistry:
     presets: dict[str, Preset] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
     broken: list[BrokenPlugin] = field(default_factory=list)
+    loaders: list[Callable[[], None]] = field(default_factory=list)
+    _loaded: bool = False
     _plugins_loaded: bool = False
 
     def add(self, cls: type[Pass], origin: str = "built-in") -> type[Pass]:
@@ -61,6 +68,13 @@ class PassRegistry:
         self.passes[name] = cls
         self.origins[name] = origin
         return cls
+
+    def add_loader(self, loader: Callable[[], None]) -> None:
+        """Run `loader` (it registers passes) on the first lookup; at once if that already
+        happened."""
+        self.loaders.append(loader)
+        if self._loaded:
+            loader()
 
     def add_preset(self, name: str, pipeline: str, description: str) -> None:
         if name in self.passes:
@@ -106,7 +120,11 @@ class PassRegistry:
         raise PipelineError(f"unknown pass {name!r}{hint}; `ernie-ir passes` lists them{broken}")
 
     def ensure_loaded(self) -> None:
-        importlib.import_module("ernie_ir.passes.builtin")
+        """Run the loaders (the built-in passes), then load the plugins; each once."""
+        if not self._loaded:
+            self._loaded = True  # first, so that a loader's own lookups do not recurse
+            for loader in self.loaders:
+                loader()
         self.load_plugins()
 
 
@@ -148,8 +166,6 @@ def _type_name(annotation: Any) -> str:
 def default_spec(cls: type[Pass]) -> list[str]:
     """`name{option=default,...}` of a pass in pipeline syntax, one item per option; a required
     option shows its type as `option=<type>`. (Items, so that callers can wrap between them.)"""
-    from .pipeline import format_value
-
     items = []
     for key, fld in cls.Options.model_fields.items():
         if fld.is_required():

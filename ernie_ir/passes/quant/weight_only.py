@@ -27,12 +27,12 @@ from ernie_ir.ir import DType, ErnieIRError, Graph, GraphBuilder, Node, Param, T
 from ernie_ir.ir.weights import ArraySource, WeightSource, release_mapped_pages
 from ernie_ir.ops.quant_numerics import num_groups, scale_dtype_for, weight_quantize, weight_scales
 
-from .base import Pass, PassContext
-from .param_edit import ParamPlacer
-from .quant_annotate import ANNOTATION
-from .quant_config import Algo, QuantSpec, module_path
-from .registry import register_pass
-from .split import row_cut
+from ..infra.base import Pass, PassContext
+from ..infra.param_placer import ParamPlacer
+from ..infra.registry import register_pass
+from ..parallel.split import row_cut
+from .annotate import ANNOTATION
+from .config import Algo, QuantSpec, module_path
 
 _WEIGHT_ONLY = (Algo.WEIGHT_ONLY_INT8.value, Algo.WEIGHT_ONLY_INT4.value)
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from ernie_ir.ir import Node, Param, Value
 
-from .dataflow_rule import Refusal
-from .quant_config import module_path
-from .split import SHARD
+from ..infra.dataflow_rule import Refusal
+from ..parallel.split import SHARD
+from ..quant.config import module_path
 
 LINEAR_LIKE = ("linear", "weight_only_linear")
 

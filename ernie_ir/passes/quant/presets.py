@@ -2,13 +2,13 @@
 
 Each preset annotates (quant-annotate{preset=NAME}) and then runs the convert
 pass its algorithm needs. Aliases of other tools (ERNIEKit `wint4/8`,
-FastDeploy `mix_quant`, ...) are resolved by `quant_cli.pipeline_for`.
+FastDeploy `mix_quant`, ...) are resolved by `cli_flags.pipeline_for`.
 """
 
 from __future__ import annotations
 
-from .quant_config import PRESET_DESCRIPTIONS, PRESETS, Algo
-from .registry import REGISTRY
+from ..infra.registry import REGISTRY
+from .config import PRESET_DESCRIPTIONS, PRESETS, Algo
 
 CONVERT_PASS = {
     Algo.WEIGHT_ONLY_INT8: "weight-only-quant",

@@ -11,8 +11,8 @@ from typing import Any
 
 from ernie_ir.ir import GraphBuilder, Value
 
-from .registry import register_pass
-from .rewrite import MatchContext, MatchResult, PatternBuilder, RewriteRule, Var, rewrite_pass
+from ..infra.registry import register_pass
+from ..infra.rewrite import MatchContext, MatchResult, PatternBuilder, RewriteRule, Var, rewrite_pass
 
 
 class FuseLinearBias(RewriteRule):

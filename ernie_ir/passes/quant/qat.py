@@ -33,11 +33,11 @@ from ernie_ir.ir import Graph, GraphBuilder, Node, Param, Value, f32, tensor
 from ernie_ir.ir.weights import ArraySource, release_mapped_pages
 from ernie_ir.ops.quant_numerics import nonfinite_weight_error
 
-from .base import Pass, PassContext, PassOptions
-from .param_edit import ParamPlacer
-from .quant_annotate import ANNOTATION
-from .quant_config import Algo, QuantSpec, module_path
-from .registry import register_pass
+from ..infra.base import Pass, PassContext, PassOptions
+from ..infra.param_placer import ParamPlacer
+from ..infra.registry import register_pass
+from .annotate import ANNOTATION
+from .config import Algo, QuantSpec, module_path
 
 PACT_INIT = 20.0
 PACT_LR = 1000.0

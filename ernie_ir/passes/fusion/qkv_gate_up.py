@@ -14,7 +14,7 @@ kv heads as heads). `unfuse-*` reads every one of those forms. Fused names
 follow the checkpoints: `<attention>.qkv_proj`, `<mlp>.up_gate_proj`;
 unfused ones `q_proj`/`k_proj`/`v_proj`, `gate_proj`/`up_proj`.
 
-Quantized and LoRA layers fuse as `projection_fusion` describes; a match
+Quantized and LoRA layers fuse as `column_row_fusion` describes; a match
 that cannot be fused exactly is refused, and `ernie-ir explain fuse-qkv
 MODEL` says why.
 """
@@ -27,12 +27,12 @@ from typing import Literal
 
 from ernie_ir.ir import Graph, Node, Param, Value
 
-from .base import PassContext, PassOptions
-from .dataflow_rule import DataflowRule, Plan, Refusal, Steps, UnfusePass
+from ..infra.base import PassContext, PassOptions
+from ..infra.dataflow_rule import DataflowRule, Plan, Refusal, Steps, UnfusePass
+from ..infra.registry import register_pass
+from ..infra.rewrite import RewritePass, RuleSet
+from .column_row_fusion import ColumnFusion, ColumnOrder, ColumnSplit, Edit
 from .projection import LINEAR_LIKE, Adapter, Projection, projection_of
-from .projection_fusion import ColumnFusion, ColumnOrder, ColumnSplit, Edit
-from .registry import register_pass
-from .rewrite import RewritePass, RuleSet
 
 PASS_THROUGH = ("rope", "cast")
 """Ops between a projection's heads and attention (elementwise per head)."""

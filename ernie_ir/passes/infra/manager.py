@@ -28,9 +28,10 @@ from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.verifier import verify_problems
 
-from .base import GraphEvaluator, Pass, PassContext, PipelineError, graph_properties, set_graph_properties
+from .base import GraphEvaluator, Pass, PassContext, graph_properties, set_graph_properties
 from .instruments import PassInstrument, PassTimes
-from .pipeline import Pipeline
+from .pipeline import Pipeline, load_pipeline
+from .pipeline_syntax import PipelineError
 
 
 class PassVerificationError(ErnieIRError):
@@ -206,8 +207,6 @@ def run_pipeline(graph: Graph, pipeline: Pipeline | str, *,
     """Run a pipeline (object or text) on a graph in place; `disabled_passes` / `stop_after`
     cut it first (see `Pipeline.restricted`); `evaluator`: see `PassContext`."""
     if isinstance(pipeline, str):
-        from .pipeline import load_pipeline
-
         pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
     return PassManager(pipeline, instruments=instruments, debug=debug,
                        disabled_passes=disabled_passes, stop_after=stop_after,
@@ -220,8 +219,6 @@ def run_pipeline_ranks(graph: Graph, pipeline: Pipeline | str, *,
                        evaluator: GraphEvaluator | None = None) -> RankedResult:
     """Run a pipeline that may split the graph into rank graphs (see `PassManager.run_ranks`)."""
     if isinstance(pipeline, str):
-        from .pipeline import load_pipeline
-
         pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
     return PassManager(pipeline, instruments=instruments, debug=debug,
                        disabled_passes=disabled_passes, stop_after=stop_after,

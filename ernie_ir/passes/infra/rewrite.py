@@ -61,6 +61,7 @@ from pydantic import ValidationError
 from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, Value, get_op, has_op
 
 from .base import NoOptions, Pass, PassContext, PassOptions
+from .pipeline_syntax import PipelineError
 
 _UNBOUND: Any = object()
 
@@ -1026,8 +1027,6 @@ def find_rule(name: str, passes: dict[str, type[Pass]]) -> RewriteRule:
 
     close = difflib.get_close_matches(name, list(rules), n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    from .base import PipelineError
-
     raise PipelineError(f"unknown rewrite rule {name!r}{hint}; known rules: "
                         f"{', '.join(sorted(rules)) or 'none'}")
 

@@ -22,12 +22,12 @@ from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, TensorType, Val
 from ernie_ir.ir.weights import WeightSource
 from ernie_ir.ops.quant_numerics import weight_dequantize
 
-from .base import Pass, PassContext, PassOptions
-from .lora import LoraError
-from .param_edit import ParamPlacer
-from .quant_annotate import ANNOTATION
-from .quant_config import module_path
-from .registry import register_pass
+from ..infra.base import Pass, PassContext, PassOptions
+from ..infra.param_placer import ParamPlacer
+from ..infra.registry import register_pass
+from ..quant.annotate import ANNOTATION
+from ..quant.config import module_path
+from .insert import LoraError
 
 
 class LoraMergeOptions(PassOptions):

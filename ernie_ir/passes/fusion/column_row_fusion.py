@@ -45,9 +45,9 @@ from typing import Any
 from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, TensorType, Value
 from ernie_ir.ir.printer import format_dict
 
-from .dataflow_rule import Refusal
+from ..infra.dataflow_rule import Refusal
+from ..parallel.split import SHARD, shard_of
 from .projection import Adapter, Projection
-from .split import SHARD, shard_of
 from .weight_views import SumSource, concat_view, gather_view, slice_view, zeros
 
 # -- the order of parts in a fused axis ------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Generic cleanup passes: `canonicalize`, `cse` (common subexpressions), `dce` (dead code)."""

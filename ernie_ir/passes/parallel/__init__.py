@@ -1,0 +1,1 @@
+"""Tensor and expert parallelism: `split`, the global graph into per-rank graphs."""
