@@ -22,7 +22,7 @@ import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 FULLY_EXECUTED = {"pass-authoring.md"}
-ENTRY_POINT_GROUPS = {"ernie_ir.passes", "ernie_ir.ops"}
+ENTRY_POINT_GROUPS = {"ernie_ir.passes", "ernie_ir.ops", "ernie_ir.targets"}
 
 
 def fenced_blocks(path: Path) -> list[tuple[str, str]]:
@@ -84,7 +84,7 @@ def run_page(name: str) -> None:
 @pytest.mark.parametrize("name", ["pass-authoring.md", "ir.md", "architecture.md", "ops.md"])
 def test_doc_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    from ernie_ir.passes.registry import REGISTRY
+    from ernie_ir.passes.infra.registry import REGISTRY
 
     REGISTRY.ensure_loaded()  # snapshot the built-ins too, or the cleanup below would drop them
     before = dict(REGISTRY.passes)

@@ -2,13 +2,15 @@
 
 Every `import` and `from ... import` in ernie_ir/ — at the top of a module, inside a
 function, under `if TYPE_CHECKING:` — and every `importlib.import_module("literal")` must
-go from a layer to one that `LAYERS` lets it import. The modules are read with `ast`;
-nothing of ernie_ir is imported or executed here.
+go from a layer to one that `LAYERS` lets it import. The same imports, taken module to module,
+must have no circle: no module reaches itself through the modules it imports. The modules are
+read with `ast`; nothing of ernie_ir is imported or executed here.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +156,81 @@ def violations(edges: list[Edge], layers: dict[str, frozenset[str]],
     return out
 
 
+def import_cycles(edges: list[Edge]) -> list[str]:
+    """Every import circle among `edges`, one line each: the modules of one strongly connected
+    component (a set of modules each of which reaches every other one through imports), then
+    one circle through them with the line of each import. Sorted; empty when there is none.
+
+    An import inside a function counts as much as one at the top: the circle is in the design
+    either way, and only waits for the call to close it.
+    """
+    graph: dict[str, set[str]] = {}
+    where: dict[tuple[str, str], str] = {}
+    for e in edges:
+        if e.source != e.target:
+            graph.setdefault(e.source, set()).add(e.target)
+            graph.setdefault(e.target, set())
+            where.setdefault((e.source, e.target), e.where)
+    # Tarjan's algorithm, iteratively (an import chain may be deeper than the recursion limit).
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, todo = work[-1]
+            nxt = next(todo, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    out = []
+    for component in components:
+        members = set(component)
+        start = component[0]
+        # the shortest circle from `start` back to itself, inside the component (breadth first)
+        parent: dict[str, str] = {}
+        queue = [start]
+        while start not in parent:
+            node = queue.pop(0)
+            for nxt in sorted(graph[node] & members):
+                if nxt not in parent:
+                    parent[nxt] = node
+                    queue.append(nxt)
+        circle = [start]
+        while len(circle) == 1 or circle[-1] != start:
+            circle.append(parent[circle[-1]])
+        circle.reverse()
+        steps = ", ".join(f"{a} -> {b} ({where[(a, b)]})" for a, b in itertools.pairwise(circle))
+        out.append(f"import circle among {', '.join(component)}: {steps}")
+    return sorted(out)
+
+
 # -- the rules on ernie_ir/ -----------------------------------------------------------------------
 
 
@@ -186,6 +263,12 @@ def test_the_layer_table_has_no_cycle() -> None:
 
     for layer in LAYERS:
         visit(layer, ())
+
+
+def test_no_package_has_an_import_circle() -> None:
+    """No module of ernie_ir reaches itself through its imports, top-level or inside functions
+    (no exceptions): a piece two modules share goes into a module that imports neither."""
+    assert import_cycles(all_imports(PACKAGE)) == []
 
 
 def test_the_documented_table_is_this_table() -> None:
@@ -264,3 +347,16 @@ def test_the_checker_refuses_more_than_version_from_the_package(fake: Path) -> N
 def test_the_checker_names_a_layer_missing_from_the_table(fake: Path) -> None:
     (fake / "extras.py").write_text("from ernie_ir.ir import Graph\n")
     assert any("'extras' has no layer in LAYERS" in v for v in violations(all_imports(fake), LAYERS))
+
+
+def test_the_checker_finds_import_circles_through_function_imports(fake: Path) -> None:
+    assert import_cycles(all_imports(fake)) == []
+    (fake / "passes" / "a.py").write_text("from . import b\n")
+    (fake / "passes" / "b.py").write_text("def f():\n    from ernie_ir.passes.c import g\n")
+    (fake / "passes" / "c.py").write_text("from ernie_ir.passes import a\ndef g(): ...\n")
+    (fake / "passes" / "d.py").write_text("from . import a\n")  # reaches the circle, is not in it
+    assert import_cycles(all_imports(fake)) == [
+        "import circle among ernie_ir.passes.a, ernie_ir.passes.b, ernie_ir.passes.c: "
+        "ernie_ir.passes.a -> ernie_ir.passes.b (ernie_ir/passes/a.py:1), "
+        "ernie_ir.passes.b -> ernie_ir.passes.c (ernie_ir/passes/b.py:2), "
+        "ernie_ir.passes.c -> ernie_ir.passes.a (ernie_ir/passes/c.py:1)"]

@@ -21,6 +21,7 @@ from typing import Annotated
 import typer
 
 from . import compile_cmds, golden_cmds, inspect_cmds, plan_cmd, run_cmds
+from .common import TargetsInHelp
 from .exits import run_app
 
 # Plain (click) help: typer's rich help imports markdown-it, pygments and most of rich, which
@@ -58,13 +59,13 @@ def _root(
 # In this order in `ernie-ir --help`.
 app.command()(inspect_cmds.show)
 app.command()(run_cmds.run)
-app.command()(compile_cmds.compile)
+app.command(cls=TargetsInHelp)(compile_cmds.compile)
 app.command()(run_cmds.train)
 app.command("verify")(compile_cmds.verify_cmd)
 app.command()(inspect_cmds.passes)
 app.command("ops")(inspect_cmds.ops_cmd)
 app.command()(inspect_cmds.explain)
-app.command()(plan_cmd.plan)
+app.command(cls=TargetsInHelp)(plan_cmd.plan)
 golden_app.command("check")(golden_cmds.golden_check)
 golden_app.command("update")(golden_cmds.golden_update)
 

@@ -47,6 +47,36 @@ err = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 out = _LazyConsole(highlight=False, soft_wrap=True)
 
 
+BUILTIN_TARGETS = ("cuda", "ascend", "kunlun")
+"""The built-in targets (`ernie_ir.targets.registry.BUILTIN`, which a test keeps equal): the help
+must not import the library."""
+TARGET_ENTRY_POINTS = "ernie_ir.targets"
+
+
+def target_names() -> list[str]:
+    """The built-in targets, then those the installed `ernie_ir.targets` entry points name (read
+    from the package metadata, not loaded)."""
+    from importlib.metadata import entry_points
+
+    names = list(BUILTIN_TARGETS)
+    for ep in entry_points(group=TARGET_ENTRY_POINTS):
+        if ep.name not in names:
+            names.append(ep.name)
+    return names
+
+
+class TargetsInHelp(typer.core.TyperCommand):
+    """A command whose `--target` help lists the targets installed now, plugins' included: filled
+    in when the help is shown, so starting the CLI reads no package metadata."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        names = target_names()
+        for param in self.params:
+            if param.name == "target":
+                param.help = f"{', '.join(names[:-1])} or {names[-1]} (built in, or added by a plugin)."
+        super().format_help(ctx, formatter)
+
+
 ModelArg = Annotated[
     str, typer.Argument(help="An .ir file, a graph folder, a model folder or a built-in name.")
 ]
@@ -96,7 +126,7 @@ def full_pipeline(pipeline: str | None, quant: str | None, quant_config: Path | 
                    lora_adapter: Path | None) -> str | None:
     """The user's --pipeline, then what the quantization and LoRA flags expand to."""
     from ernie_ir.ir import ErnieIRError
-    from ernie_ir.passes.quant_cli import pipeline_for
+    from ernie_ir.passes.quant.cli_flags import pipeline_for
 
     if pipeline and pipeline.endswith((".yaml", ".yml")) and (quant or quant_config or lora_rank
                                                               or lora_adapter):
@@ -140,8 +170,8 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
         load_pipeline,
         run_pipeline,
     )
-    from ernie_ir.passes.base import graph_properties
-    from ernie_ir.passes.pipeline import describe_restriction
+    from ernie_ir.passes.infra.base import graph_properties
+    from ernie_ir.passes.infra.pipeline import describe_restriction
 
     disabled = disabled or []
     if not pipeline:

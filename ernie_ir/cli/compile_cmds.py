@@ -30,7 +30,7 @@ from .common import (
 
 def compile(
     model: ModelArg,
-    target: Annotated[str, typer.Option("--target", "-t", help="cuda, ascend or kunlun.")],
+    target: Annotated[str, typer.Option("--target", "-t", help="cuda, ascend, kunlun or a plugin's target.")],
     quant: QuantOpt = None,
     mode: Annotated[str, typer.Option("--mode", help="inference or training.")] = "inference",
     lora_rank: LoraRankOpt = None,
@@ -74,13 +74,10 @@ def compile(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from ernie_ir.ir import ErnieIRError
     from ernie_ir.targets import compile_model
-    from ernie_ir.targets.cuda.packing import DEFAULT_CUDA_ARCH
+    from ernie_ir.targets.compile import check_arch_flag
 
-    if cuda_arch is not None and target.strip().lower() != "cuda":
-        raise ErnieIRError(f"--cuda-arch applies to --target cuda only, not {target}: drop it")
-    arch = DEFAULT_CUDA_ARCH if cuda_arch is None else cuda_arch
+    check_arch_flag(target, cuda_arch)
     targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
     # Progress goes to stderr, so --json output stays one clean object on stdout.
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
@@ -97,7 +94,7 @@ def compile(
         report = compile_model(model, target, quant=quant, mode=mode, pipeline=pipeline,
                                lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
                                lora_adapter=lora_adapter, quant_config=quant_config,
-                               cuda_arch=arch, tp=tp, ep=ep, out=out_dir, force=force,
+                               cuda_arch=cuda_arch, tp=tp, ep=ep, out=out_dir, force=force,
                                trust_pickle=trust_pickle, meta=meta, progress=progress,
                                onnx_numerics=onnx_numerics, emit=emit,
                                disabled_passes=split_names(disable_pass), stop_after=stop_after)

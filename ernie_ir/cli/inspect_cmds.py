@@ -97,7 +97,7 @@ def explain(
 ) -> None:
     """Say where a rewrite rule matches in a model, or why it does not."""
     from ernie_ir.passes import all_passes
-    from ernie_ir.passes.rewrite import RuleSet, find_rule
+    from ernie_ir.passes.infra.rewrite import RuleSet, find_rule
 
     r = find_rule(rule, all_passes())
     graph = load_rewritten(model, pipeline, trust_pickle=trust_pickle, disable_pass=disable_pass,
@@ -111,7 +111,7 @@ def explain(
 
 def passes() -> None:
     """List the passes and presets (built-in and plugins), with their options' defaults."""
-    from ernie_ir.passes.registry import REGISTRY, pass_listing
+    from ernie_ir.passes.infra.registry import REGISTRY, pass_listing
 
     for line in pass_listing(out.width):
         out.print(line, markup=False)

@@ -13,7 +13,7 @@ from .common import LoraRankOpt, ModelArg, QuantOpt, out
 
 def plan(
     model: ModelArg,
-    target: Annotated[str, typer.Option("--target", "-t", help="cuda, ascend or kunlun.")],
+    target: Annotated[str, typer.Option("--target", "-t", help="cuda, ascend, kunlun or a plugin's target.")],
     quant: QuantOpt = None,
     tp: Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree (default 1).")] = None,
     ep: Annotated[int | None, typer.Option("--ep", help="Expert-parallel degree (default 1).")] = None,
@@ -59,18 +59,17 @@ def plan(
 
     from ernie_ir.ir import ErnieIRError
     from ernie_ir.planning import plan_memory
-    from ernie_ir.targets.cuda.packing import DEFAULT_CUDA_ARCH
+    from ernie_ir.targets.compile import check_arch_flag
 
     from .plan_view import plan_lines, plan_table, search_table
 
-    if cuda_arch is not None and target.strip().lower() != "cuda":
-        raise ErnieIRError(f"--cuda-arch applies to --target cuda only, not {target}: drop it")
+    check_arch_flag(target, cuda_arch)
     if plot is not None and (plot.suffix.lower() != ".svg" or not plot.parent.is_dir()):
         raise ErnieIRError(f"--plot {plot}: give a .svg file in an existing folder")
     result = plan_memory(model, target, quant=quant, tp=tp, ep=ep, mode=mode, lora_rank=lora_rank,
                          seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer,
                          recompute=recompute, device_memory=device_memory,
-                         cuda_arch=DEFAULT_CUDA_ARCH if cuda_arch is None else cuda_arch,
+                         cuda_arch=cuda_arch,
                          moment_dtype=moment_dtype, kv_cache_dtype=kv_cache_dtype, reserve=reserve,
                          engine=engine, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                          gpu_memory_utilization=gpu_memory_utilization,

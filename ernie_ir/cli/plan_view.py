@@ -21,6 +21,14 @@ def _groups(plan: MemoryPlan) -> list[tuple[str, int]]:
     return out
 
 
+def _serves_fastdeploy(target: str) -> bool:
+    """Whether FastDeploy could serve `target`'s inference artifacts (the engine plan applied)."""
+    from ernie_ir.targets.registry import find_target
+
+    tgt = find_target(target)
+    return tgt is not None and "fastdeploy" in tgt.executables
+
+
 def plan_lines(plan: MemoryPlan) -> list[str]:
     """The plan's headline: model, layout, engine, verdict, search result."""
     eng = plan.engine_settings
@@ -35,7 +43,7 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
         lines.insert(1, f"engine: fastdeploy, --max-model-len {eng.max_model_len} --max-num-seqs "
                      f"{eng.max_num_seqs} --gpu-memory-utilization {eng.gpu_memory_utilization:g} "
                      f"--max-num-batched-tokens {eng.max_num_batched_tokens} (--engine none: the bare model)")
-    elif plan.mode == "inference" and plan.target == "cuda":
+    elif plan.mode == "inference" and _serves_fastdeploy(plan.target):
         lines.insert(1, "engine: none (the bare model: all of the device, one prefill of seq_len tokens)")
     verdict = "fits" if plan.fits else "does NOT fit"
     where = (format_bytes(plan.device_memory_bytes) if eng is None else

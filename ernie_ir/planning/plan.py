@@ -35,14 +35,14 @@ from pydantic import BaseModel, ConfigDict
 from ernie_ir.ir import DType, ErnieIRError, Graph
 from ernie_ir.ir.storage import GRAPH_FILE, load_graph
 from ernie_ir.load import load_input
-from ernie_ir.passes.manager import run_pipeline, run_pipeline_ranks
-from ernie_ir.passes.pipeline import Pipeline, load_pipeline
-from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
-from ernie_ir.passes.quant_config import resolve_quant_name
-from ernie_ir.passes.split import SplitError
+from ernie_ir.passes.infra.manager import run_pipeline, run_pipeline_ranks
+from ernie_ir.passes.infra.pipeline import Pipeline, load_pipeline
+from ernie_ir.passes.parallel.split import SplitError
+from ernie_ir.passes.quant.cli_flags import NO_QUANT, pipeline_for
+from ernie_ir.passes.quant.config import resolve_quant_name
 from ernie_ir.runtime import Interpreter
-from ernie_ir.targets.compile import check_compile_options, compile_pipeline
-from ernie_ir.targets.cuda.packing import DEFAULT_CUDA_ARCH
+from ernie_ir.targets.compile import check_compile_options, compile_pipeline, legalize_spec
+from ernie_ir.targets.registry import find_target
 
 from .graph_memory import (
     GraphFacts,
@@ -193,7 +193,7 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
                 ep: int | None = None, mode: str = "inference", lora_rank: int | None = None,
                 seq_len: int | None = None, batch: int | None = None, offload_optimizer: bool = False,
                 recompute: bool = False, device_memory: int | str | None = None, *,
-                cuda_arch: int = DEFAULT_CUDA_ARCH, lora_alpha: float | None = None,
+                cuda_arch: int | None = None, lora_alpha: float | None = None,
                 lora_targets: Sequence[str] | None = None, quant_config: Path | None = None,
                 moment_dtype: str = "fp32", master_weights: bool = True,
                 kv_cache_dtype: str | None = None, prefill_tokens: int | None = None,
@@ -361,7 +361,8 @@ def _with_engine(opts: _Options, target: str, engine: str | None, seq_len: int |
     """`opts` with the serving engine resolved: FastDeploy by default for cuda inference (its flags
     checked and defaulted; `seq_len` becomes max_model_len, the prefill its profile run's tokens),
     none elsewhere, where the engine's flags are refused."""
-    applies = target == "cuda" and opts.mode == "inference"
+    tgt = find_target(target)
+    applies = tgt is not None and "fastdeploy" in tgt.executables and opts.mode == "inference"
     name = ("fastdeploy" if applies else "none") if engine is None else engine.strip().lower()
     if name not in ENGINES:
         raise PlanError(f"--engine {engine!r}: choose fastdeploy (cuda inference) or none (the bare model)")
@@ -437,7 +438,7 @@ def _compile_ranks(model: str, tgt: Any, arch: int | None, quant_text: str, tp: 
         if "fp8" not in quant_text and "FP8" not in str(e):
             raise
         graph = _load(model)
-        legal = f"legalize-cuda{{cuda_arch={arch}}}" if arch is not None else f"legalize-{tgt.name}"
+        legal = legalize_spec(tgt, arch)
         text = ",".join(x for x in (f"split{{tp={tp},ep={ep}}}", quant_text, legal) if x)
         resolved = load_pipeline(text)
         ranks = run_ranks(graph, resolved)

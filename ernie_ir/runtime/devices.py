@@ -17,11 +17,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .paddle_import import require_paddle
+
 KINDS = ("gpu", "npu", "xpu")
 """Paddle device kinds with weight-only kernels (the `--device` choices of the rank worker)."""
 
 TARGET_KINDS = {"cuda": "gpu", "ascend": "npu", "kunlun": "xpu"}
-"""ernie-ir target name -> the Paddle device kind it runs on."""
+"""The built-in targets' Paddle device kinds, for a caller that has only a target's name. An
+artifact records its own (its launch recipe's `paddle_device`, which `paddle_backend` reads), so
+the runtime never needs to know a target, plugin targets included."""
 
 ARCHS = (70, 75, 80, 86, 89, 90)
 """CUDA arches Paddle's `weight_only_linear` takes."""
@@ -33,8 +37,6 @@ PORTABLE = "portable (int values * scale, matmul)"
 
 
 def _paddle() -> Any:
-    from .paddle_layer import require_paddle
-
     return require_paddle()
 
 
@@ -87,9 +89,10 @@ def target_kind(target: str) -> str | None:
     return TARGET_KINDS.get(target)
 
 
-def run_device(target: str) -> str:
-    """Where to run an artifact compiled for `target` here: its device string, or "cpu"."""
-    kind = target_kind(target)
+def run_device(target: str, kind: str | None = None) -> str:
+    """Where to run an artifact compiled for `target` here: its device string, or "cpu".
+    `kind`: the device kind the artifact records (without it: `TARGET_KINDS`)."""
+    kind = kind or target_kind(target)
     if kind is not None and kind in available_kinds():
         return set_device_string(kind)
     return "cpu"

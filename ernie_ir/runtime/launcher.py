@@ -36,7 +36,7 @@ import numpy as np
 
 from ernie_ir.ir import ErnieIRError
 
-from .paddle_dist import ERROR_FILE, staging_dir
+from .launch_files import ERROR_FILE, staging_dir
 
 RUN_TIMEOUT_S = 600.0
 TRAIN_TIMEOUT_S = 3600.0

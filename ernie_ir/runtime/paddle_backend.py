@@ -31,16 +31,29 @@ def _check_files(root: Path, names: list[Path]) -> None:
 
 def paddle_device_for(root: Path) -> str:
     """Where `run_paddle` runs the artifact: its target's device when this Paddle has it, else "cpu".
-    Only a hint (the files are checked before they run), so it reads the manifest leniently."""
+    The device kind is the artifact's data (its launch recipe's `paddle_device`, e.g. "gpu:0"), so
+    a plugin's target runs on its device too. Only a hint (the files are checked before they
+    run), so it reads the manifest and the recipe leniently."""
     import json
 
     from .devices import run_device
 
     try:
-        target = json.loads((root / "manifest.json").read_text(encoding="utf-8")).get("target")
+        manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+        target, mode = manifest.get("target"), manifest.get("mode")
     except (OSError, ValueError, AttributeError, RecursionError):
         return "cpu"
-    return run_device(target) if isinstance(target, str) else "cpu"
+    if not isinstance(target, str):
+        return "cpu"
+    kind = None
+    if mode in ("inference", "training"):
+        try:
+            recipe = json.loads((root / mode / "launch.json").read_text(encoding="utf-8"))
+            device = recipe.get("paddle_device")
+            kind = device.split(":", 1)[0] if isinstance(device, str) and device else None
+        except (OSError, ValueError, AttributeError, RecursionError):
+            kind = None
+    return run_device(target, kind)
 
 
 def run_paddle(artifact: Path, input_ids: np.ndarray) -> np.ndarray:

@@ -45,10 +45,8 @@ import numpy as np
 
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import SHARD
+from ernie_ir.runtime.launch_files import CHECKPOINTS, ERROR_FILE, staging_dir
 
-ERROR_FILE = "error.rank{rank}.txt"
-"""Where a failing rank writes its one-line error (in $ERNIE_IR_WORKDIR), for the launcher."""
-CHECKPOINTS = Path("training") / "checkpoints"
 MERGED = "merged.safetensors"
 
 
@@ -336,12 +334,6 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
         names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
         save_rank_checkpoint(root, layer, names, steps, rank, world, expected=manifest)
     return losses
-
-
-def staging_dir(root: Path, master: str) -> Path:
-    """Where the ranks of the launch whose rendezvous is `master` (host:port) stage a checkpoint:
-    one launch, one port, so the name is the same on every rank and unique per run."""
-    return root / CHECKPOINTS / f".partial-{master.replace(':', '-')}"
 
 
 def save_rank_checkpoint(root: Path, layer: Any, names: list[str], steps: int, rank: int,

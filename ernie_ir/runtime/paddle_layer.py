@@ -16,7 +16,7 @@ With `layer.track_state = True`, each forward queues the next moving-average
 state of `fake_quant_moving_average` nodes; `layer.commit_state()` writes it
 into the state params (the training loop calls it after every step).
 
-Rank graphs of a multi-rank artifact (ernie_ir.passes.split) lower their
+Rank graphs of a multi-rank artifact (ernie_ir.passes.parallel.split) lower their
 collectives to `paddle.distributed` calls inside autograd functions:
 all_reduce is a sum forward and the identity backward (every rank computes
 the same replicated loss, so each already holds the gradient of the sum),
@@ -33,8 +33,6 @@ Paddle is imported lazily: importing this module needs no Paddle.
 from __future__ import annotations
 
 import math
-import os
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,37 +45,12 @@ from ernie_ir.ops.quant_numerics import FP8_MAX
 from ernie_ir.ops.rope import rope_angles
 
 from . import devices
-
-PADDLE_HINT = "install ernie-ir[paddle] or paddlepaddle-gpu"
-
-
-class PaddleMissingError(ErnieIRError):
-    """PaddlePaddle is needed for this and is not installed."""
+from .paddle_import import PaddleMissingError as PaddleMissingError  # re-exported: build_layer raises it
+from .paddle_import import require_paddle
 
 
 class PaddleEmitError(ErnieIRError):
     """The graph cannot be expressed as a Paddle Layer."""
-
-
-def require_paddle() -> Any:
-    """The `paddle` module, or PaddleMissingError with the install hint."""
-    # Paddle's C++ logging and its extension loader's ccache warning are noise to our users.
-    os.environ.setdefault("GLOG_minloglevel", "2")
-    import signal
-    import threading
-
-    term = signal.getsignal(signal.SIGTERM)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*ccache.*")
-            import paddle
-    except ImportError:
-        raise PaddleMissingError(f"PaddlePaddle is not installed: {PADDLE_HINT}") from None
-    if callable(term) and threading.current_thread() is threading.main_thread():
-        # Paddle's import puts its own C++ SIGTERM handler in place (it aborts, so no cleanup
-        # runs); give back the one the program had (the CLI's: clean up like Ctrl-C).
-        signal.signal(signal.SIGTERM, term)
-    return paddle
 
 
 _PREV_HALF = 0.49999997  # float32 just below 0.5, as ernie_ir.ops.quant_numerics.round_half_away

@@ -1,11 +1,14 @@
-"""Targets (cuda, ascend, kunlun): capability tables, legalization, weight packing, artifacts.
+"""Targets (cuda, ascend, kunlun, and plugins'): capability tables, legalization, weight packing, artifacts.
 
     from ernie_ir.targets import compile_model, load_artifact, verify_artifact
     report = compile_model("ernie-4.5-21b-a3b@tiny", "ascend", quant="wint8mix", out=Path("a"))
     graph = load_artifact("a")              # rank-0 graph, hashes checked
 
-Importing this package registers the `legalize-<target>` passes (they are
-also found through the `ernie_ir.passes` entry point).
+A target is one folder, `targets/<name>/` (a `HardwareTarget`: capability table, legalization
+rules, arch option, executables, device facts); packages add targets through the entry-point
+group `ernie_ir.targets` (docs/targets.md "Adding a target"). Importing this package registers
+the built-in `legalize-<target>` passes; every target's, plugins' included, is also found
+through the `ernie_ir.passes` entry point.
 """
 
 from . import passes  # noqa: F401  (registers legalize-cuda/-ascend/-kunlun)
@@ -19,18 +22,23 @@ from .artifact import (
     verify_artifact,
     write_artifact,
 )
-from .capabilities import FusedMoE, HardwareTarget, WeightOnlyKernel
+from .capabilities import ArchOption, FusedMoE, HardwareTarget, WeightOnlyKernel
 from .compile import CompileReport, compile_model
-from .registry import TARGETS, TargetError, get_target
+from .registry import TARGETS, TargetError, all_targets, get_target
+from .rules import LegalizationRules, Legalizing
 
 __all__ = [
     "TARGETS",
+    "ArchOption",
     "ArtifactError",
     "CompileReport",
     "FusedMoE",
     "HardwareTarget",
+    "LegalizationRules",
+    "Legalizing",
     "TargetError",
     "WeightOnlyKernel",
+    "all_targets",
     "artifact_mapping",
     "compile_model",
     "get_target",

@@ -79,7 +79,7 @@ def launch_recipe(target: HardwareTarget, mode: str, tp: int = 1) -> dict[str, A
     devices = ",".join(str(i) for i in range(tp))
     env = {target.visible_devices_env: devices, **target.extra_env}
     command = "train" if mode == "training" else "run"
-    kind = target.paddle_device.split(":")[0]
+    kind = target.device_kind
     extra = " --save" if mode == "training" else ""
     cpu = ("ernie-ir train <artifact> --steps N" if mode == "training" else
            "ernie-ir run <artifact> --tokens 1,2,3 --backend paddle")

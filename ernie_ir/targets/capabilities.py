@@ -1,4 +1,11 @@
-"""The target model: what a device offers, as data (pydantic).
+"""The target model: what a device offers, as data (pydantic), and the questions compile asks it.
+
+A target is one folder, `targets/<name>/` (or a plugin package, docs/targets.md "Adding a
+target"): its `HardwareTarget` holds the capability table (dtypes, weight-only and MoE kernels,
+FP8), its legalization rules (`rules`: the layouts its kernels read), its arch option (cuda's
+`--cuda-arch`), its executables and their defaults, and its device facts (Paddle device kind,
+visible-devices variable, launch flag, collective backend). The generic drivers (`legalize`,
+`compile`, `executables`, `artifact`, `emit_paddle`) ask the target and never test its name.
 
 Every entry names its source (shared/REFERENCE.md section 6 and the Paddle /
 PaddleCustomDevice / FastDeploy files it cites); docs/targets.md has the
@@ -9,6 +16,8 @@ everything here is from source code and vendor docs).
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
+
+from .rules import DEFAULT_RULES, LegalizationRules
 
 
 class _Data(BaseModel):
@@ -34,10 +43,28 @@ class FusedMoE(_Data):
     source: str
 
 
+class ArchOption(_Data):
+    """A target option that picks the device architecture its weights are laid out for (cuda:
+    `--cuda-arch`, pass option and kernel-plan key `cuda_arch`)."""
+
+    name: str
+    """The pass option of `legalize-<target>` and the key of the kernel plan and manifest."""
+    flag: str
+    """The CLI flag that sets it (compile and plan take its value as `cuda_arch`)."""
+    choices: tuple[int, ...]
+    default: int
+    fp8: tuple[int, ...] = ()
+    """The choices with FP8 kernels (when the target has them at all: `HardwareTarget.fp8`)."""
+    fp8_hint: str = ""
+    """What those choices are, for messages (cuda: "Hopper/Ada")."""
+
+
 class HardwareTarget(_Data):
-    """A hardware target (cuda, ascend, kunlun) as data: its capability table plus launch and
-    runtime facts. (Not to be confused with `passes.quant_config.WeightSite`, a weight that
-    quantization rules select.)"""
+    """A hardware target (cuda, ascend, kunlun, or one a plugin adds) as data: its capability
+    table, legalization rules, executables and launch and runtime facts. (Not to be confused
+    with `passes.quant_config.WeightSite`, a weight that quantization rules select.)"""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     name: str
     description: str
@@ -59,6 +86,20 @@ class HardwareTarget(_Data):
     packing: str
     """How quantized weights are laid out in the artifact."""
     sources: tuple[str, ...]
+    rules: LegalizationRules = DEFAULT_RULES
+    """How its kernels take the nodes they accept (weight layouts; `targets/rules.py`)."""
+    arch_option: ArchOption | None = None
+    """The architecture the weights are laid out for, where the layout depends on it (cuda)."""
+    executables: tuple[str, ...] = ("paddle", "onnx", "paddle-inference")
+    """The executables an artifact for it may carry (`compile --emit`; `executables.EXECUTABLES`)."""
+    default_emit: dict[str, tuple[str, ...]] = {"inference": ("paddle",), "training": ("paddle",)}
+    """Mode -> the executables written without `--emit` (those that read the rank bytes)."""
+
+    @property
+    def device_kind(self) -> str:
+        """The Paddle device kind it runs on ("gpu", "npu", "xpu"): `paddle_device` without the index.
+        The artifact records it (launch.json's `paddle_device`), which is where the runtime reads it."""
+        return self.paddle_device.split(":", 1)[0]
 
     def supports_weight_only(self, bits: int, group_size: int) -> bool:
         wo = self.weight_only

@@ -18,19 +18,18 @@ from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping, check_degrees
 from ernie_ir.load import load_input
 from ernie_ir.passes import Pass, PassContext, PassInstrument
-from ernie_ir.passes.base import graph_properties
-from ernie_ir.passes.manager import run_pipeline_ranks
-from ernie_ir.passes.pipeline import Pipeline, describe_restriction, load_pipeline
-from ernie_ir.passes.quant_cli import NO_QUANT, pipeline_for
-from ernie_ir.passes.quant_config import resolve_quant_name
-from ernie_ir.passes.split import mapping_for
+from ernie_ir.passes.infra.base import graph_properties
+from ernie_ir.passes.infra.manager import run_pipeline_ranks
+from ernie_ir.passes.infra.pipeline import Pipeline, describe_restriction, load_pipeline
+from ernie_ir.passes.parallel.split import mapping_for
+from ernie_ir.passes.quant.cli_flags import NO_QUANT, pipeline_for
+from ernie_ir.passes.quant.config import resolve_quant_name
 
 from .artifact import check_out, write_artifact
 from .capabilities import HardwareTarget
 from .coverage import check_coverage
-from .cuda.packing import DEFAULT_CUDA_ARCH, check_arch
 from .executables import backend_of, check_emit, default_emit, parse_emit, select_emitters
-from .registry import TargetError, get_target
+from .registry import TargetError, all_targets, get_target
 
 MODES = ("inference", "training")
 ONNX_NUMERICS = ("weight-only", "exact", "fast")
@@ -156,22 +155,55 @@ def check_onnx_numerics(numerics: str) -> str:
     return numerics
 
 
-def check_compile_options(target: str, mode: str, quant: str | None, cuda_arch: int, tp: int,
+def target_arch(tgt: HardwareTarget, arch: int | None) -> int | None:
+    """The value of `tgt`'s arch option (`HardwareTarget.arch_option`; cuda: --cuda-arch): `arch`,
+    or the option's default for None; None for a target without one (`arch` is ignored there)."""
+    opt = tgt.arch_option
+    if opt is None:
+        return None
+    value = opt.default if arch is None else arch
+    if value not in opt.choices:
+        raise TargetError(f"unknown {opt.flag} {value}: choose one of {', '.join(map(str, opt.choices))}")
+    return value
+
+
+def check_arch_flag(target: str, arch: int | None, flag: str = "--cuda-arch") -> None:
+    """Refuse `flag` (given: `arch` not None) for a target that has no such arch option (the CLI)."""
+    tgt = get_target(target)
+    if arch is None or (tgt.arch_option is not None and tgt.arch_option.flag == flag):
+        return
+    having = "/".join(t.name for t in all_targets().values()
+                      if t.arch_option is not None and t.arch_option.flag == flag)
+    raise TargetError(f"{flag} applies to --target {having or 'none'} only, not {target}: drop it")
+
+
+def legalize_spec(tgt: HardwareTarget, arch: int | None) -> str:
+    """The target's legalization pass in pipeline syntax: `legalize-cuda{cuda_arch=80}`, `legalize-ascend`."""
+    opt = tgt.arch_option
+    if opt is None or arch is None:
+        return f"legalize-{tgt.name}"
+    return f"legalize-{tgt.name}{{{opt.name}={arch}}}"
+
+
+def check_compile_options(target: str, mode: str, quant: str | None, cuda_arch: int | None, tp: int,
                           ep: int) -> tuple[HardwareTarget, int | None]:
-    """The target and cuda arch (None off cuda) of compile's options; refuses, in one line, an
+    """The target and the value of its arch option (cuda: --cuda-arch; None for a target without
+    one; `cuda_arch` None: the option's default) of compile's options; refuses, in one line, an
     unknown target or mode, impossible degrees and FP8 where the target has no FP8 kernels."""
     tgt = get_target(target)
     if mode not in MODES:
         raise TargetError(f"unknown --mode {mode!r}: choose inference or training")
     check_degrees(tp, ep, num_experts=None if ep == 1 else 0)
-    arch = check_arch(cuda_arch) if tgt.name == "cuda" else None
+    arch = target_arch(tgt, cuda_arch)
     if quant is not None and quant.strip().lower() not in NO_QUANT:
         canonical = resolve_quant_name(quant)
         if canonical.startswith("fp8") and not tgt.fp8:
             raise TargetError(f"--quant {quant} needs FP8 kernels, which {tgt.name} lacks: use "
                               "--target cuda --cuda-arch 89/90, or --quant wint8 / wint8mix")
-        if canonical.startswith("fp8") and arch is not None and arch < 89:
-            raise TargetError(f"--quant {quant} needs FP8 kernels (Hopper/Ada): use --cuda-arch 89 or 90")
+        opt = tgt.arch_option
+        if canonical.startswith("fp8") and opt is not None and arch not in opt.fp8:
+            raise TargetError(f"--quant {quant} needs FP8 kernels ({opt.fp8_hint or 'another arch'}): use "
+                              f"{opt.flag} {' or '.join(map(str, opt.fp8))}")
     return tgt, arch
 
 
@@ -202,7 +234,7 @@ def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_
     if tp != 1 or ep != 1:
         mapping_for(graph, tp, ep)  # refuse an impossible layout before any pass runs
         parts.append(f"split{{tp={tp},ep={ep}}}")
-    parts.append(f"legalize-cuda{{cuda_arch={arch}}}" if arch is not None else f"legalize-{tgt.name}")
+    parts.append(legalize_spec(tgt, arch))
     resolved = load_pipeline(",".join(parts), initial=graph_properties(graph))
     split = next((p for p in resolved if p.fans_out), None)
     mapping = Mapping.create()
@@ -227,7 +259,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   pipeline: str | None = None, lora_rank: int | None = None,
                   lora_alpha: float | None = None, lora_targets: Sequence[str] | None = None,
                   lora_adapter: Path | None = None, quant_config: Path | None = None,
-                  cuda_arch: int = DEFAULT_CUDA_ARCH, tp: int = 1, ep: int = 1,
+                  cuda_arch: int | None = None, tp: int = 1, ep: int = 1,
                   out: str | Path | None = None, force: bool = False,
                   trust_pickle: bool = False, meta: bool = False,
                   progress: Callable[[str, int, int], None] | None = None,
@@ -237,6 +269,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
+    `cuda_arch`: the value of the target's arch option (`HardwareTarget.arch_option`, cuda's
+    --cuda-arch; None: its default, sm80); ignored for a target without one.
     `meta`: read a checkpoint folder's config.json alone (no weights): a graph-only artifact.
     `progress(stage, done, total)` is called as passes run, weights are written and
     executables are emitted (the CLI draws it).
@@ -251,14 +285,14 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     """
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
     chosen = parse_emit(emit)
-    emit_names = chosen if chosen is not None else default_emit(tgt.name, mode)
+    emit_names = chosen if chosen is not None else default_emit(tgt, mode)
     if onnx_numerics is not None:
         check_onnx_numerics(onnx_numerics)
         if "onnx" not in emit_names:
             raise TargetError(f"--onnx-numerics {onnx_numerics} applies to the ONNX model, which this "
                               f"compile does not write: add onnx to --emit (e.g. --emit "
                               f"{','.join((*emit_names, 'onnx'))})")
-    check_emit(emit_names, tgt.name, mode, max(tp, ep))
+    check_emit(emit_names, tgt, mode, max(tp, ep))
     dest = check_out(out if out is not None else default_out(model, tgt.name, quant), force)
     quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter)
 

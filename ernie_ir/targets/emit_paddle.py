@@ -110,7 +110,7 @@ def training_recipe(graph: Graph, target: HardwareTarget, mapping: Mapping | Non
 
     # On the device, the rank worker trains each rank's Layer with the device's kernels (one
     # rank too): never the CPU path of `ernie-ir train`.
-    kind = target.paddle_device.split(":")[0]
+    kind = target.device_kind
     device_cmd = (f'{target.visible_devices_env}={devices} python -m paddle.distributed.launch '
                   f'--nproc_per_node {world} {target.launch_flag} {devices} "$({WORKER_LOOKUP})" train '
                   f"<artifact> --device {kind} --save --steps N [--data FILE.jsonl] "

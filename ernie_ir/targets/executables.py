@@ -13,9 +13,11 @@ bytes where they are or needs a layout of its own:
 - `paddle-inference` (one rank, inference): `inference/paddle/model.json` + `.pdiparams`, the
   traced program with a float32 copy of the weights (`paddle.jit.save`).
 
-The defaults (`default_emit`) are the executables that share the rank bytes, so an artifact
-holds each weight once: `paddle` everywhere, plus `fastdeploy` for a cuda inference artifact of
-ERNIE 4.5. `onnx` and `paddle-inference` are written when asked for, and each adds its own copy
+The defaults (`default_emit`, the target's `HardwareTarget.default_emit`) are the executables
+that share the rank bytes, so an artifact holds each weight once: `paddle` everywhere, plus
+`fastdeploy` for a cuda inference artifact of ERNIE 4.5. A target lists the executables its
+artifacts may carry (`HardwareTarget.executables`; only cuda's include `fastdeploy`). `onnx`
+and `paddle-inference` are written when asked for, and each adds its own copy
 in its own layout (ONNX cannot read Paddle's arch-permuted layout; `paddle.jit.save` writes its
 own params file).
 """
@@ -30,7 +32,7 @@ from ernie_ir.ir import Graph
 from ernie_ir.ir.mapping import Mapping
 
 from .capabilities import HardwareTarget
-from .registry import TargetError
+from .registry import TargetError, all_targets, get_target
 
 EXECUTABLES: dict[str, str] = {
     "paddle": "the Paddle Layer, built from rank{r}/ at load (device kernels on the device); "
@@ -64,15 +66,21 @@ def parse_emit(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
     return names
 
 
-def default_emit(target: str, mode: str) -> tuple[str, ...]:
-    """The executables written when `--emit` is not given: those that read the rank bytes."""
-    if target == "cuda" and mode == "inference":
-        return ("paddle", "fastdeploy")
-    return ("paddle",)
+def default_emit(target: str | HardwareTarget, mode: str) -> tuple[str, ...]:
+    """The executables written when `--emit` is not given: the target's defaults for `mode`
+    (`HardwareTarget.default_emit`: those that read the rank bytes)."""
+    tgt = get_target(target) if isinstance(target, str) else target
+    return tuple(tgt.default_emit.get(mode, ("paddle",)))
 
 
-def check_emit(emit: Sequence[str], target: str, mode: str, world: int) -> None:
-    """Refuse, before any pass runs, executables this mode or layout cannot have."""
+def _offered_by(name: str) -> str:
+    """The targets whose artifacts may carry executable `name` ("cuda", "cuda/dcu")."""
+    return "/".join(t.name for t in all_targets().values() if name in t.executables) or "no target"
+
+
+def check_emit(emit: Sequence[str], target: str | HardwareTarget, mode: str, world: int) -> None:
+    """Refuse, before any pass runs, executables this target, mode or layout cannot have."""
+    tgt = get_target(target) if isinstance(target, str) else target
     for name in emit:
         if name in ("onnx", "paddle-inference") and mode != "inference":
             raise TargetError(f"--emit {name} is an inference executable; --mode {mode} writes "
@@ -87,9 +95,12 @@ def check_emit(emit: Sequence[str], target: str, mode: str, world: int) -> None:
             if not paddle_available():
                 raise TargetError("--emit paddle-inference needs PaddlePaddle to trace the program: "
                                   "install ernie-ir[paddle] (or paddlepaddle-gpu), or drop it from --emit")
-        if name == "fastdeploy" and (target != "cuda" or mode != "inference"):
-            raise TargetError(f"--emit fastdeploy is a cuda inference checkpoint; not --target "
-                              f"{target} --mode {mode}: drop it from --emit")
+        if name == "fastdeploy" and (name not in tgt.executables or mode != "inference"):
+            raise TargetError(f"--emit fastdeploy is a {_offered_by(name)} inference checkpoint; not "
+                              f"--target {tgt.name} --mode {mode}: drop it from --emit")
+        if name not in tgt.executables:
+            raise TargetError(f"--emit {name}: --target {tgt.name} has no {name} executable (it has "
+                              f"{', '.join(tgt.executables)}): drop it from --emit")
 
 
 def select_emitters(emit: Sequence[str], *, explicit: bool, target: HardwareTarget, mode: str, model: str,
@@ -111,7 +122,7 @@ def select_emitters(emit: Sequence[str], *, explicit: bool, target: HardwareTarg
     elif "paddle" in emit:
         emitters["paddle"] = _paddle_emitter(target, mode, mapping)
     if "fastdeploy" in emit:
-        found = fastdeploy_emitters(target.name, mode, model, ranks, mapping, arch, warnings)
+        found = fastdeploy_emitters(target, mode, model, ranks, mapping, arch, warnings)
         if not found and explicit:
             why = next((w.removeprefix("not a FastDeploy checkpoint: ") for w in reversed(warnings)
                         if w.startswith("not a FastDeploy")), None)

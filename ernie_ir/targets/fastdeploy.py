@@ -46,6 +46,8 @@ from ernie_ir.ir.mapping import Mapping
 from ernie_ir.ir.storage import WEIGHTS_FILE
 from ernie_ir.ops.cuda_layout import DEFAULT_CUDA_ARCH, unpack
 
+from .capabilities import HardwareTarget
+
 FD_WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 ARCHITECTURES = ("Ernie4_5_ForCausalLM", "Ernie4_5_MoeForCausalLM")
@@ -157,11 +159,13 @@ def write_fastdeploy(root: Path, ranks: Sequence[Graph], config: dict[str, Any],
     return written
 
 
-def fastdeploy_emitters(target: str, mode: str, model: str, ranks: Sequence[Graph], mapping: Mapping,
-                        arch: int | None, warnings: list[str]) -> dict[str, Callable[[Graph, Path], Any]]:
-    """The FastDeploy writer for a cuda inference artifact of ERNIE 4.5 (other models and targets:
-    none); a warning says why an ERNIE 4.5 cuda artifact gets none."""
-    if target != "cuda" or mode != "inference" or not ranks or not is_ernie45(ranks[0]):
+def fastdeploy_emitters(target: HardwareTarget, mode: str, model: str, ranks: Sequence[Graph],
+                        mapping: Mapping, arch: int | None,
+                        warnings: list[str]) -> dict[str, Callable[[Graph, Path], Any]]:
+    """The FastDeploy writer for an inference artifact of ERNIE 4.5 for a target that offers it
+    (`"fastdeploy" in target.executables`: cuda; other models and targets: none); a warning says
+    why an ERNIE 4.5 cuda artifact gets none."""
+    if "fastdeploy" not in target.executables or mode != "inference" or not ranks or not is_ernie45(ranks[0]):
         return {}
     if any(p.source is None for g in ranks for p in g.params.values()):
         return {}

@@ -1,70 +1,80 @@
-"""The legalization passes `legalize-cuda`, `legalize-ascend`, `legalize-kunlun`.
+"""The legalization passes `legalize-<target>`, one per target (`legalize-cuda`, `legalize-ascend`,
+`legalize-kunlun`, and one for each plugin target), made from the target by `legalize_pass`.
 
-Registered through the entry-point group `ernie_ir.passes` (pyproject.toml:
-`targets = "ernie_ir.targets.passes"`) and, when this module is imported,
-directly: the pass layer never imports targets.
+The built-ins are registered when this module is imported; every target's (plugins included)
+through the entry-point group `ernie_ir.passes` (pyproject.toml: `targets =
+"ernie_ir.targets.passes:register_target_passes"`), which the pass registry loads on its first
+lookup: the pass layer never imports targets.
 """
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from typing import Any
+
+from pydantic import create_model, field_validator
 
 from ernie_ir.ir import Graph
-from ernie_ir.passes.base import Pass, PassContext, PassOptions
-from ernie_ir.passes.registry import register_pass
+from ernie_ir.passes import NoOptions, Pass, PassContext, PassOptions, register_pass
 
-from .ascend import ASCEND
-from .cuda import CUDA
-from .cuda.packing import CUDA_ARCHS, DEFAULT_CUDA_ARCH
-from .kunlun import KUNLUN
+from .capabilities import ArchOption, HardwareTarget
 from .legalize import legalize
+from .registry import BUILTIN, all_targets
+
+_PASSES: dict[str, type[Pass]] = {}
 
 
-class CudaOptions(PassOptions):
-    cuda_arch: int = DEFAULT_CUDA_ARCH
-    """SM version the weights are laid out for (70, 75, 80, 86, 89, 90)."""
+def _arch_options(target: HardwareTarget, opt: ArchOption) -> type[PassOptions]:
+    choices = ", ".join(map(str, opt.choices))
 
-    @field_validator("cuda_arch")
-    @classmethod
-    def _arch(cls, v: int) -> int:
-        if v not in CUDA_ARCHS:
-            raise ValueError(f"must be one of {', '.join(map(str, CUDA_ARCHS))}")
+    def check(cls: type, v: int) -> int:
+        if v not in opt.choices:
+            raise ValueError(f"must be one of {choices}")
         return v
 
-
-@register_pass
-class LegalizeCuda(Pass):
-    """Lower to Paddle's CUDA kernels; weight-only weights packed in the --cuda-arch layout."""
-
-    name = "legalize-cuda"
-    description = "Choose CUDA kernels per node, pack weight-only weights for cuda_arch, record the plan."
-    Options = CudaOptions
-    produces = frozenset({"lowered:cuda"})
-
-    def run(self, graph: Graph, ctx: PassContext) -> bool:
-        assert isinstance(self.options, CudaOptions)
-        return legalize(graph, CUDA, self.options.cuda_arch)
+    fields: dict[str, Any] = {opt.name: (int, opt.default)}
+    validators = {"check_arch": field_validator(opt.name)(classmethod(check))}
+    options = create_model(f"{target.name.title()}Options", __base__=PassOptions,
+                           __validators__=validators, **fields)
+    options.__doc__ = f"{opt.name}: the arch the weights are laid out for ({choices})."
+    return options
 
 
-@register_pass
-class LegalizeAscend(Pass):
-    """Lower to Ascend (npu) kernels: int8 per-channel weight-only; int4 dense decomposed."""
+def legalize_pass(target: HardwareTarget) -> type[Pass]:
+    """The pass `legalize-<target.name>` (one class per target: the same on every call), with the
+    target's arch option as its option (cuda: `cuda_arch`)."""
+    done = _PASSES.get(target.name)
+    if done is not None:
+        return done
+    opt = target.arch_option
 
-    name = "legalize-ascend"
-    description = "Choose Ascend kernels per node, decompose what it lacks, refuse FP8, record the plan."
-    produces = frozenset({"lowered:ascend"})
+    class Legalize(Pass):
+        __doc__ = (f"Lower to {target.description}: its kernels per node, weights in their layouts, "
+                   "the rest decomposed or refused.")
+        name = f"legalize-{target.name}"
+        description = (f"Choose {target.name} kernels per node, lay weights out for them, decompose what "
+                       "it lacks, refuse what it cannot run, record the plan.")
+        Options = _arch_options(target, opt) if opt is not None else NoOptions
+        produces = frozenset({f"lowered:{target.name}"})
 
-    def run(self, graph: Graph, ctx: PassContext) -> bool:
-        return legalize(graph, ASCEND)
+        def run(self, graph: Graph, ctx: PassContext) -> bool:
+            arch = getattr(self.options, opt.name) if opt is not None else None
+            return legalize(graph, target, arch)
+
+    Legalize.__name__ = Legalize.__qualname__ = "Legalize" + target.name.title().replace("-", "")
+    _PASSES[target.name] = Legalize
+    return Legalize
 
 
-@register_pass
-class LegalizeKunlun(Pass):
-    """Lower to Kunlun (xpu) kernels: int8 per-channel weight-only; int4 dense decomposed."""
+def register_target_passes(registry: Any = None) -> None:
+    """Register `legalize-<target>` for every target, plugins included (the `ernie_ir.passes`
+    entry point calls it with the pass registry on its first lookup)."""
+    for target in all_targets().values():
+        cls = legalize_pass(target)
+        if registry is None:
+            register_pass(cls)
+        elif registry.passes.get(cls.name) is not cls:
+            registry.add(cls, "built-in" if target in BUILTIN else f"target {target.name}")
 
-    name = "legalize-kunlun"
-    description = "Choose Kunlun XPU kernels per node, decompose what it lacks, refuse FP8, record the plan."
-    produces = frozenset({"lowered:kunlun"})
 
-    def run(self, graph: Graph, ctx: PassContext) -> bool:
-        return legalize(graph, KUNLUN)
+for _target in BUILTIN:
+    register_pass(legalize_pass(_target))

@@ -256,7 +256,7 @@ def test_report_counts_bytes_by_dtype(tmp_path: Path) -> None:
 
 def test_the_target_class_is_hardware_target_and_the_old_name_warns() -> None:
     import ernie_ir.targets as targets
-    from ernie_ir.passes.quant_config import WeightSite, find_targets
+    from ernie_ir.passes.quant.config import WeightSite, find_targets
 
     assert isinstance(get_target("ascend"), targets.HardwareTarget)
     with pytest.warns(DeprecationWarning, match="use ernie_ir.targets.HardwareTarget"):

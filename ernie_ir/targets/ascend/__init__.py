@@ -1,6 +1,7 @@
 """Huawei Ascend NPUs through PaddleCustomDevice ("npu"); int8 [K, N], the NPU binding's layout."""
 
 from ..capabilities import REFERENCE, FusedMoE, HardwareTarget, WeightOnlyKernel
+from .legalize import RULES
 
 ASCEND = HardwareTarget(
     name="ascend",
@@ -27,6 +28,7 @@ ASCEND = HardwareTarget(
             "the FRACTAL_NZ variant is not produced)",
     sources=("PaddleCustomDevice backends/npu/custom_op/llama_infer/fused_weight_only_linear.cc",
              "ERNIE docs/devices/README_NPU.md", REFERENCE),
+    rules=RULES,
 )
 
 __all__ = ["ASCEND"]

@@ -1,6 +1,7 @@
 """NVIDIA GPUs through Paddle's CUDA kernels; weights in Paddle's arch-permuted layout."""
 
-from ..capabilities import REFERENCE, FusedMoE, HardwareTarget, WeightOnlyKernel
+from ..capabilities import REFERENCE, ArchOption, FusedMoE, HardwareTarget, WeightOnlyKernel
+from .legalize import RULES
 from .packing import CUDA_ARCHS, DEFAULT_CUDA_ARCH, pack, packable, unpack
 
 FP8_ARCHS = (89, 90)
@@ -25,6 +26,11 @@ CUDA = HardwareTarget(
     packing="Paddle weight_quantize layout for --cuda-arch (bytes checked against Paddle's CPU kernel)",
     sources=("paddle/phi/kernels/gpu/weight_only_linear_kernel.cu",
              "paddle/phi/kernels/cpu/weight_quantize_kernel.cc", REFERENCE),
+    rules=RULES,
+    arch_option=ArchOption(name="cuda_arch", flag="--cuda-arch", choices=CUDA_ARCHS,
+                           default=DEFAULT_CUDA_ARCH, fp8=FP8_ARCHS, fp8_hint="Hopper/Ada"),
+    executables=("paddle", "fastdeploy", "onnx", "paddle-inference"),
+    default_emit={"inference": ("paddle", "fastdeploy"), "training": ("paddle",)},
 )
 
 __all__ = ["CUDA", "CUDA_ARCHS", "DEFAULT_CUDA_ARCH", "FP8_ARCHS", "pack", "packable", "unpack"]

@@ -1,6 +1,7 @@
 """Kunlunxin XPUs (P800) through Paddle's XPU kernels; int8 weights in the XPU kernel's [N, K] layout."""
 
 from ..capabilities import REFERENCE, FusedMoE, HardwareTarget, WeightOnlyKernel
+from .legalize import RULES
 
 KUNLUN = HardwareTarget(
     name="kunlun",
@@ -26,6 +27,7 @@ KUNLUN = HardwareTarget(
     sources=("paddle/phi/kernels/xpu/weight_only_linear_kernel.cc",
              "FastDeploy custom_ops/xpu_ops/src/ops/moe_expert_ffn.cc",
              "ERNIE docs/devices/README_XPU.md", REFERENCE),
+    rules=RULES,
 )
 
 __all__ = ["KUNLUN"]
