@@ -23,13 +23,18 @@ numerics): float32, and wint8mix in each `--onnx-numerics` mode:
   exact        the interpreter's numerics bit for bit: routed experts dequantized and rounded to
                bf16 (DequantizeLinear + Cast) on every call
   fast         int8 activations (accuracy_level 4)
-Each row: ms per forward (median of --repeat after warm-up), the ratio to float32, and the
+Each row: ms per forward (median of about --repeat calls after warm-up, the executables taking
+turns in blocks of 5 calls so that the machine's load falls on all alike), the ratio to
+float32, and the
 logits against the interpreter on the same graph: max abs error, relative (Frobenius) error,
 top-1 agreement. With --runs N the script repeats the timing N times in this process and reports
 each ratio's min / median / max (the machine is noisy: compare ratios, not milliseconds).
 
-Measured (2 cores, 2026-12-01, --runs 3, min / median / max): see docs/targets.md
-("Numerics: weight-only, exact, fast").
+Measured (2 cores, quiet, 2026-12-01, --runs 3 --repeat 15, min / median / max of the ratio to
+ONNX float32): dense weight-only 0.86 / 0.87 / 0.92, exact 0.90 / 0.90 / 0.94, fast 0.51 / 0.53 /
+0.64; MoE weight-only 0.58 / 0.64 / 0.67, exact 6.8 / 7.2 / 7.6, fast 0.46 / 0.53 / 0.57; sparse
+over dense MoE: ONNX float32 4.74 / 4.75 / 4.84, Paddle float32 5.12 / 5.31 / 5.55. Errors and the
+reasons: docs/targets.md ("Latency of the three numerics").
 
     python benchmarks/decode_latency.py [--layers 18] [--vocab 103424] [--threads 2] [--repeat 20]
                                         [--runs 1] [--no-moe] [--moe-only] [--moe-tokens 1]
@@ -92,15 +97,23 @@ def build_moe(layers: int, vocab: int, hidden: int, inter: int, quant: str | Non
     return _lower(config, "ernie-4.5-moe-e64k6", quant)
 
 
-def _median_ms(fn: Callable[[], object], repeat: int) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+def _interleaved_ms(runners: dict[str, Callable[[], object]], repeat: int,
+                    block: int = 5) -> dict[str, float]:
+    """Median ms per call of each runner, the runners taking turns in blocks of `block` calls, so
+    that a change of load on this shared machine falls on all of them alike (their ratios are
+    what we report). Blocks, not single calls: an onnxruntime session's threads spin for a while
+    after its call and would slow whichever session runs next; the median drops that first call."""
+    for run in runners.values():
+        run()
+        run()
+    times: dict[str, list[float]] = {key: [] for key in runners}
+    for _ in range(max(1, -(-repeat // block))):
+        for key, run in runners.items():
+            for _ in range(block):
+                t0 = time.perf_counter()
+                run()
+                times[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(t) * 1e3 for key, t in times.items()}
 
 
 def _onnx_runner(path: Path, ids: np.ndarray, threads: int) -> tuple[Callable[[], np.ndarray], np.ndarray]:
@@ -162,7 +175,7 @@ def measure(name: str, graphs: dict[str, Graph], ids: np.ndarray, tmp: Path, arg
                     accuracy[key] = _accuracy(run(), ref)
     runs: list[dict[str, float]] = []
     for r in range(args.runs):
-        ms = {key: _median_ms(run, args.repeat) for key, run in runners.items()}
+        ms = _interleaved_ms(runners, args.repeat)
         runs.append(ms)
         print(f"{name} run {r + 1}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in ms.items()), flush=True)
     ratios: dict[str, list[float]] = {
