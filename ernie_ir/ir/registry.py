@@ -266,16 +266,18 @@ class OpDef(ABC):
         return f"{self.inputs[-1].name}[{index - len(self.inputs) + 1}]"
 
 
-@dataclass
-class BrokenOpPlugin:
-    """An `ernie_ir.ops` entry point that failed to load, and why."""
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """An entry point of ours (`ernie_ir.ops`, `ernie_ir.targets`) that failed to load, and why."""
 
+    kind: str
+    """What it would have added: "op", "target"."""
     name: str
     target: str
     error: str
 
     def describe(self) -> str:
-        return f"op plugin {self.name!r} ({self.target}) failed to load: {self.error}"
+        return f"{self.kind} plugin {self.name!r} ({self.target}) failed to load: {self.error}"
 
 
 class OpRegistry:
@@ -288,7 +290,7 @@ class OpRegistry:
     def __init__(self) -> None:
         self.ops: dict[str, OpDef] = {}
         self.origins: dict[str, str] = {}
-        self.broken: list[BrokenOpPlugin] = []
+        self.broken: list[BrokenPlugin] = []
         self._loaders: list[Callable[[], None]] = []
         self._loaded = False
         self._plugin_origin: str | None = None  # set while an entry point loads
@@ -346,7 +348,7 @@ class OpRegistry:
             except Exception as e:  # a broken plugin must never break the built-in ops
                 for name in set(self.ops) - before:
                     self.remove(name)
-                self.broken.append(BrokenOpPlugin(ep.name, ep.value, f"{type(e).__name__}: {e}"))
+                self.broken.append(BrokenPlugin("op", ep.name, ep.value, f"{type(e).__name__}: {e}"))
             finally:
                 self._plugin_origin = None
 

@@ -12,8 +12,9 @@ target names the plugin and the error in one line, as for op and pass plugins.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from importlib.metadata import entry_points
+
+from ernie_ir.ir.registry import BrokenPlugin
 
 from .ascend import ASCEND
 from .capabilities import HardwareTarget
@@ -25,18 +26,6 @@ ENTRY_POINT_GROUP = "ernie_ir.targets"
 BUILTIN: tuple[HardwareTarget, ...] = (CUDA, ASCEND, KUNLUN)
 
 
-@dataclass(frozen=True)
-class BrokenTargetPlugin:
-    """An `ernie_ir.targets` entry point that failed to load, and why."""
-
-    name: str
-    target: str
-    error: str
-
-    def describe(self) -> str:
-        return f"target plugin {self.name!r} ({self.target}) failed to load: {self.error}"
-
-
 class TargetRegistry(Mapping[str, HardwareTarget]):
     """Targets by name (a read-only mapping; plugins load on first use), where each came from,
     and the target plugins that failed to load."""
@@ -44,7 +33,7 @@ class TargetRegistry(Mapping[str, HardwareTarget]):
     def __init__(self, builtin: tuple[HardwareTarget, ...]) -> None:
         self.targets: dict[str, HardwareTarget] = {t.name: t for t in builtin}
         self.origins: dict[str, str] = {t.name: "built-in" for t in builtin}
-        self.broken: list[BrokenTargetPlugin] = []
+        self.broken: list[BrokenPlugin] = []
         self._loaded = False
 
     def ensure_loaded(self) -> None:
@@ -56,7 +45,7 @@ class TargetRegistry(Mapping[str, HardwareTarget]):
             try:
                 self.add(_as_target(ep.load()), f"plugin {ep.name} ({ep.value})", ep.name)
             except Exception as e:  # a broken plugin must never break the other targets
-                self.broken.append(BrokenTargetPlugin(ep.name, ep.value, f"{type(e).__name__}: {e}"))
+                self.broken.append(BrokenPlugin("target", ep.name, ep.value, f"{type(e).__name__}: {e}"))
 
     def add(self, target: HardwareTarget, origin: str, name: str | None = None) -> HardwareTarget:
         """Register `target` (`name`: the entry point's, which must be the target's)."""
@@ -127,5 +116,5 @@ def all_targets() -> dict[str, HardwareTarget]:
     return dict(TARGETS.items())
 
 
-__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "TARGETS", "BrokenTargetPlugin", "TargetError", "TargetRegistry",
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "TARGETS", "TargetError", "TargetRegistry",
            "all_targets", "find_target", "get_target"]

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
+from ernie_ir.ir.registry import BrokenPlugin
+
 from .base import Pass
 from .pipeline_syntax import PipelineError, format_value
 
@@ -37,13 +39,6 @@ class Preset:
     name: str
     pipeline: str
     description: str
-
-
-@dataclass
-class BrokenPlugin:
-    name: str
-    target: str
-    error: str
 
 
 @dataclass
@@ -92,7 +87,7 @@ class PassRegistry:
                 obj = ep.load()
                 self._register_plugin_object(obj, origin)
             except Exception as e:  # a broken plugin must never break the built-ins
-                self.broken.append(BrokenPlugin(ep.name, ep.value, f"{type(e).__name__}: {e}"))
+                self.broken.append(BrokenPlugin("pass", ep.name, ep.value, f"{type(e).__name__}: {e}"))
 
     def _register_plugin_object(self, obj: Any, origin: str) -> None:
         if inspect.isclass(obj) and issubclass(obj, Pass):
