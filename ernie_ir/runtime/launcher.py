@@ -46,6 +46,19 @@ HOST = "127.0.0.1"
 # A CPU run: the launcher must not pick devices from the caller's environment.
 _DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "XPU_VISIBLE_DEVICES", "XPULINK_VISIBLE_DEVICES",
                "ASCEND_RT_VISIBLE_DEVICES", "NPU_VISIBLE_DEVICES", "PADDLE_XCCL_BACKEND")
+
+
+def device_env(artifact: Path) -> set[str]:
+    """The environment variables that pick devices for `artifact`: the built-in targets' and
+    those its launch recipes set (`*/launch.json` "env": a plugin target's own, such as
+    HIP_VISIBLE_DEVICES). A recipe that cannot be read adds nothing (verify reports it)."""
+    names = set(_DEVICE_ENV)
+    for recipe in sorted(Path(artifact).glob("*/launch.json")):
+        with contextlib.suppress(OSError, ValueError, RecursionError):
+            env = json.loads(recipe.read_text(encoding="utf-8")).get("env")
+            if isinstance(env, dict):
+                names.update(k for k in env if isinstance(k, str))
+    return names
 _NOISE = ("ccache", "warnings.warn(warning_message)")
 TAIL_LINES = 20
 
@@ -136,7 +149,8 @@ class RankProcesses:
                "--ips", HOST, "--start_port", str(self.port), "--log_dir", str(self.logs),
                "--job_id", f"ernie-ir-{self.token[:8]}",
                str(WORKER), self.command, str(self.artifact.resolve()), *self.args]
-        env = {k: v for k, v in os.environ.items() if k not in _DEVICE_ENV}
+        strip = device_env(self.artifact)
+        env = {k: v for k, v in os.environ.items() if k not in strip}
         env.update({TOKEN_ENV: self.token, "ERNIE_IR_PARENT_PID": str(os.getpid()),
                     "ERNIE_IR_WORKDIR": str(self.workdir), "PADDLE_DISTRI_BACKEND": "gloo",
                     "PYTHONUNBUFFERED": "1"})

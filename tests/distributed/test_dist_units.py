@@ -118,3 +118,16 @@ def test_multi_rank_launch_recipe_starts_the_rank_worker(tmp_path: Path, target:
             train = json.loads((out / "training/train.json").read_text())
             assert train["world_size"] == 2 and train["cpu_collective_backend"] == "gloo"
             assert "--nproc_per_node 2" in train["launch"][target] and "--save" in script
+
+
+def test_a_cpu_launch_strips_the_device_variables_the_artifact_names(tmp_path: Path) -> None:
+    """The built-in targets' variables, plus whatever a (plugin) target's recipe sets."""
+    from ernie_ir.runtime.launcher import device_env
+
+    (tmp_path / "inference").mkdir()
+    (tmp_path / "inference" / "launch.json").write_text(json.dumps(
+        {"target": "dcu", "env": {"HIP_VISIBLE_DEVICES": "0,1", "DCU_EXTRA": "1"}}))
+    names = device_env(tmp_path)
+    assert {"HIP_VISIBLE_DEVICES", "DCU_EXTRA", "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"} <= names
+    (tmp_path / "inference" / "launch.json").write_text("{not json")
+    assert "HIP_VISIBLE_DEVICES" not in device_env(tmp_path)
