@@ -1,4 +1,4 @@
-"""position_ids: the position of every token, from the shape of the token ids."""
+"""position_ids: the position of every token, from the shape of the token ids or a token index."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pydantic import Field
 
 from ernie_ir.ir import Graph, Input, OpAttrs, OpDef, OpError, TensorType, i64, register_op
 
-from ._checks import need, need_int, need_rank
+from ._checks import need, need_int, need_rank, same_dim
 
 
 class PositionIdsAttrs(OpAttrs):
@@ -21,28 +21,41 @@ class PositionIdsAttrs(OpAttrs):
 
 @register_op
 class PositionIds(OpDef):
-    """pos[b, s] = offset + stride * s        (only the shape of ids is read)
+    """pos[b, s] = offset + stride * index[b, s]      index: default s (only ids' shape is read)
 
-    ids: integer [B, S]; pos: i64 [B, S]. With `limit`, a position >= limit
-    is an error at run time (the sequence is longer than the model supports).
+    ids: integer [B, S]; index: optional integer [B, S], each token's index in its own sequence
+    (a decoder's `position_ids` input: a cached step's tokens do not start at 0, and a padded
+    row's tokens do not start where the batch does); pos: i64 [B, S]. With `limit`, a
+    position >= limit is an error at run time (the sequence is longer than the model supports).
     GPT's learned positions use the defaults; ERNIE-3.5-SE with
     `enable_random_position_ids` uses stride 8, offset 7.
     """
 
     name = "position_ids"
-    inputs = (Input("ids"),)
+    inputs = (Input("ids"), Input("index", optional=True))
     Attrs = PositionIdsAttrs
 
     def infer(self, types: Sequence[TensorType | None], attrs: PositionIdsAttrs) -> list[TensorType]:
         ids = need(types[0], self.name, "ids")
         need_int(ids, self.name, "ids")
         need_rank(ids, 2, self.name, "ids")
+        index = types[1] if len(types) > 1 else None
+        if index is not None:
+            need_int(index, self.name, "index")
+            need_rank(index, 2, self.name, "index")
+            same_dim(index.shape, ids.shape, self.name, "shapes of index and ids")
         return [TensorType(i64, ids.shape)]
 
     def kernel(self, args: Sequence[np.ndarray | None], attrs: PositionIdsAttrs) -> list[np.ndarray]:
         ids = args[0]
         assert ids is not None
         b, s = ids.shape
+        index = args[1] if len(args) > 1 else None
+        if index is not None:
+            if index.size and int(index.min()) < 0:
+                raise OpError(f"position_ids: negative token index {int(index.min())}")
+            check_positions(attrs, int(index.max()) + 1 if index.size else 0)
+            return [attrs.offset + attrs.stride * index.astype(np.int64)]
         pos = attrs.offset + attrs.stride * np.arange(s, dtype=np.int64)
         check_positions(attrs, s)
         return [np.broadcast_to(pos, (b, s)).copy()]

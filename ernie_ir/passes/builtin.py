@@ -8,6 +8,7 @@ load on the first lookup (`get_pass`, `all_passes`, building a pipeline), not wh
 from __future__ import annotations
 
 from .cleanup import canonicalize, cse, dce  # noqa: F401
+from .decoding import kv_cache  # noqa: F401
 from .fusion import linear_bias, parallel_block, qkv_gate_up  # noqa: F401
 from .infra.registry import REGISTRY
 

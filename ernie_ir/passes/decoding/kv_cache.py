@@ -1,0 +1,182 @@
+"""kv-cache: give every attention a KV cache, so one graph serves prefill and each decode step.
+
+    before                                   after
+    input_ids [B, S]                         input_ids [B, S], attention_mask [B, T],
+                                             position_ids [B, S],
+                                             past_key_values.{i}.key/.value [B, KV, P, D]
+    k, v [B, S, KV, D] -> attention          present = kv_cache_append(past, k, attention_mask)
+                                             attention(q, transpose(present), ..., keep)
+    rope(x)           (positions 0..S-1)     rope(x, position_ids)
+    position_ids(ids) (offset + stride*s)    position_ids(ids, position_ids)
+    outputs: logits                          logits, present.{i}.key/.value [B, KV, T, D]
+
+The attentions are found from the dataflow (every `attention` node, numbered in graph order),
+not from names, so the pass applies to any graph the frontends and passes make: ERNIE 4.5 dense
+and MoE (GQA), ERNIE-3.5-SE fused or not, GPT; quantized, with LoRA, split into ranks (a rank's
+cache holds the KV heads its attention reads, replicated ones included). The names and layouts
+are optimum's and onnxruntime-genai's. T = P + S is the `attention_mask` length; its zeros are
+pads (left, right or holes), which no query attends to; `position_ids` is each token's index in
+its own sequence (the caller's, so a padded row's positions follow its real tokens).
+`dtype` stores the cache in another float dtype than the attention computes (a cast before the
+append); the default keeps the keys' dtype, so the decoder computes what the graph did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import field_validator
+
+from ernie_ir.ir import DType, Graph, Node, Value, i64, tensor
+from ernie_ir.ir.graph import Param
+
+from ..infra.base import PassContext, PassOptions, function_pass
+from ..infra.registry import register_pass
+
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+POSITION_IDS = "position_ids"
+PAST = "past_key_values.{i}.{kind}"
+PRESENT = "present.{i}.{kind}"
+CACHE_KINDS = ("key", "value")
+PAST_DIM = "P"
+TOTAL_DIM = "T"
+
+
+class KvCacheError(ValueError):
+    """The graph cannot become a decoder (one line: what is in the way)."""
+
+
+class KvCacheOptions(PassOptions):
+    dtype: str | None = None
+    """The cache's element type (bf16, f16, f32, ...); None: the attention's key dtype."""
+
+    @field_validator("dtype")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        dt = DType.parse(v)
+        if not dt.is_float:
+            raise ValueError(f"a KV cache holds floats; {v} is not a float dtype")
+        return dt.value
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What a decoder graph's cache looks like: one (kv_heads, head_dim) per attention, in order."""
+
+    layers: tuple[tuple[int, int], ...]
+    dtype: str
+
+    @classmethod
+    def of(cls, graph: Graph) -> CacheLayout:
+        """The layout a decoder graph records (`graph.metadata["kv_cache"]`)."""
+        meta = graph.metadata.get("kv_cache")
+        if not isinstance(meta, dict):
+            raise KvCacheError(f"graph {graph.name} is not a decoder (run the kv-cache pass first)")
+        return cls(tuple((int(kv), int(d)) for kv, d in meta["layers"]), str(meta["dtype"]))
+
+
+def is_decoder(graph: Graph) -> bool:
+    """Whether the kv-cache pass has made `graph` a decoder."""
+    return isinstance(graph.metadata.get("kv_cache"), dict)
+
+
+def _ids_input(graph: Graph) -> Value:
+    ids = [v for v in graph.inputs if v.name == INPUT_IDS]
+    if not ids or len(graph.inputs) != 1:
+        names = ", ".join(v.name or "?" for v in graph.inputs) or "none"
+        raise KvCacheError(f"a decoder is made from a graph whose only input is {INPUT_IDS}; this one "
+                           f"has {names}")
+    v = ids[0]
+    if not v.type.dtype.is_int or v.type.rank != 2:
+        raise KvCacheError(f"{INPUT_IDS} must be integer [B, S], got {v.type}")
+    return v
+
+
+def _node(graph: Graph, anchor: Node, op: str, inputs: list[Value | None], **attrs: object) -> Value:
+    node = Node(op, inputs, attrs, scope=anchor.scope)
+    graph.insert_before(anchor, node)
+    return node.output
+
+
+def add_kv_cache(graph: Graph, dtype: str | DType | None = None) -> CacheLayout:
+    """Make `graph` (one input `input_ids`) a decoder in place; its cache layout.
+
+    KvCacheError (one line) where it cannot: already a decoder, other inputs, no attention, an
+    attention that already has a mask or is not causal, a cache dtype that is not a float."""
+    if is_decoder(graph):
+        raise KvCacheError(f"graph {graph.name} is already a decoder (it has a KV cache)")
+    ids = _ids_input(graph)
+    attentions = graph.nodes_by_op("attention")
+    if not attentions:
+        raise KvCacheError(f"graph {graph.name} has no attention, so it has no KV cache to keep")
+    cache = DType.parse(dtype) if isinstance(dtype, str) else dtype
+    if cache is not None and not cache.is_float:
+        raise KvCacheError(f"a KV cache holds floats; {cache} is not a float dtype")
+    for n in attentions:
+        if len(n.inputs) > 3 and n.inputs[3] is not None:
+            raise KvCacheError(f"the attention at {n.scope or '<root>'} already has a mask; the kv-cache "
+                               "pass makes the padding mask itself")
+        if not n.attrs.causal:  # type: ignore[attr-defined]
+            raise KvCacheError(f"the attention at {n.scope or '<root>'} is not causal: a decoder's "
+                               "queries see only earlier tokens")
+        k = n.inputs[1]
+        assert k is not None
+        if k.type.shape[:2] != ids.type.shape or not all(isinstance(d, int) for d in k.type.shape[2:]):
+            raise KvCacheError(f"the attention at {n.scope or '<root>'} reads keys {k.type}, not "
+                               f"[{', '.join(map(str, ids.type.shape))}, KV, D] of this step's tokens "
+                               "with static heads")
+
+    batch, seq = ids.type.shape
+    mask = graph.add_input(ATTENTION_MASK, tensor(i64, batch, TOTAL_DIM))
+    positions = graph.add_input(POSITION_IDS, tensor(i64, batch, seq))
+    first = graph.first
+    assert first is not None
+    keep_node = Node("key_padding_mask", [mask], scope="")
+    graph.insert_before(first, keep_node)
+    keep = keep_node.output
+
+    for n in graph.nodes_by_op("position_ids"):
+        if len(n.inputs) < 2 or n.inputs[1] is None:
+            n.set_input(1, positions)
+    for n in graph.nodes_by_op("rope"):
+        if len(n.inputs) < 2 or n.inputs[1] is None:
+            n.set_input(1, positions)
+
+    layers: list[tuple[int, int]] = []
+    for i, n in enumerate(attentions):
+        presents: list[Value] = []
+        for slot, kind in zip((1, 2), CACHE_KINDS, strict=True):
+            new = n.inputs[slot]
+            assert new is not None and not isinstance(new, Param)
+            b, _, kv, d = new.type.shape
+            dt = cache or new.type.dtype
+            past = graph.add_input(PAST.format(i=i, kind=kind), tensor(dt, b, kv, PAST_DIM, d))
+            if new.type.dtype != dt:
+                new = _node(graph, n, "cast", [new], dtype=dt)
+            present = _node(graph, n, "kv_cache_append", [past, new, mask])
+            n.set_input(slot, _node(graph, n, "transpose", [present], perm=(0, 2, 1, 3)))
+            presents.append(present)
+        n.set_input(3, keep)
+        for kind, present in zip(CACHE_KINDS, presents, strict=True):
+            graph.add_output(present, PRESENT.format(i=i, kind=kind))
+        kt = n.inputs[1]
+        assert kt is not None
+        layers.append((int(kt.type.shape[2]), int(kt.type.shape[3])))
+    dtypes = {str(graph.value_by_name(PAST.format(i=0, kind="key")).type.dtype)}
+    layout = CacheLayout(tuple(layers), dtypes.pop())
+    graph.metadata["kv_cache"] = {"layers": [list(x) for x in layout.layers], "dtype": layout.dtype}
+    return layout
+
+
+@register_pass
+@function_pass("kv-cache", "Give every attention a KV cache (past_key_values in, present out), an "
+               "attention mask and position ids: one graph for prefill and decode.",
+               options=KvCacheOptions, produces=("kv-cache",))
+def kv_cache(graph: Graph, options: KvCacheOptions, ctx: PassContext) -> bool:
+    """See the module docstring."""
+    layout = add_kv_cache(graph, options.dtype)
+    ctx.count("attentions", len(layout.layers))
+    return True
