@@ -1,0 +1,178 @@
+"""A MODEL or an artifact opened as a decoder: one `step` per call, on the backend asked for.
+
+| source | backend | what runs |
+|---|---|---|
+| MODEL (checkpoint, built-in, IR, graph folder) | interpreter | its graph after the kv-cache pass |
+| artifact, one rank | interpreter | `rank0/graph.ir` after the kv-cache pass |
+| artifact, several ranks | interpreter | every rank's decoder in lockstep (SPMD interpreter) |
+| artifact with `inference/onnx/` | onnxruntime | `model.onnx`, the decoder compile wrote |
+| artifact, one rank | paddle | the Paddle Layer of rank 0's decoder graph |
+
+The cache's dtype is the artifact's (`kv_cache_dtype` in its manifest) unless given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
+from ernie_ir.runtime.decoding import DecodeError, StepFn
+
+BACKENDS = ("interpreter", "onnxruntime", "paddle")
+ONNX_MODEL = Path("inference") / "onnx" / "model.onnx"
+
+
+@dataclass
+class Decoder:
+    """A decoder ready to step, and what the loop needs to know about its model."""
+
+    step: StepFn
+    cache_layers: tuple[tuple[int, int], ...]
+    config: dict[str, Any]
+    """The model's config.json (`graph.metadata["config"]`; empty for a bare IR file)."""
+    backend: str
+    vocab_size: int
+    folder: Path | None = None
+    """Where the tokenizer and generation_config.json are looked for (None: nowhere)."""
+    graphs: list[Graph] = field(default_factory=list)
+    """The decoder graphs (rank order); empty for the ONNX backend."""
+
+    @property
+    def context_length(self) -> int | None:
+        """The most positions the model has (`max_position_embeddings`), None if unknown."""
+        n = self.config.get("max_position_embeddings")
+        return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def _decoder_graphs(graphs: list[Graph], kv_cache_dtype: str | None) -> tuple[tuple[int, int], ...]:
+    layout = None
+    for g in graphs:
+        try:
+            layout = add_kv_cache(g, kv_cache_dtype)
+        except KvCacheError as e:
+            raise DecodeError(f"cannot generate with this model: {e}") from None
+    assert layout is not None
+    return layout.layers
+
+
+def _interpreter_step(graphs: list[Graph]) -> StepFn:
+    if len(graphs) == 1:
+        from ernie_ir.runtime import Interpreter
+
+        it = Interpreter(graphs[0])
+        return it.run
+    from ernie_ir.runtime.spmd import run_spmd
+
+    return lambda feeds: run_spmd(graphs, feeds)[0]
+
+
+def _vocab(graph: Graph) -> int:
+    logits = graph.outputs[0].type.shape
+    if not logits or not isinstance(logits[-1], int):
+        raise DecodeError(f"graph {graph.name}: its first output is not logits [B, S, vocab]")
+    return int(logits[-1])
+
+
+def _paddle_step(graph: Graph, device: str) -> StepFn:
+    from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
+
+    paddle = require_paddle()
+    layer = build_layer(graph, device=device)
+    layer.eval()
+    names = [v.name for v in graph.inputs]
+    outs = list(graph.output_names)
+
+    def step(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with paddle.no_grad():
+            args = [paddle.to_tensor(np.ascontiguousarray(feeds[n])) for n in names]
+            res = layer(*args)
+        res = res if isinstance(res, tuple) else (res,)
+        return {n: np.asarray(r.numpy()) for n, r in zip(outs, res, strict=True)}
+
+    return step
+
+
+def _onnx_step(model: Path) -> tuple[StepFn, tuple[tuple[int, int], ...]]:
+    from ernie_ir.runtime.onnx_backend import session
+
+    sess = session(model)
+    inputs = {i.name: i for i in sess.get_inputs()}
+    if "attention_mask" not in inputs:
+        raise DecodeError(f"{model} is not a decoder (no attention_mask, no past_key_values): it was "
+                          "written before ernie-ir decoded with a KV cache; recompile the artifact")
+    layers = []
+    i = 0
+    while f"past_key_values.{i}.key" in inputs:
+        _, kv, _, d = inputs[f"past_key_values.{i}.key"].shape
+        layers.append((int(kv), int(d)))
+        i += 1
+    names = [o.name for o in sess.get_outputs()]
+
+    def step(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, sess.run(None, {k: v for k, v in feeds.items() if k in inputs}), strict=True))
+
+    return step, tuple(layers)
+
+
+def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dtype: str | None = None,
+                 trust_pickle: bool = False) -> Decoder:
+    """`model` (a MODEL argument or an artifact folder) as a decoder on `backend`.
+
+    DecodeError / ErnieIRError (one line) for an unknown backend, one the artifact does not offer,
+    or a graph that cannot decode (no attention, not one `input_ids` input)."""
+    if backend not in BACKENDS:
+        raise DecodeError(f"unknown --backend {backend!r}: choose {', '.join(BACKENDS)}")
+    root = Path(model)
+    if not (root / "manifest.json").is_file():
+        if backend != "interpreter":
+            raise DecodeError(f"--backend {backend} runs a compiled artifact; {model} is a model: compile "
+                              "it first (ernie-ir compile ... --emit onnx), or use --backend interpreter")
+        from ernie_ir.load import load_input
+
+        graph = load_input(str(model), trust_pickle=trust_pickle)
+        config = dict(graph.metadata.get("config") or {})
+        vocab = _vocab(graph)
+        layers = _decoder_graphs([graph], kv_cache_dtype)
+        return Decoder(_interpreter_step([graph]), layers, config, backend, vocab,
+                       folder=root if root.is_dir() else None, graphs=[graph])
+
+    from ernie_ir.artifacts import artifact_mapping, load_rank_graphs, verify_artifact
+
+    manifest = verify_artifact(root)
+    offered = list(manifest.get("backends", ["interpreter"]))
+    if backend not in offered:
+        raise DecodeError(f"artifact {root} does not offer backend {backend!r}; it offers "
+                          f"{', '.join(offered)}")
+    if manifest.get("mode") != "inference":
+        raise DecodeError(f"artifact {root} was compiled for {manifest.get('mode')}; generating needs an "
+                          "inference artifact: compile with --mode inference")
+    dtype = kv_cache_dtype or manifest.get("kv_cache_dtype")
+    tokenizer = manifest.get("tokenizer")
+    folder = root / tokenizer if isinstance(tokenizer, str) else None
+    _, graphs = load_rank_graphs(root, verify=False)
+    config = dict(graphs[0].metadata.get("config") or {})
+    vocab = _vocab(graphs[0])
+    if backend == "onnxruntime":
+        if kv_cache_dtype is not None and kv_cache_dtype != manifest.get("kv_cache_dtype"):
+            raise DecodeError("--kv-cache-dtype is fixed in the ONNX model when it is compiled: give it to "
+                              "`ernie-ir compile` instead")
+        step, layers = _onnx_step(root / ONNX_MODEL)
+        return Decoder(step, layers, config, backend, vocab, folder=folder)
+    layers = _decoder_graphs(graphs, dtype)
+    if backend == "interpreter":
+        return Decoder(_interpreter_step(graphs), layers, config, backend, vocab, folder=folder,
+                       graphs=graphs)
+    if artifact_mapping(manifest).world_size > 1:
+        raise ErnieIRError(f"artifact {root} has {len(graphs)} ranks; `generate --backend paddle` runs "
+                           "one rank: use --backend interpreter (every rank in lockstep) or compile "
+                           "without --tp/--ep")
+    from ernie_ir.runtime.paddle_backend import paddle_device_for
+
+    return Decoder(_paddle_step(graphs[0], paddle_device_for(root)), layers, config, backend, vocab,
+                   folder=folder, graphs=graphs)
