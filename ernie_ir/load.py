@@ -12,6 +12,7 @@ frontends through `load_input` only.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from ernie_ir.ir import ErnieIRError, Graph
@@ -46,3 +47,32 @@ def load_input(spec: str, *, trust_pickle: bool = False, meta: bool = False) -> 
     from ernie_ir.frontends import load_model
 
     return load_model(spec, trust_pickle=trust_pickle, meta=meta)
+
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def copy_tokenizer(spec: str, dest: Path, *, tokenizer_json: bool = False) -> list[str]:
+    """Copy the tokenizer files (and generation_config.json) of checkpoint folder `spec` into
+    `dest`; the names copied or written, [] when `spec` is no folder or has no tokenizer.
+
+    `tokenizer_json`: the folder must also hold a tokenizer.json + tokenizer_config.json that
+    onnxruntime-genai's tokenizer reads: written from the tokenizer where the checkpoint has
+    none (a bare SentencePiece model). Bad tokenizer files: ErnieIRError naming the file."""
+    from ernie_ir.frontends.tokenizer import load_tokenizer, tokenizer_files, write_hf_tokenizer_json
+
+    src = Path(spec)
+    if not src.is_dir():
+        return []
+    tokenizer = load_tokenizer(src)  # reads (and so checks) the files before any is copied
+    if tokenizer is None:
+        return []
+    dest.mkdir(parents=True, exist_ok=True)
+    names = []
+    for f in [*tokenizer_files(src), src / GENERATION_CONFIG]:
+        if f.is_file():
+            shutil.copyfile(f, dest / f.name)
+            names.append(f.name)
+    if tokenizer_json and "tokenizer.json" not in names:
+        names += [p.name for p in write_hf_tokenizer_json(tokenizer, dest) if p.name not in names]
+    return names

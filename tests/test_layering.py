@@ -40,8 +40,10 @@ LAYERS: dict[str, frozenset[str]] = {
     "planning": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets"}),
     # the golden harness, the pytest plugin, tiny models for tests
     "testing": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets"}),
+    # text generation: the kv-cache pass's decoder run by runtime, with the frontends' tokenizers
+    "generation": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets"}),
     "cli": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets",
-                      "planning", "testing"}),
+                      "planning", "testing", "generation"}),
 }
 
 # The package itself (ernie_ir/__init__.py): it registers the op set once the IR core is

@@ -86,6 +86,9 @@ class _Manifest(_Strict):
     backends: list[str] | None = None
     formats: list[str] | None = None
     onnx_numerics: str | None = None
+    kv_cache_dtype: str | None = None
+    tokenizer: str | None = None
+    """The folder (relative) holding the model's tokenizer files."""
     rank_files: dict[str, dict[str, str]] | None = None
     files: dict[str, str]
 
@@ -120,6 +123,8 @@ def validate_manifest(data: Any, where: str = MANIFEST) -> dict[str, Any]:
         want = _KINDS.get(first["type"], first["msg"].lower())
         got = "missing" if first["type"] == "missing" else _kind(first.get("input"))
         raise ArtifactError(f"{where}: field '{show(field)}' must be {want}, not {got}: {corrupt}") from None
+    if model.tokenizer is not None:
+        _check_name(model.tokenizer, where)
     if model.parallel is not None and model.parallel.mapping is not None:
         try:
             mapping = Mapping.model_validate(model.parallel.mapping)

@@ -60,6 +60,9 @@ def compile(
                                  "fastdeploy, onnx, paddle-inference (default: those that read the rank "
                                  "weights: paddle, plus fastdeploy for cuda inference).")
     ] = None,
+    kv_cache_dtype: Annotated[str | None, typer.Option(
+        "--kv-cache-dtype", help="Inference: the dtype the decoders keep their KV cache in (f32, bf16, "
+        "f16; default: the attention's).")] = None,
     disable_pass: DisablePassOpt = None,
     stop_after: Annotated[str | None, typer.Option(
         "--stop-after", help="End the pipeline after pass NAME or the N-th pass and write the graph "
@@ -97,7 +100,8 @@ def compile(
                                cuda_arch=cuda_arch, tp=tp, ep=ep, out=out_dir, force=force,
                                trust_pickle=trust_pickle, meta=meta, progress=progress,
                                onnx_numerics=onnx_numerics, emit=emit,
-                               disabled_passes=split_names(disable_pass), stop_after=stop_after)
+                               disabled_passes=split_names(disable_pass), stop_after=stop_after,
+                               kv_cache_dtype=kv_cache_dtype)
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))

@@ -69,7 +69,19 @@ def _interpreter_step(graphs: list[Graph]) -> StepFn:
         return it.run
     from ernie_ir.runtime.spmd import run_spmd
 
-    return lambda feeds: run_spmd(graphs, feeds)[0]
+    def step(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # Each rank keeps its own cache (its own KV heads): the loop carries them stacked on a
+        # leading rank axis, and a first step's empty past serves every rank.
+        per_rank = [{k: (v[r] if k.startswith("past_key_values.") and v.ndim == 5 else v)
+                     for k, v in feeds.items()} for r in range(len(graphs))]
+        outs = run_spmd(graphs, per_rank)
+        result = dict(outs[0])
+        for k in result:
+            if k.startswith("present."):
+                result[k] = np.stack([o[k] for o in outs])
+        return result
+
+    return step
 
 
 def _vocab(graph: Graph) -> int:

@@ -161,7 +161,8 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Hardwar
                    extra: dict[str, Any] | None = None,
                    emitters: dict[str, Callable[[Graph, Path], Any]] | None = None,
                    progress: Callable[[str, int, int], None] | None = None,
-                   ranks: Sequence[Graph] | None = None, mapping: Mapping | None = None) -> Path:
+                   ranks: Sequence[Graph] | None = None, mapping: Mapping | None = None,
+                   tokenizer: Callable[[Path], str | None] | None = None) -> Path:
     """Write the artifact folder atomically and return its path.
 
     `source`: the manifest's source entry, or a function giving it (called when the manifest is
@@ -174,6 +175,9 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Hardwar
     and these names (those in FORMATS, e.g. "fastdeploy", go to "formats" instead), and every
     file they write is hashed like the others.
     `progress(stage, done, total)` reports weights written and executables emitted.
+    `tokenizer(root)`: writes the model's tokenizer files under the new artifact's root, after the
+    executables, and returns the folder it used (relative, recorded as the manifest's
+    `"tokenizer"`), or None when there was none.
 
     The write holds the destination's lock (ernie_ir.artifacts.publish): a second writer fails
     with one line; `out` is replaced only with `force` and only if it is still an artifact when
@@ -221,6 +225,9 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Hardwar
             emit(graph, exe)
             if progress is not None:
                 progress(f"executable {backend}", i, len(emitters or {}))
+        folder = tokenizer(tmp) if tokenizer is not None else None
+        if folder is not None:
+            extra = {**(extra or {}), "tokenizer": folder}
         manifest = build_manifest(
             ernie_ir_version=__version__, source=source() if callable(source) else source,
             pipeline=pipeline, target=target.name, mode=mode, weights=has_weights, mapping=layout,

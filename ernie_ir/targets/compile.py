@@ -265,7 +265,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   progress: Callable[[str, int, int], None] | None = None,
                   onnx_numerics: str | None = None,
                   emit: str | Sequence[str] | None = None, disabled_passes: Sequence[str] = (),
-                  stop_after: str | int | None = None) -> CompileReport:
+                  stop_after: str | int | None = None, kv_cache_dtype: str | None = None) -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
@@ -282,8 +282,16 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     `disabled_passes` / `stop_after` cut the pipeline for bisecting (`Pipeline.restricted`): the
     manifest records the pipeline that ran; stopping before the target's legalization writes
     the graph at that point as a graph folder instead of an artifact (as `llc -stop-after`).
+    `kv_cache_dtype`: the element type of the KV cache the decoders of this artifact keep (the
+    ONNX model's, and `ernie-ir generate`'s default); None: the attention's key dtype. Recorded
+    in the manifest (`"kv_cache_dtype"`).
+    A checkpoint folder's tokenizer files (and generation_config.json) are copied into the
+    artifact: `inference/onnx/` beside the ONNX decoder (with a tokenizer.json that
+    onnxruntime-genai reads), else `tokenizer/`; the manifest's `"tokenizer"` names the folder.
     """
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
+    if kv_cache_dtype is not None:
+        kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype, mode)
     chosen = parse_emit(emit)
     emit_names = chosen if chosen is not None else default_emit(tgt, mode)
     if onnx_numerics is not None:
@@ -366,10 +374,14 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     extra: dict[str, Any] = {"params_before": before, "params_after": after, "emit": written}
     if numerics is not None:
         extra["onnx_numerics"] = numerics
+    if kv_cache_dtype is not None:
+        extra["kv_cache_dtype"] = kv_cache_dtype
     path = write_artifact(ranked.global_graph if len(ranks) > 1 else first, dest, target=tgt, mode=mode,
                           pipeline=str(resolved), source=source.result, force=force,
                           extra=extra,
-                          emitters=emitters, progress=progress, ranks=ranks, mapping=mapping)
+                          emitters=emitters, progress=progress, ranks=ranks, mapping=mapping,
+                          tokenizer=_tokenizer_writer(model, "onnxruntime" in emitters)
+                          if emit_names else None)
     return CompileReport(
         model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(path),
         passes_run=[p.spec() for p in resolved.passes], params_before=before, params_after=after,
@@ -377,6 +389,34 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         warnings=warnings, cuda_arch=arch, parallel=mapping.describe() if not mapping.is_single else "",
         onnx_numerics=numerics, emit=written,
     )
+
+
+def check_kv_cache_dtype(text: str, mode: str) -> str:
+    """The canonical name of a --kv-cache-dtype (a float dtype), for an inference compile."""
+    from ernie_ir.ir import DType
+
+    try:
+        dtype = DType.parse(text.strip().lower())
+    except ValueError:
+        dtype = None
+    if dtype is None or not dtype.is_float:
+        raise TargetError(f"unknown --kv-cache-dtype {text!r}: choose a float dtype (f32, bf16, f16)")
+    if mode != "inference":
+        raise TargetError(f"--kv-cache-dtype applies to inference artifacts (they decode); --mode {mode} "
+                          "does not: drop it")
+    return dtype.value
+
+
+def _tokenizer_writer(model: str, onnx: bool) -> Callable[[Path], str | None]:
+    """Writes the checkpoint's tokenizer into an artifact: beside the ONNX decoder (where
+    onnxruntime-genai looks) when there is one, else into tokenizer/ (see compile_model)."""
+    from ernie_ir.load import copy_tokenizer
+
+    def write(root: Path) -> str | None:
+        folder = Path("inference") / "onnx" if onnx else Path("tokenizer")
+        return folder.as_posix() if copy_tokenizer(model, root / folder, tokenizer_json=onnx) else None
+
+    return write
 
 
 def _save_graphs(ranks: Sequence[Graph], dest: Path) -> None:

@@ -1,0 +1,194 @@
+"""`ernie-ir generate`: text (or token ids) from a model or an artifact, decoded with a KV cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from .common import ModelArg, TrustOpt, err, out
+
+if TYPE_CHECKING:
+    from ernie_ir.generation import Generator
+
+
+def _parse_ids(text: str, flag: str) -> list[list[int]]:
+    """`1,2,3` (one prompt) or a .npy file of token ids [batch, seq] (one prompt per row)."""
+    from ernie_ir.ir import ErnieIRError
+
+    if text.endswith(".npy"):
+        from ernie_ir.ir.inputs import read_token_ids
+
+        if not Path(text).exists():
+            raise ErnieIRError(f"{flag} {text}: no such file")
+        return read_token_ids(text, f"{flag} file").tolist()
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ErnieIRError(f"{flag} {text!r}: expected comma-separated integers such as 1,2,3 or a "
+                           ".npy file") from None
+    if not values:
+        raise ErnieIRError(f"{flag}: the prompt is empty: give at least one token id")
+    return [values]
+
+
+def _read_prompts(path: Path, gen: Generator, chat: bool) -> list[list[int]]:
+    """A JSON Lines file: per line a string (text), a list of ints (ids), or an object with
+    "prompt" (text) or "ids" (token ids). Blank lines are skipped."""
+    import json
+
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.ir.inputs import read_text
+
+    rows: list[list[int]] = []
+    for n, line in enumerate(read_text(path, "prompts file", ErnieIRError).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item: Any = json.loads(line)
+        except (ValueError, RecursionError):
+            raise ErnieIRError(f"--prompts {path}: line {n} is not valid JSON: write one prompt per line "
+                               '("text", [1, 2, 3], {"prompt": "text"} or {"ids": [1, 2, 3]})') from None
+        if isinstance(item, dict):
+            item = item.get("prompt", item.get("ids"))
+        if isinstance(item, str):
+            rows.append(gen.encode(item, chat=chat))
+        elif isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool)
+                                                     for t in item):
+            rows.append(list(item))
+        else:
+            raise ErnieIRError(f"--prompts {path}: line {n} holds no prompt: give a string, a non-empty "
+                               'list of token ids, or an object with "prompt" or "ids"')
+    if not rows:
+        raise ErnieIRError(f"--prompts {path}: the file holds no prompt")
+    return rows
+
+
+def generate(
+    model: ModelArg,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="Prompt text (needs the model's "
+                                               "tokenizer).")] = None,
+    prompt_ids: Annotated[str | None, typer.Option("--prompt-ids", help="Prompt token ids: 1,2,3 or a "
+                                                   ".npy [batch, seq].")] = None,
+    prompts: Annotated[Path | None, typer.Option(
+        "--prompts", help="A JSON Lines file, one prompt per line: text, [ids], {\"prompt\": ...} or "
+        "{\"ids\": ...}.")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate per "
+                                                "prompt (at most).")] = 32,
+    greedy: Annotated[bool, typer.Option("--greedy", help="Take the most likely token (the default "
+                                         "unless a sampling option is given).")] = False,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="Sample: divide the logits "
+                                                      "by T > 0.")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help="Sample from the smallest set of tokens "
+                                                "whose probability reaches P, in (0, 1].")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="Sample from the K most likely "
+                                              "tokens.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the sampler.")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="End a row when its text contains "
+                                                   "this (repeatable).")] = None,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Generate exactly --max-new-tokens "
+                                             "(EOS does not end a row).")] = False,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap each text prompt in the tokenizer's chat "
+                                       "template.")] = False,
+    backend: Annotated[str, typer.Option("--backend", help="interpreter (a model or an artifact), or "
+                                         "for an artifact: onnxruntime or paddle.")] = "interpreter",
+    kv_cache_dtype: Annotated[str | None, typer.Option(
+        "--kv-cache-dtype", help="The cache's dtype (default: the artifact's, else the "
+        "attention's).")] = None,
+    compare_to: Annotated[str | None, typer.Option("--compare-to", help="A reference MODEL, run "
+                                                   "teacher-forced on the generated tokens.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    trust_pickle: TrustOpt = False,
+) -> None:
+    """Generate tokens after prompts, decoding with a KV cache; text streams as it is produced."""
+    import json
+
+    from ernie_ir.generation import DecodeOptions, Generator, SamplingOptions
+    from ernie_ir.generation import compare_to as compare
+    from ernie_ir.ir import ErnieIRError
+
+    given = [f for f, v in (("--prompt", prompt), ("--prompt-ids", prompt_ids), ("--prompts", prompts))
+             if v is not None]
+    if len(given) != 1:
+        raise ErnieIRError("give one of --prompt TEXT, --prompt-ids IDS or --prompts FILE.jsonl"
+                           + (f" (got {' and '.join(given)})" if given else ""))
+    if max_new_tokens < 1:
+        raise ErnieIRError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
+    sampled = [f for f, v in (("--temperature", temperature), ("--top-p", top_p), ("--top-k", top_k))
+               if v is not None]
+    if greedy and sampled:
+        raise ErnieIRError(f"--greedy and {sampled[0]} contradict: drop one (greedy takes the most likely "
+                           "token)")
+    sampling = SamplingOptions(greedy=not sampled, temperature=1.0 if temperature is None else temperature,
+                               top_p=1.0 if top_p is None else top_p, top_k=top_k, seed=seed)
+    sampling.check()
+    if kv_cache_dtype is not None:
+        from ernie_ir.targets.compile import check_kv_cache_dtype
+
+        kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype, "inference")
+    if prompts is not None and not prompts.is_file():
+        raise ErnieIRError(f"--prompts {prompts}: no such file")
+
+    gen = Generator(model, backend, kv_cache_dtype=kv_cache_dtype, trust_pickle=trust_pickle)
+    if prompt is not None:
+        rows = [gen.encode(prompt, chat=chat)]
+    elif prompt_ids is not None:
+        if chat:
+            raise ErnieIRError("--chat wraps text prompts: give --prompt (or drop --chat)")
+        rows = _parse_ids(prompt_ids, "--prompt-ids")
+    else:
+        assert prompts is not None
+        rows = _read_prompts(prompts, gen, chat)
+    if stop:
+        gen.require_tokenizer("--stop")
+    rows = gen.check(rows, max_new_tokens)
+
+    tok = gen.tokenizer
+    streaming = not json_out and len(rows) == 1
+    stream = tok.stream(rows[0]) if streaming and tok is not None else None
+
+    def on_token(_row: int, token: int) -> None:
+        if not streaming:
+            return
+        text = stream.push(token) if stream is not None else f"{token} "
+        if text:
+            out.print(text, end="", markup=False, highlight=False)
+            out.file.flush()
+
+    result = gen.generate(rows, DecodeOptions(max_new_tokens=max_new_tokens, sampling=sampling),
+                          stop_texts=stop or (), ignore_eos=ignore_eos, on_token=on_token)
+    texts = [tok.decode(n, skip_special_tokens=True) for n in result.new_tokens] if tok is not None else None
+    if streaming:
+        if stream is not None:
+            out.print(stream.flush(), end="", markup=False, highlight=False)
+        out.print("")
+    comparison = compare(compare_to, result, trust_pickle=trust_pickle) if compare_to is not None else None
+    if json_out:
+        data: dict[str, Any] = {
+            "model": model, "backend": backend, "sequences": result.sequences,
+            "new_tokens": result.new_tokens, "finish_reasons": result.finish_reasons,
+            "prefill_ms": round(result.prefill_ms, 3),
+            "decode_ms_per_token": round(result.decode_ms_per_token, 3),
+        }
+        if texts is not None:
+            data["texts"] = texts
+        if comparison is not None:
+            data["compare"] = {"reference": comparison.reference,
+                               "first_divergence": comparison.first_divergence,
+                               "top1_agreement": comparison.agreement}
+        print(json.dumps(data))
+        return
+    if not streaming:
+        for r, new in enumerate(result.new_tokens):
+            shown = texts[r] if texts is not None else " ".join(map(str, new))
+            out.print(f"[{r}] {shown}", markup=False, highlight=False)
+    steps = sum(len(n) for n in result.new_tokens)
+    err.print(f"{steps} tokens in {len(rows)} row(s) ({', '.join(sorted(set(result.finish_reasons)))}); "
+              f"prefill {result.prefill_ms:.1f} ms, decode {result.decode_ms_per_token:.2f} ms/token "
+              f"({backend})", markup=False)
+    if comparison is not None:
+        pairs = zip(comparison.first_divergence, comparison.agreement, strict=True)
+        for r, (first, agree) in enumerate(pairs):
+            where = "never diverges" if first is None else f"first diverges at step {first}"
+            err.print(f"[{r}] against {compare_to}: {where}; top-1 agreement {agree:.1%}", markup=False)
