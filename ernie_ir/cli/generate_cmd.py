@@ -151,14 +151,14 @@ def generate(
     def on_token(_row: int, token: int) -> None:
         if not streaming:
             return
-        text = stream.push(token) if stream is not None else f"{token} "
+        text = stream.push(gen.known([token])) if stream is not None else f"{token} "
         if text:
             out.print(text, end="", markup=False, highlight=False)
             out.file.flush()
 
     result = gen.generate(rows, DecodeOptions(max_new_tokens=max_new_tokens, sampling=sampling),
                           stop_texts=stop or (), ignore_eos=ignore_eos, on_token=on_token)
-    texts = [tok.decode(n, skip_special_tokens=True) for n in result.new_tokens] if tok is not None else None
+    texts = [gen.text(n) for n in result.new_tokens] if tok is not None else None
     if streaming:
         if stream is not None:
             out.print(stream.flush(), end="", markup=False, highlight=False)

@@ -7,14 +7,21 @@
 | artifact, several ranks | interpreter | every rank's decoder in lockstep (SPMD interpreter) |
 | artifact with `inference/onnx/` | onnxruntime | `model.onnx`, the decoder compile wrote |
 | artifact, one rank | paddle | the Paddle Layer of rank 0's decoder graph |
+| artifact, several ranks | paddle | one gloo process per rank, each running the whole loop |
+
+Several Paddle ranks cannot step from here: `Decoder.generate` writes each rank's decoder graph
+(its text only: the params are the artifact's rank weights) and the ranks run the loop in
+lockstep (ernie_ir.runtime.launcher.generate_distributed); each step's tokens stream back, and a
+stop string ends a row here (its tokens after that step are dropped, as the loop would not have
+made them: rows decode independently).
 
 The cache's dtype is the artifact's (`kv_cache_dtype` in its manifest) unless given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +29,13 @@ import numpy as np
 
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
-from ernie_ir.runtime.decoding import DecodeError, StepFn
+from ernie_ir.runtime.decoding import DecodeError, DecodeOptions, DecodeResult, StepFn, decode
 
 BACKENDS = ("interpreter", "onnxruntime", "paddle")
 ONNX_MODEL = Path("inference") / "onnx" / "model.onnx"
+StopFn = Callable[[int, list[int]], bool]
+TokensFn = Callable[[int, np.ndarray, list[bool]], None]
+RunFn = Callable[[list[list[int]], DecodeOptions, "StopFn | None", "TokensFn | None"], DecodeResult]
 
 
 @dataclass
@@ -42,6 +52,15 @@ class Decoder:
     """Where the tokenizer and generation_config.json are looked for (None: nowhere)."""
     graphs: list[Graph] = field(default_factory=list)
     """The decoder graphs (rank order); empty for the ONNX backend."""
+    run: RunFn | None = None
+    """Runs the whole loop elsewhere (several Paddle ranks); None: `decode` over `step`, here."""
+
+    def generate(self, prompts: list[list[int]], options: DecodeOptions, *, stop: StopFn | None = None,
+                 on_tokens: TokensFn | None = None) -> DecodeResult:
+        """The generation loop (ernie_ir.runtime.decoding.decode) over this decoder."""
+        if self.run is not None:
+            return self.run(prompts, options, stop, on_tokens)
+        return decode(self.step, self.cache_layers, prompts, options, stop=stop, on_tokens=on_tokens)
 
     @property
     def context_length(self) -> int | None:
@@ -110,6 +129,46 @@ def _paddle_step(graph: Graph, device: str) -> StepFn:
     return step
 
 
+def _paddle_ranks(root: Path, graphs: list[Graph], timeout_s: float | None) -> tuple[StepFn, RunFn]:
+    """(step that refuses, run) of a multi-rank artifact's decoders on one gloo process per rank."""
+    from ernie_ir.ir.printer import print_graph
+    from ernie_ir.runtime.launcher import RUN_TIMEOUT_S, generate_distributed
+
+    texts = [print_graph(g) for g in graphs]
+
+    def step(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise DecodeError(f"artifact {root} has {len(graphs)} ranks: its Paddle decoders run the whole "
+                          "loop in their rank processes (Decoder.generate), not one step at a time")
+
+    def run(prompts: list[list[int]], options: DecodeOptions, stop: StopFn | None,
+            on_tokens: TokensFn | None) -> DecodeResult:
+        new: list[list[int]] = [[] for _ in prompts]
+        ended = [False] * len(prompts)  # by a stop string: the ranks know only eos and the length
+
+        def on_step(s: int, tokens: np.ndarray, live: list[bool]) -> None:
+            was_live = [a and not e for a, e in zip(live, ended, strict=True)]
+            for b, t in enumerate(tokens):
+                if was_live[b]:
+                    new[b].append(int(t))
+                    if stop is not None and stop(b, new[b]):
+                        ended[b] = True
+            if on_tokens is not None and any(was_live):
+                on_tokens(s, tokens, was_live)
+
+        result = generate_distributed(root, texts, prompts, replace(options), on_step=on_step,
+                                      timeout_s=RUN_TIMEOUT_S if timeout_s is None else timeout_s)
+        for b, done in enumerate(ended):
+            if done:
+                result.new_tokens[b] = new[b]
+                result.finish_reasons[b] = "stop"
+        steps = max(len(n) for n in result.new_tokens)  # the loop ends once every row has
+        result.decode_ms = result.decode_ms[: steps - 1]
+        result.step_logits = result.step_logits[:steps]
+        return result
+
+    return step, run
+
+
 def _onnx_step(model: Path) -> tuple[StepFn, tuple[tuple[int, int], ...]]:
     from ernie_ir.runtime.onnx_backend import session
 
@@ -133,8 +192,11 @@ def _onnx_step(model: Path) -> tuple[StepFn, tuple[tuple[int, int], ...]]:
 
 
 def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dtype: str | None = None,
-                 trust_pickle: bool = False) -> Decoder:
+                 trust_pickle: bool = False, timeout_s: float | None = None) -> Decoder:
     """`model` (a MODEL argument or an artifact folder) as a decoder on `backend`.
+
+    `timeout_s` bounds each generation of a multi-rank artifact on Paddle (default
+    ernie_ir.runtime.launcher.RUN_TIMEOUT_S); the ranks are stopped when it passes.
 
     DecodeError / ErnieIRError (one line) for an unknown backend, one the artifact does not offer,
     or a graph that cannot decode (no attention, not one `input_ids` input)."""
@@ -181,9 +243,11 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
         return Decoder(_interpreter_step(graphs), layers, config, backend, vocab, folder=folder,
                        graphs=graphs)
     if artifact_mapping(manifest).world_size > 1:
-        raise ErnieIRError(f"artifact {root} has {len(graphs)} ranks; `generate --backend paddle` runs "
-                           "one rank: use --backend interpreter (every rank in lockstep) or compile "
-                           "without --tp/--ep")
+        from ernie_ir.artifacts import require_weights
+
+        require_weights(root, manifest)
+        step, run = _paddle_ranks(root, graphs, timeout_s)
+        return Decoder(step, layers, config, backend, vocab, folder=folder, graphs=graphs, run=run)
     from ernie_ir.runtime.paddle_backend import paddle_device_for
 
     return Decoder(_paddle_step(graphs[0], paddle_device_for(root)), layers, config, backend, vocab,

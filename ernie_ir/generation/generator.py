@@ -86,6 +86,17 @@ class Generator:
             return tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
         return tok.encode(text)
 
+    def text(self, ids: Sequence[int]) -> str:
+        """The text of generated ids, special tokens skipped. Ids the tokenizer lacks (a model's
+        vocabulary is often padded past the tokenizer's) have no text and are left out."""
+        tok = self.require_tokenizer("text output")
+        return tok.decode(self.known(ids), skip_special_tokens=True)
+
+    def known(self, ids: Sequence[int]) -> list[int]:
+        """`ids` without those outside the tokenizer's vocabulary."""
+        size = self.require_tokenizer("text output").vocab_size
+        return [i for i in ids if 0 <= i < size]
+
     # -- generating -------------------------------------------------------------------------------
     def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
         """The prompts, refused (DecodeError, before any work) where they cannot be generated from."""
@@ -114,7 +125,7 @@ class Generator:
         stop = None
         if stops:
             tok = self.require_tokenizer("--stop")
-            stop = lambda _row, new: any(s in tok.decode(new) for s in stops)  # noqa: E731
+            stop = lambda _row, new: any(s in tok.decode(self.known(new)) for s in stops)  # noqa: E731
 
         def on_tokens(_step: int, tokens: np.ndarray, live: list[bool]) -> None:
             if on_token is not None:
