@@ -393,18 +393,15 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
 
 def check_kv_cache_dtype(text: str, mode: str) -> str:
     """The canonical name of a --kv-cache-dtype (a float dtype), for an inference compile."""
-    from ernie_ir.ir import DType
+    from ernie_ir.passes.decoding.kv_cache import CACHE_DTYPES
 
-    try:
-        dtype = DType.parse(text.strip().lower())
-    except ValueError:
-        dtype = None
-    if dtype is None or not dtype.is_float:
-        raise TargetError(f"unknown --kv-cache-dtype {text!r}: choose a float dtype (f32, bf16, f16)")
+    name = text.strip().lower()
+    if name not in CACHE_DTYPES:
+        raise TargetError(f"unknown --kv-cache-dtype {text!r}: choose {', '.join(CACHE_DTYPES)}")
     if mode != "inference":
         raise TargetError(f"--kv-cache-dtype applies to inference artifacts (they decode); --mode {mode} "
                           "does not: drop it")
-    return dtype.value
+    return name
 
 
 def _tokenizer_writer(model: str, onnx: bool) -> Callable[[Path], str | None]:

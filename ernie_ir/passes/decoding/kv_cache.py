@@ -24,8 +24,7 @@ append); the default keeps the keys' dtype, so the decoder computes what the gra
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from pydantic import field_validator
+from typing import Literal
 
 from ernie_ir.ir import DType, Graph, Node, Value, i64, tensor
 from ernie_ir.ir.graph import Param
@@ -47,19 +46,13 @@ class KvCacheError(ValueError):
     """The graph cannot become a decoder (one line: what is in the way)."""
 
 
-class KvCacheOptions(PassOptions):
-    dtype: str | None = None
-    """The cache's element type (bf16, f16, f32, ...); None: the attention's key dtype."""
+CACHE_DTYPES = ("f32", "bf16", "f16")
+"""The element types a cache may have."""
 
-    @field_validator("dtype")
-    @classmethod
-    def _known(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        dt = DType.parse(v)
-        if not dt.is_float:
-            raise ValueError(f"a KV cache holds floats; {v} is not a float dtype")
-        return dt.value
+
+class KvCacheOptions(PassOptions):
+    dtype: Literal["f32", "bf16", "f16"] | None = None
+    """The cache's element type; None: the attention's key dtype."""
 
 
 @dataclass(frozen=True)
@@ -113,8 +106,8 @@ def add_kv_cache(graph: Graph, dtype: str | DType | None = None) -> CacheLayout:
     if not attentions:
         raise KvCacheError(f"graph {graph.name} has no attention, so it has no KV cache to keep")
     cache = DType.parse(dtype) if isinstance(dtype, str) else dtype
-    if cache is not None and not cache.is_float:
-        raise KvCacheError(f"a KV cache holds floats; {cache} is not a float dtype")
+    if cache is not None and cache.value not in CACHE_DTYPES:
+        raise KvCacheError(f"a KV cache holds {', '.join(CACHE_DTYPES)}; not {cache}")
     for n in attentions:
         if len(n.inputs) > 3 and n.inputs[3] is not None:
             raise KvCacheError(f"the attention at {n.scope or '<root>'} already has a mask; the kv-cache "
