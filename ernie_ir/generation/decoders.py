@@ -21,13 +21,13 @@ The cache's dtype is the artifact's (`kv_cache_dtype` in its manifest) unless gi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.ir import Graph
 from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
 from ernie_ir.runtime.decoding import DecodeError, DecodeOptions, DecodeResult, StepFn, decode
 
@@ -35,7 +35,7 @@ BACKENDS = ("interpreter", "onnxruntime", "paddle")
 ONNX_MODEL = Path("inference") / "onnx" / "model.onnx"
 StopFn = Callable[[int, list[int]], bool]
 TokensFn = Callable[[int, np.ndarray, list[bool]], None]
-RunFn = Callable[[list[list[int]], DecodeOptions, "StopFn | None", "TokensFn | None"], DecodeResult]
+RunFn = Callable[[list[list[int]], DecodeOptions, StopFn | None, TokensFn | None], DecodeResult]
 
 
 @dataclass
@@ -155,7 +155,7 @@ def _paddle_ranks(root: Path, graphs: list[Graph], timeout_s: float | None) -> t
             if on_tokens is not None and any(was_live):
                 on_tokens(s, tokens, was_live)
 
-        result = generate_distributed(root, texts, prompts, replace(options), on_step=on_step,
+        result = generate_distributed(root, texts, prompts, options, on_step=on_step,
                                       timeout_s=RUN_TIMEOUT_S if timeout_s is None else timeout_s)
         for b, done in enumerate(ended):
             if done:

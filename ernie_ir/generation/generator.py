@@ -10,7 +10,7 @@ import numpy as np
 
 from ernie_ir.frontends.tokenizer import Tokenizer, load_tokenizer
 from ernie_ir.ir.inputs import read_json
-from ernie_ir.runtime.decoding import DecodeError, DecodeOptions, DecodeResult, check_prompts, decode
+from ernie_ir.runtime.decoding import DecodeError, DecodeOptions, DecodeResult, check_prompts
 
 from .decoders import Decoder, open_decoder
 
@@ -134,7 +134,7 @@ class Generator:
                         on_token(b, int(t))
 
         d = self.decoder
-        return decode(d.step, d.cache_layers, rows, options, stop=stop, on_tokens=on_tokens)
+        return d.generate(rows, options, stop=stop, on_tokens=on_tokens)
 
 
 def generate(model: str | Path, prompts: Sequence[Sequence[int]] | Sequence[str], *,

@@ -1,6 +1,7 @@
 """Start the ranks of a multi-rank artifact as paddle.distributed processes on this machine's CPU.
 
     logits = run_distributed(Path("art"), ids, world=2)                    # 2 gloo processes
+    result = generate_distributed(Path("art"), decoder_texts, prompts, DecodeOptions())
     losses = train_distributed(Path("art"), 2, steps=3, batches=batches)
 
 One `python -m paddle.distributed.launch` per call runs the rank worker
@@ -28,7 +29,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,17 @@ import numpy as np
 
 from ernie_ir.ir import ErnieIRError
 
-from .launch_files import ERROR_FILE, staging_dir
+from .decoding import DecodeResult
+from .launch_files import (
+    DECODE_LOGITS,
+    DECODE_REQUEST,
+    DECODE_RESULT,
+    DECODE_TOKENS,
+    DECODER_GRAPH,
+    ERROR_FILE,
+    staging_dir,
+    write_decode_request,
+)
 
 RUN_TIMEOUT_S = 600.0
 TRAIN_TIMEOUT_S = 3600.0
@@ -242,6 +254,59 @@ def run_distributed(artifact: Path, input_ids: np.ndarray, world: int, *,
             raise DistributedRunError("rank 0 finished without writing its logits",
                                       _tail(ranks.logs / "workerlog.0"))
         return np.load(out)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+StepCallback = Callable[[int, np.ndarray, list[bool]], Any]
+"""on_step(step, tokens [B], live): as `decode`'s on_tokens, called as rank 0 reports each step."""
+
+
+def generate_distributed(artifact: Path, decoders: Sequence[str], prompts: list[list[int]], options: Any,
+                         *, on_step: StepCallback | None = None,
+                         timeout_s: float = RUN_TIMEOUT_S) -> DecodeResult:
+    """Generate with a multi-rank artifact on len(decoders) gloo processes: rank r builds its
+    Paddle Layer from `decoders[r]` (the text of its decoder graph, the kv-cache pass applied;
+    its params are read from the artifact's rank{r}/weights.safetensors) and every rank runs
+    the generation loop in lockstep; rank 0's DecodeResult. `options` is a DecodeOptions;
+    sampling without a seed gets a random one here (every rank draws from the same one)."""
+    _require_paddle()
+    if not options.sampling.greedy and options.sampling.seed is None:
+        seed = random.SystemRandom().getrandbits(63)
+        options = replace(options, sampling=replace(options.sampling, seed=seed))
+    world = len(decoders)
+    workdir = Path(tempfile.mkdtemp(prefix="ernie-ir-dist-"))
+    try:
+        write_decode_request(workdir / DECODE_REQUEST, prompts, options)
+        for rank, text in enumerate(decoders):
+            (workdir / DECODER_GRAPH.format(rank=rank)).write_text(text, encoding="utf-8")
+        steps = workdir / DECODE_TOKENS
+        seen = 0
+
+        def poll() -> None:
+            nonlocal seen
+            if on_step is None or not steps.is_file():
+                return
+            lines = steps.read_text(encoding="utf-8").splitlines(keepends=True)
+            for line in lines[seen:]:
+                if not line.endswith("\n"):
+                    break  # rank 0 is still writing it
+                record = json.loads(line)
+                on_step(int(record["step"]), np.asarray(record["tokens"], np.int64), list(record["live"]))
+                seen += 1
+
+        ranks = RankProcesses(Path(artifact), "generate", ["--workdir", str(workdir)], world, workdir)
+        ranks.start()
+        ranks.wait(timeout_s, poll)
+        done = workdir / DECODE_RESULT
+        if not done.is_file():
+            raise DistributedRunError("rank 0 finished without writing its result",
+                                      _tail(ranks.logs / "workerlog.0"))
+        data = json.loads(done.read_text(encoding="utf-8"))
+        logits = list(np.load(workdir / DECODE_LOGITS)) if options.keep_logits else []
+        return DecodeResult(prompts=[list(p) for p in prompts], new_tokens=data["new_tokens"],
+                            finish_reasons=data["finish_reasons"], prefill_ms=float(data["prefill_ms"]),
+                            decode_ms=[float(t) for t in data["decode_ms"]], step_logits=logits)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -9,7 +9,11 @@ Started once per rank by `paddle.distributed.launch` (gloo on CPU; nccl, xccl or
 
 Each rank checks the sha256 of its own `rank{r}/` files against the manifest, builds its Paddle
 Layer from its graph (ernie_ir.runtime.paddle_layer: collectives become paddle.distributed
-calls), joins the process group and runs. `run`: rank 0 writes the logits. `train`: every rank
+calls), joins the process group and runs. `run`: rank 0 writes the logits. `generate` (from
+`ernie-ir generate --backend paddle`): each rank builds its Layer from its decoder graph (the
+text the launcher wrote to --workdir, the params the rank's weights) and runs the whole
+generation loop; the logits every rank chooses from are rank 0's (broadcast), so all ranks pick
+the same tokens; rank 0 streams each step's tokens and writes the result. `train`: every rank
 takes the same batches and computes the same replicated loss; the Layer's "f" functions, the
 sum of gradient slices that several ranks hold and the global-norm clip over the whole model
 (`TensorParallelClip`) make every update the one-rank update; rank 0 appends each step's loss
@@ -197,6 +201,113 @@ def run_rank(root: Path, ids: np.ndarray, *, device: str = "cpu") -> np.ndarray:
     with paddle.no_grad():
         out = layer(paddle.to_tensor(ids))
     return np.asarray(out.numpy())
+
+
+# -- generation --------------------------------------------------------------------------------
+
+
+def load_decoder_graph(root: Path, rank: int, world: int, path: Path) -> Graph:
+    """Rank `rank`'s decoder graph: the text at `path` (the kv-cache pass applied by the caller),
+    its params read from the artifact's rank{r}/weights.safetensors (checked against the
+    manifest's sha256 first), as the rank graph's own params are."""
+    from ernie_ir.ir.parser import parse_graph
+
+    _, base = load_rank_graph(root, rank, world)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkerError(f"cannot read the decoder graph {path}: {e}") from None
+    graph = parse_graph(text, source=str(path))
+    if not isinstance(graph.metadata.get("kv_cache"), dict):
+        raise WorkerError(f"{path} is not a decoder graph (no kv_cache metadata)")
+    if graph.metadata.get("parallel") != base.metadata.get("parallel"):
+        raise WorkerError(f"{path} is not rank {rank}'s decoder graph of {root}")
+    if set(graph.params) != set(base.params):
+        odd = sorted(set(graph.params) ^ set(base.params))
+        raise WorkerError(f"{path}: its params differ from rank {rank}'s graph of {root} ({odd[0]}, ...)")
+    for name, p in graph.params.items():
+        held = base.params[name]
+        if p.type != held.type:
+            raise WorkerError(f"{path}: param @{name} is {p.type}, rank {rank}'s graph holds {held.type}")
+        p.source, p.digest = held.source, held.digest
+    return graph
+
+
+def decoder_step(paddle: Any, layer: Any, graph: Graph, world: int) -> Callable[[Any], dict[str, np.ndarray]]:
+    """One call of a rank's decoder Layer for the generation loop: the graph's outputs as numpy,
+    the logits of the last position only, rank 0's on every rank (broadcast), so that every rank
+    chooses the same tokens from the same bits and the ranks stay in lockstep."""
+    names = [v.name for v in graph.inputs]
+    outs = list(graph.output_names)
+
+    def step(feeds: Any) -> dict[str, np.ndarray]:
+        with paddle.no_grad():
+            res = layer(*[paddle.to_tensor(np.ascontiguousarray(feeds[n])) for n in names])
+            res = res if isinstance(res, tuple) else (res,)
+            out = dict(zip(outs, res, strict=True))
+            last = out["logits"][:, -1:, :].clone()
+            if world > 1:
+                import paddle.distributed as dist
+
+                dist.broadcast(last, src=0)
+        result = {n: np.asarray(r.numpy()) for n, r in out.items() if n != "logits"}
+        result["logits"] = np.asarray(last.numpy())
+        return result
+
+    return step
+
+
+def generate_rank(root: Path, decoder: Path, prompts: list[list[int]], options: Any, *,
+                  device: str = "cpu", on_tokens: Callable[[int, np.ndarray, list[bool]], Any] | None = None
+                  ) -> Any:
+    """This rank's part of generation: the whole loop (ernie_ir.runtime.decoding.decode) over its
+    decoder Layer; every rank runs it in lockstep and returns the same DecodeResult."""
+    from ernie_ir.runtime.decoding import decode
+    from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
+
+    paddle = require_paddle()
+    rank, world = world_from_env()
+    if not options.sampling.greedy and options.sampling.seed is None:
+        raise WorkerError("sampling on several ranks needs a seed (every rank draws the same tokens)")
+    graph = load_decoder_graph(root, rank, world, decoder)
+    check_token_ids(graph, np.asarray([t for p in prompts for t in p], np.int64).reshape(1, -1))
+    layers = tuple((int(kv), int(d)) for kv, d in graph.metadata["kv_cache"]["layers"])
+    layer = build_layer(graph, device=device_for(device))
+    layer.eval()
+    init_process_group(rank, world)
+    return decode(decoder_step(paddle, layer, graph, world), layers, prompts, options, on_tokens=on_tokens)
+
+
+def _generate_main(args: argparse.Namespace, rank: int) -> None:
+    """`generate`: every rank decodes; rank 0 streams each step's tokens and writes the result."""
+    from ernie_ir.runtime.launch_files import (
+        DECODE_LOGITS,
+        DECODE_RESULT,
+        DECODE_TOKENS,
+        DECODER_GRAPH,
+        read_decode_request,
+    )
+
+    work = args.workdir
+    prompts, options = read_decode_request(work / args.request)
+
+    def on_tokens(step: int, tokens: np.ndarray, live: list[bool]) -> None:
+        if rank == 0:
+            with open(work / DECODE_TOKENS, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "tokens": [int(t) for t in tokens], "live": live}) + "\n")
+
+    result = generate_rank(args.artifact, work / DECODER_GRAPH.format(rank=rank), prompts, options,
+                           device=args.device, on_tokens=on_tokens)
+    if rank != 0:
+        return
+    if options.keep_logits:
+        _save_npy(work / DECODE_LOGITS, np.stack(result.step_logits).astype(np.float32))
+    tmp = work / f".{DECODE_RESULT}.tmp"
+    tmp.write_text(json.dumps({"new_tokens": result.new_tokens, "finish_reasons": result.finish_reasons,
+                               "prefill_ms": result.prefill_ms, "decode_ms": result.decode_ms}),
+                   encoding="utf-8")
+    os.replace(tmp, work / DECODE_RESULT)
+    print(f"generated {sum(len(n) for n in result.new_tokens)} tokens in {len(prompts)} row(s)", flush=True)
 
 
 # -- training ----------------------------------------------------------------------------------
@@ -437,6 +548,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("artifact", type=Path)
     run.add_argument("--tokens", required=True, help="1,2,3 or a .npy [batch, seq]")
     run.add_argument("--save-logits", type=Path, default=None, help="rank 0 writes float32 logits here")
+    gen = sub.add_parser("generate", help="decode with a KV cache (rank 0 reports)")
+    gen.add_argument("artifact", type=Path)
+    gen.add_argument("--workdir", type=Path, required=True,
+                     help="holds the request, each rank's decoder graph; rank 0 writes the result here")
+    gen.add_argument("--request", default="request.json")
     train = sub.add_parser("train", help="train the trainable params")
     train.add_argument("artifact", type=Path)
     train.add_argument("--steps", type=int, required=True)
@@ -449,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
                             "as `ernie-ir train --config`")
     train.add_argument("--losses", type=Path, default=None, help="rank 0 appends one JSON line per step")
     train.add_argument("--save", action="store_true", help="write the checkpoint (rank files + merged)")
-    for p in (run, train):
+    for p in (run, gen, train):
         p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "npu", "xpu"])
     args = parser.parse_args(argv)
     rank, _ = world_from_env()
@@ -462,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
                     _save_npy(args.save_logits, logits.astype(np.float32))
                 argmax = np.argmax(logits, axis=-1).tolist()
                 print(f"logits {list(logits.shape)}  argmax {argmax}", flush=True)
+        elif args.command == "generate":
+            _generate_main(args, rank)
         else:
             batches = None
             if args.batches is not None:

@@ -377,18 +377,48 @@ def _attention(L: Any, n: Node, a: list[Any]) -> list[Any]:
         kh = P.repeat_interleave(kh, h // kv, axis=1)
         vh = P.repeat_interleave(vh, h // kv, axis=1)
     scores = P.matmul(qh, kh, transpose_y=True) * scale
-    keep = None
-    if n.attrs.causal:
-        keep = _causal_keep(L, q, k)
+    keep = _causal_keep(L, q, k) if n.attrs.causal else None
     if mask is not None:
-        if mask.dtype == P.bool:
-            keep = mask if keep is None else P.logical_and(keep, mask)
-        else:
-            scores = scores + mask
-    if keep is not None:
-        scores = P.where(keep, scores, P.full_like(scores, float("-inf")))
-    probs = L.F.softmax(scores, axis=-1)
+        probs = _masked_softmax(L, scores, keep, mask)
+    else:
+        if keep is not None:
+            scores = P.where(keep, scores, P.full_like(scores, float("-inf")))
+        probs = L.F.softmax(scores, axis=-1)
     return [P.transpose(P.matmul(probs, vh), [0, 2, 1, 3])]
+
+
+_LOWEST = float(np.finfo(np.float32).min)
+
+
+def _masked_softmax(L: Any, scores: Any, causal: Any, mask: Any) -> Any:
+    """softmax over the keys a query may see, zeros for a query that may see none (the kernel's
+    fully masked row: a left pad's query row, whose every key is a pad). Masked scores become
+    the lowest float32 rather than -inf (exp of it less any finite peak is exactly 0, as exp(-inf)
+    is), so a fully masked row's softmax is a finite uniform row, multiplied by 0; softmax of a
+    row of -inf would be NaN, and 0 * NaN in the next layer's matmul poisons every row.
+
+    A bool mask (the kv-cache pass's key_padding_mask) combines with the causal mask; their
+    combination and the rows that see a key are made once per forward when eager (keyed by the
+    mask tensor, which lives for the whole forward). A float mask is added; -inf in it masks."""
+    P = L.P
+    if mask.dtype == P.bool:
+        cache = getattr(L, "_forward_cache", None) if P.in_dynamic_mode() else None
+        key = ("keep", id(mask), None if causal is None else id(causal))
+        if cache is not None and key in cache:
+            keep, live = cache[key]
+        else:
+            keep = mask if causal is None else P.logical_and(causal, mask)
+            live = P.cast(P.any(keep, axis=-1, keepdim=True), "float32")  # [B|1, 1, S|1, 1]
+            if cache is not None:
+                cache[key] = (keep, live)
+        scores = P.where(keep, scores, P.full_like(scores, _LOWEST))
+    else:
+        scores = scores + mask
+        if causal is not None:
+            scores = P.where(causal, scores, P.full_like(scores, float("-inf")))
+        live = P.cast(P.isfinite(P.max(scores, axis=-1, keepdim=True)), "float32")
+        scores = P.maximum(scores, P.full_like(scores, _LOWEST))
+    return L.F.softmax(scores, axis=-1) * live
 
 
 def _causal_keep(L: Any, q: Any, k: Any) -> Any:
@@ -472,8 +502,31 @@ def _stack(L: Any, n: Node, a: list[Any]) -> list[Any]:
 @_op("position_ids")
 def _position_ids(L: Any, n: Node, a: list[Any]) -> list[Any]:
     P, ids = L.P, a[0]
+    index = _arg(a, 1)
+    if index is not None:  # a decoder's position_ids input: each token's index in its own row
+        return [P.cast(index, "int64") * n.attrs.stride + n.attrs.offset]
     pos = P.arange(P.shape(ids)[1], dtype="int64") * n.attrs.stride + n.attrs.offset
     return [P.zeros_like(ids, dtype="int64") + pos.unsqueeze(0)]
+
+
+@_op("kv_cache_append")
+def _kv_cache_append(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    """present = concat(past, new transposed to [B, KV, S, D]) on the length axis."""
+    P = L.P
+    past, new, mask = a
+    if P.in_dynamic_mode():  # the kernel's check (traced: the shapes are not known here)
+        p, s, t = int(past.shape[2]), int(new.shape[1]), int(mask.shape[1])
+        if p + s != t:
+            raise PaddleEmitError(f"kv_cache_append: past length {p} + {s} new tokens = {p + s}, but "
+                                  f"the attention_mask covers {t}: the mask must cover the past and "
+                                  "the new tokens")
+    return [P.concat([past, P.transpose(new, [0, 2, 1, 3])], axis=2)]
+
+
+@_op("key_padding_mask")
+def _key_padding_mask(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    """keep [B, 1, 1, T]: where the attention_mask [B, T] holds a real token (not 0)."""
+    return [L.P.unsqueeze(a[0] != 0, [1, 2])]
 
 
 @_op("moe_gate")
