@@ -42,8 +42,11 @@ LAYERS: dict[str, frozenset[str]] = {
     "testing": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets"}),
     # text generation: the kv-cache pass's decoder run by runtime, with the frontends' tokenizers
     "generation": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets"}),
+    # perplexity and KL over a corpus: models run as generation's decoders (an empty past)
+    "evaluation": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets",
+                             "generation"}),
     "cli": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets",
-                      "planning", "testing", "generation"}),
+                      "planning", "testing", "generation", "evaluation"}),
 }
 
 # The package itself (ernie_ir/__init__.py): it registers the op set once the IR core is

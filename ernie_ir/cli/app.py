@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from . import compile_cmds, generate_cmd, golden_cmds, inspect_cmds, plan_cmd, run_cmds
+from . import compile_cmds, eval_cmd, generate_cmd, golden_cmds, inspect_cmds, plan_cmd, run_cmds
 from .common import TargetsInHelp
 from .exits import run_app
 
@@ -60,6 +60,7 @@ def _root(
 app.command()(inspect_cmds.show)
 app.command()(run_cmds.run)
 app.command()(generate_cmd.generate)
+app.command("eval")(eval_cmd.eval_cmd)
 app.command(cls=TargetsInHelp)(compile_cmds.compile)
 app.command()(run_cmds.train)
 app.command("verify")(compile_cmds.verify_cmd)

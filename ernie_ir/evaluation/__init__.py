@@ -1,0 +1,19 @@
+"""Measuring a model's quality as users measure it: perplexity over a corpus and, against a
+reference model, the KL divergence of their next-token distributions (llama.cpp's statistics).
+
+    from ernie_ir.evaluation import evaluate
+    report = evaluate("art/cuda-wint4", "wiki.jsonl", compare_to="/data/ERNIE-4.5-0.3B-Paddle")
+    report.perplexity, report.kl_mean, report.top1_agreement
+
+Layer (docs/architecture.md): beside `generation`: it runs models with `runtime` (artifacts on
+their backends), reads text with the frontends' tokenizers and MODEL arguments with `load`.
+"""
+
+from __future__ import annotations
+
+from .corpus import Corpus, EvalError, read_corpus, windows
+from .evaluate import EvalReport, evaluate
+from .statistics import TokenStats, summarize, token_stats
+
+__all__ = ["Corpus", "EvalError", "EvalReport", "TokenStats", "evaluate", "read_corpus", "summarize",
+           "token_stats", "windows"]

@@ -1,0 +1,134 @@
+"""`evaluate`: perplexity of a model (or artifact) over a corpus, and its KL against a reference."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ernie_ir.generation.decoders import Decoder, open_decoder
+from ernie_ir.runtime.decoding import empty_cache
+
+from .corpus import EvalError, check_window, read_corpus, windows
+from .statistics import TokenStats, summarize, token_stats
+
+LogitsFn = Callable[[np.ndarray], np.ndarray]
+"""ids [B, L] -> logits [B, L, V] (float32), a whole window at once, no cache."""
+Progress = Callable[[int, int], None]
+"""progress(tokens scored so far, tokens to score)."""
+
+
+@dataclass
+class EvalReport:
+    model: str
+    reference: str | None
+    seq_len: int
+    stride: int
+    documents: int
+    windows: int
+    seconds: float
+    figures: dict[str, Any] = field(default_factory=dict)
+    """summarize()'s figures: perplexity, mean_nll, tokens_scored, and with a reference kl_*, ..."""
+
+    def __getattr__(self, name: str) -> Any:
+        figures = self.__dict__.get("figures", {})
+        if name in figures:
+            return figures[name]
+        raise AttributeError(name)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return float(self.figures.get("tokens_scored", 0)) / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k != "figures"}
+        data.update(self.figures)
+        data["tokens_per_s"] = round(self.tokens_per_s, 2)
+        return data
+
+
+def full_logits(decoder: Decoder) -> LogitsFn:
+    """The logits of whole windows from a decoder: an empty past, every position kept."""
+    def run(ids: np.ndarray) -> np.ndarray:
+        b, s = ids.shape
+        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": np.ones((b, s), np.int64),
+                 "position_ids": np.broadcast_to(np.arange(s, dtype=np.int64), (b, s)).copy(),
+                 **empty_cache(decoder.cache_layers, b)}
+        return np.asarray(decoder.step(feeds)["logits"], np.float32)
+    return run
+
+
+def _source(model: str | Path, backend: str, trust_pickle: bool) -> tuple[Decoder | None, LogitsFn]:
+    root = Path(model)
+    if backend == "paddle" and (root / "manifest.json").is_file():
+        from ernie_ir.artifacts import artifact_mapping, read_manifest
+
+        if artifact_mapping(read_manifest(root)).world_size > 1:  # one process per rank, per call
+            from ernie_ir.runtime.artifact_runner import run_artifact
+
+            decoder = open_decoder(model, "interpreter", trust_pickle=trust_pickle)  # vocab, tokenizer
+            return decoder, lambda ids: run_artifact(root, ids, "paddle")
+    decoder = open_decoder(model, backend, trust_pickle=trust_pickle)
+    return decoder, full_logits(decoder)
+
+
+def evaluate(model: str | Path, data: str | Path, *, compare_to: str | Path | None = None,
+             seq_len: int = 512, stride: int | None = None, max_tokens: int | None = None, batch: int = 1,
+             backend: str = "interpreter", trust_pickle: bool = False,
+             progress: Progress | None = None) -> EvalReport:
+    """Score every token of `data` (see corpus.py for the windows) with `model` on `backend`;
+    with `compare_to` (a MODEL or artifact, run by the interpreter) also the KL statistics.
+
+    EvalError (one line) before any window runs: a corpus with nothing to score, impossible
+    window sizes, a vocabulary that differs from the reference's, text without a tokenizer."""
+    from ernie_ir.frontends.tokenizer import load_tokenizer
+
+    stride = seq_len if stride is None else stride
+    if batch < 1:
+        raise EvalError(f"--batch must be >= 1 (got {batch})")
+    if max_tokens is not None and max_tokens < 2:
+        raise EvalError(f"--max-tokens must be >= 2 (got {max_tokens})")
+    decoder, logits_of = _source(model, backend, trust_pickle)
+    assert decoder is not None
+    reference = None
+    if compare_to is not None:
+        ref = open_decoder(compare_to, "interpreter", trust_pickle=trust_pickle)
+        if ref.vocab_size != decoder.vocab_size:
+            raise EvalError(f"{model} has a vocabulary of {decoder.vocab_size} tokens but --compare-to "
+                            f"{compare_to} has {ref.vocab_size}: compare models of the same tokenizer")
+        reference = full_logits(ref)
+    tokenizer = load_tokenizer(decoder.folder) if decoder.folder is not None else None
+    corpus = read_corpus(data, tokenizer.encode if tokenizer is not None else None, decoder.vocab_size,
+                         max_tokens)
+    check_window(seq_len, stride, decoder.context_length, corpus)
+
+    jobs = [(w, first) for doc in corpus.documents for w, first in windows(doc, seq_len, stride)]
+    total = sum(len(w) - first for w, first in jobs)
+    by_len: dict[int, list[tuple[list[int], int]]] = {}
+    for job in jobs:
+        by_len.setdefault(len(job[0]), []).append(job)
+    stats = TokenStats()
+    done = 0
+    start = time.perf_counter()
+    if progress is not None:
+        progress(0, total)
+    for group in by_len.values():
+        for i in range(0, len(group), batch):
+            chunk = group[i:i + batch]
+            ids = np.asarray([w for w, _ in chunk], np.int64)
+            logits = logits_of(ids)
+            ref_logits = reference(ids) if reference is not None else None
+            for r, (w, first) in enumerate(chunk):
+                pos = np.arange(first, len(w))  # scored tokens; predicted at pos - 1
+                stats.add(token_stats(logits[r, pos - 1], np.asarray(w)[pos],
+                                      None if ref_logits is None else ref_logits[r, pos - 1]))
+                done += len(pos)
+            if progress is not None:
+                progress(done, total)
+    return EvalReport(model=str(model), reference=None if compare_to is None else str(compare_to),
+                      seq_len=seq_len, stride=stride, documents=len(corpus.documents), windows=len(jobs),
+                      seconds=time.perf_counter() - start, figures=summarize(stats))
