@@ -63,7 +63,7 @@ from ernie_ir.passes.infra.pipeline import load_pipeline
 from ernie_ir.passes.quant.cli_flags import pipeline_for
 from ernie_ir.runtime import run_graph
 from ernie_ir.runtime.compare import compare_logits
-from ernie_ir.runtime.onnx_backend import session
+from ernie_ir.runtime.onnx_backend import full_sequence_feeds, session
 from ernie_ir.targets.emit_onnx import NUMERICS, dense_moe, emit_onnx
 
 QUANT = "wint8mix"
@@ -118,7 +118,7 @@ def _interleaved_ms(runners: dict[str, Callable[[], object]], repeat: int,
 
 def _onnx_runner(path: Path, ids: np.ndarray, threads: int) -> tuple[Callable[[], np.ndarray], np.ndarray]:
     sess = session(path, threads=threads)
-    feed = {sess.get_inputs()[0].name: ids}
+    feed = full_sequence_feeds(sess, ids)  # a decoder (compile's form) gets a mask, positions, an empty past
 
     def run() -> np.ndarray:
         return sess.run(None, feed)[0]

@@ -49,7 +49,7 @@ from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
 from ernie_ir.passes.parallel.split import mapping_for, split_graph
 from ernie_ir.runtime import run_graph
-from ernie_ir.runtime.onnx_backend import session
+from ernie_ir.runtime.onnx_backend import full_sequence_feeds, session
 from ernie_ir.targets import compile_model
 
 UNFUSE = "unfuse-parallel-block,unfuse-qkv,unfuse-gate-up"
@@ -101,8 +101,8 @@ def structure(graph: Graph) -> dict[str, Any]:
 
 def onnx_runner(artifact: Path, ids: np.ndarray, threads: int) -> Any:
     sess = session(artifact / "inference" / "onnx" / "model.onnx", threads=threads)
-    feed = {sess.get_inputs()[0].name: ids}
-    return lambda: sess.run(None, feed)[0]
+    feed = full_sequence_feeds(sess, ids)  # the artifact's model is a KV-cache decoder: an empty past
+    return lambda: sess.run(["logits"], feed)[0]
 
 
 def paddle_runner(artifact: Path, ids: np.ndarray, threads: int) -> Any:

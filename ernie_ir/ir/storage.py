@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from copy import deepcopy
 from pathlib import Path
 
 from .errors import ErnieIRError, WeightError
@@ -59,6 +60,20 @@ def write_graph_files(graph: Graph, folder: Path,
         require_finite=require_finite,
     )
     return {GRAPH_FILE: hashlib.sha256(text).hexdigest(), WEIGHTS_FILE: weights}
+
+
+def clone_graph(graph: Graph) -> Graph:
+    """An independent copy of `graph` to rewrite (nodes, values, params, metadata), whose params
+    read the same weights as the original's (each param's `source` is shared, no byte is
+    copied): a pass run on the copy leaves the original as it was. Made through the text form
+    (`print_graph` + `parse_graph`), so the copy is what a save and load would give."""
+    copy = parse_graph(print_graph(graph), source=f"<clone of {graph.name or 'graph'}>")
+    for name, p in copy.params.items():
+        orig = graph.params[name]
+        p.source = orig.source
+        p.digest = orig.digest
+    copy.metadata = deepcopy(graph.metadata)
+    return copy
 
 
 def save_graph(graph: Graph, folder: str | os.PathLike[str], *, overwrite: bool = False) -> Path:

@@ -13,11 +13,18 @@ The model's metadata says which numerics it was written for
   `session.qdq_matmulnbits_accuracy_level = 0` (the default level fuses
   DequantizeLinear + MatMul into MatMulNBits with accuracy_level 4). `fast=True`
   runs it at the default level instead (faster, not exact).
+
+The model `compile --emit onnx` writes is a KV-cache decoder (docs/targets.md, "The ONNX
+decoder"): besides `input_ids` it reads `attention_mask`, `position_ids` and
+`past_key_values.{i}.key/.value`. `full_sequence_feeds(session, ids)` gives the feeds of a
+whole-sequence call (a mask of ones, positions 0..S-1, an empty past), which `run_onnx` uses;
+a model without those inputs (`emit_onnx` of a plain graph) is fed `input_ids` alone.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,9 +62,46 @@ def session(model_path: Path, *, fast: bool = False, threads: int | None = None)
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
+_INT_FEEDS = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+_FLOAT_FEEDS = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
+def full_sequence_feeds(session: Any, input_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The feeds of one call over whole sequences `input_ids` [B, S] for an onnxruntime session:
+    for a decoder (inputs `attention_mask`, `position_ids`, `past_key_values.*`) a mask of ones
+    [B, S], positions 0..S-1 and a past of length 0 ([B, kv_heads, 0, head_dim], the sizes the
+    session's inputs declare), each in the dtype its input declares; otherwise `input_ids` alone
+    (int64). Read `logits` from the first output either way."""
+    ids = np.asarray(input_ids).astype(np.int64)
+    inputs = session.get_inputs()
+    by_name = {i.name: i for i in inputs}
+    if "attention_mask" not in by_name:
+        return {inputs[0].name: ids}
+    b, s = ids.shape
+    feeds: dict[str, np.ndarray] = {}
+    for i in inputs:
+        if i.name == "input_ids":
+            feeds[i.name] = ids.astype(_INT_FEEDS.get(i.type, np.int64))
+        elif i.name == "attention_mask":
+            feeds[i.name] = np.ones((b, s), _INT_FEEDS.get(i.type, np.int64))
+        elif i.name == "position_ids":
+            feeds[i.name] = np.broadcast_to(np.arange(s), (b, s)).astype(_INT_FEEDS.get(i.type, np.int64))
+        elif i.name.startswith("past_key_values."):
+            kv, d = i.shape[1], i.shape[3]
+            if not (isinstance(kv, int) and isinstance(d, int)):
+                raise ErnieIRError(f"ONNX decoder input {i.name} {i.shape}: kv heads and head dim must be "
+                                   "fixed numbers: recompile the artifact")
+            feeds[i.name] = np.zeros((b, kv, 0, d), _FLOAT_FEEDS.get(i.type, np.float32))
+        else:
+            raise ErnieIRError(f"ONNX model input {i.name!r} is not a decoder input this runner knows "
+                               "(input_ids, attention_mask, position_ids, past_key_values.*)")
+    return feeds
+
+
 def run_onnx(model_path: Path, input_ids: np.ndarray, *, fast: bool = False,
              numerics: str | None = None) -> np.ndarray:
-    """Logits [B, S, V] (float32) of the ONNX model at `model_path` for `input_ids` [B, S].
+    """Logits [B, S, V] (float32) of the ONNX model at `model_path` for `input_ids` [B, S] (a
+    decoder is fed `full_sequence_feeds`: the whole sequences, an empty past).
 
     `numerics`: what the artifact's manifest records ("weight-only", "exact" or "fast"); the file
     must agree.
@@ -74,7 +118,9 @@ def run_onnx(model_path: Path, input_ids: np.ndarray, *, fast: bool = False,
 
     try:
         sess = session(model_path, fast=fast)
-        return sess.run(None, {sess.get_inputs()[0].name: ids.astype(np.int64)})[0]
+        names = [o.name for o in sess.get_outputs()]
+        logits = "logits" if "logits" in names else names[0]  # a decoder returns its present cache too
+        return sess.run([logits], full_sequence_feeds(sess, ids))[0]
     except (Fail, RuntimeException) as e:  # a model this exporter wrote wrong: say so in one line
         detail = " ".join(str(e).split())[:300]
         raise ErnieIRError(f"onnxruntime cannot run {model_path} ({detail}): recompile the artifact, and "

@@ -368,7 +368,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                                           warnings=warnings))
         emitters = select_emitters(emit_names, explicit=chosen is not None, target=tgt, mode=mode,
                                    model=model, ranks=ranks, mapping=mapping, arch=arch,
-                                   onnx_numerics=onnx_numerics or DEFAULT_ONNX_NUMERICS, warnings=warnings)
+                                   onnx_numerics=onnx_numerics or DEFAULT_ONNX_NUMERICS, warnings=warnings,
+                                   kv_cache_dtype=kv_cache_dtype)
     numerics = (onnx_numerics or DEFAULT_ONNX_NUMERICS) if "onnxruntime" in emitters else None
     written = [n for n in emit_names if backend_of(n) in emitters]
     extra: dict[str, Any] = {"params_before": before, "params_after": after, "emit": written}

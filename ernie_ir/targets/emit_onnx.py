@@ -54,6 +54,13 @@ weighted rows back (ScatterND add). Zero-weight slots
 (experts another rank holds) are skipped. `with dense_moe(): ...` exports the
 dense form instead (every expert on every token, weighted by a [T, E] routing
 matrix), the checking form.
+
+A decoder graph (the `kv-cache` pass; docs/targets.md, "The ONNX decoder") lowers like any
+other: `kv_cache_append` is a Transpose + Concat on the sequence axis, `key_padding_mask` a Cast
+to bool, `position_ids` with an index input `offset + stride * index`; its graph inputs and
+outputs are FLOAT even where the IR types the cache bf16/f16 (float32 holding those values). An
+attention with a mask gives zeros, not NaN, for a query row the mask hides completely (a left
+pad's), as the interpreter does; without a mask it is lowered as before.
 """
 
 from __future__ import annotations
@@ -546,8 +553,35 @@ class _Emitter:
         if keep is not None:
             scores = self.op("Where", [keep, scores, self.f32(-np.inf)])
         probs = self.op("Softmax", [scores], axis=-1)
+        if mask is not None:
+            probs = self._zero_masked_rows(probs, scores, keep if mask.type.dtype == DType.BOOL else None)
         out = self.op("MatMul", [probs, vh])  # [B, H, S, Dv]
         return [self.op("Transpose", [out], perm=[0, 2, 1, 3])]
+
+    def _zero_masked_rows(self, probs: str, scores: str, keep: str | None) -> str:
+        """Zeros for the query rows a mask hides completely (a left pad's row: every key it could
+        see is a pad), as the interpreter gives: Softmax of a row of -inf is NaN, and a NaN row
+        would reach later layers through 0 x NaN. `keep` (bool, broadcast to the scores): a row
+        lives where any of it is kept; without it (an additive mask), where its max is not -inf.
+        Emitted only for an attention with a mask, so graphs without one are as before."""
+        if keep is not None:
+            seen = self.op("ReduceMax", [self.op("Cast", [keep], to=TensorProto.FLOAT), self.const([-1])],
+                           keepdims=1)
+            live = self.op("Cast", [seen], to=TensorProto.BOOL)
+        else:
+            peak = self.op("ReduceMax", [scores, self.const([-1])], keepdims=1)
+            live = self.op("Not", [self.op("IsInf", [peak], detect_positive=0)])
+        return self.op("Where", [live, probs, self.f32(0.0)])
+
+    def op_kv_cache_append(self, node: Node) -> list[str]:
+        """present = Concat(past, Transpose(new, [0, 2, 1, 3]), axis=2): [B, KV, P + S, D]."""
+        past, new = self.name(node.inputs[0]), self.name(node.inputs[1])
+        return [self.op("Concat", [past, self.op("Transpose", [new], perm=[0, 2, 1, 3])], axis=2)]
+
+    def op_key_padding_mask(self, node: Node) -> list[str]:
+        """keep [B, 1, 1, T] = attention_mask != 0."""
+        keep = self.op("Cast", [self.name(node.inputs[0])], to=TensorProto.BOOL)
+        return [self.op("Unsqueeze", [keep, self.const([1, 2])])]
 
     def op_gelu(self, node: Node) -> list[str]:
         x = self.name(node.inputs[0])
@@ -596,6 +630,13 @@ class _Emitter:
 
     def op_position_ids(self, node: Node) -> list[str]:
         ids = self.name(node.inputs[0])
+        index = node.inputs[1] if len(node.inputs) > 1 else None
+        if index is not None:  # each token's index in its own sequence (a decoder's position_ids)
+            idx = self.name(index)
+            if index.type.dtype != DType.I64:
+                idx = self.op("Cast", [idx], to=TensorProto.INT64)
+            pos = self.op("Mul", [idx, self.const(node.attrs.stride)])
+            return [self.op("Add", [pos, self.const(node.attrs.offset)])]
         s = self.op("Squeeze", [self.shape_of(ids, 1, 2), self.const([0])])
         r = self.op("Range", [self.const(0), s, self.const(1)])
         pos = self.op("Mul", [r, self.const(node.attrs.stride)])

@@ -9,7 +9,9 @@ bytes where they are or needs a layout of its own:
 - `fastdeploy` (cuda inference, ERNIE 4.5): `config.json` + `rank{r}/model.safetensors`, a link
   to the rank bytes.
 - `onnx` (one rank, inference): `inference/onnx/model.onnx` + `.data`, in ONNX's own layout
-  (MatMulNBits blocks; bf16/f16 weights as they are, widened in the graph).
+  (MatMulNBits blocks; bf16/f16 weights as they are, widened in the graph): a KV-cache decoder
+  (the `kv-cache` pass on a copy of the rank graph), with `genai_config.json` for
+  onnxruntime-genai beside it (the tokenizer files belong there too).
 - `paddle-inference` (one rank, inference): `inference/paddle/model.json` + `.pdiparams`, the
   traced program with a float32 copy of the weights (`paddle.jit.save`).
 
@@ -39,7 +41,8 @@ EXECUTABLES: dict[str, str] = {
               "training: train.json",
     "fastdeploy": "a FastDeploy pre-quantized, pre-sharded checkpoint over the rank bytes "
                   "(cuda inference, ERNIE 4.5)",
-    "onnx": "inference/onnx/model.onnx for onnxruntime (one rank, inference; its own weight layout)",
+    "onnx": "inference/onnx/model.onnx for onnxruntime, a KV-cache decoder with genai_config.json (one "
+            "rank, inference; its own weight layout)",
     "paddle-inference": "inference/paddle/model.json + .pdiparams for paddle.inference (one rank, "
                         "inference; a float32 copy of the weights)",
 }
@@ -105,18 +108,19 @@ def check_emit(emit: Sequence[str], target: str | HardwareTarget, mode: str, wor
 
 def select_emitters(emit: Sequence[str], *, explicit: bool, target: HardwareTarget, mode: str, model: str,
                     ranks: Sequence[Graph], mapping: Mapping, arch: int | None, onnx_numerics: str,
-                    warnings: list[str]) -> dict[str, Emitter]:
+                    warnings: list[str], kv_cache_dtype: str | None = None) -> dict[str, Emitter]:
     """backend/format name -> writer, for the executables in `emit` (see EXECUTABLES).
 
     `explicit`: the user named them (`--emit`): one that cannot be made is an error; a default
     one that does not apply (e.g. fastdeploy for GPT) is left out, with a warning where the
-    model nearly qualified."""
+    model nearly qualified. `kv_cache_dtype`: the element type of the ONNX decoder's KV cache
+    (None: the attention's key dtype)."""
     from .fastdeploy import fastdeploy_emitters
 
     first = ranks[0]
     emitters: dict[str, Emitter] = {}
     if "onnx" in emit:
-        emitters[backend_of("onnx")] = _onnx_emitter(first, onnx_numerics)
+        emitters[backend_of("onnx")] = _onnx_emitter(first, onnx_numerics, kv_cache_dtype, warnings)
     if "paddle-inference" in emit:
         emitters[backend_of("paddle-inference")] = _paddle_inference_emitter()
     elif "paddle" in emit:
@@ -133,14 +137,51 @@ def select_emitters(emit: Sequence[str], *, explicit: bool, target: HardwareTarg
     return emitters
 
 
-def _onnx_emitter(graph: Graph, numerics: str) -> Emitter:
+def _onnx_emitter(graph: Graph, numerics: str, kv_cache_dtype: str | None = None,
+                  warnings: list[str] | None = None) -> Emitter:
+    """The ONNX decoder (`inference/onnx/model.onnx` + `.data` + `genai_config.json`): the
+    `kv-cache` pass applied to a copy of the rank graph (the graph itself is what the other
+    executables and the rank files are made from, and stays as it is). Checked here, before any
+    file is written: an op without an ONNX lowering, a graph that cannot become a decoder, a bad
+    cache dtype are one-line errors; token ids onnxruntime-genai must guess are a warning."""
+    from ernie_ir.ir.storage import clone_graph
+    from ernie_ir.passes.decoding.kv_cache import add_kv_cache
+
     from .emit_onnx import emit_onnx, unsupported_ops
+    from .genai_config import GenaiConfigError, missing_token_ids, write_genai_config
 
     missing = unsupported_ops(graph)
     if missing:
         raise TargetError(f"--emit onnx: {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} "
                           "no ONNX lowering (e.g. QAT fake-quant, fp8): drop onnx from --emit")
-    return lambda g, exe: emit_onnx(g, exe / "onnx", numerics=numerics)
+    decoder = clone_graph(graph)
+    try:
+        layout = add_kv_cache(decoder, kv_cache_dtype)
+    except ValueError as e:  # KvCacheError, or an unknown dtype name
+        raise TargetError(f"--emit onnx: the ONNX model is a KV-cache decoder, and {e}") from None
+    unknown = missing_token_ids(decoder)
+    if unknown and warnings is not None:
+        warnings.append(f"onnx: the model's config.json has no {', '.join(unknown)}: genai_config.json "
+                        "leaves them to onnxruntime-genai's defaults (pad 0); add them to config.json")
+
+    def emit(g: Graph, exe: Path) -> list[Path]:
+        dec = decoder
+        if g is graph:  # the weights may have moved (the rank files written meanwhile): read them there
+            for name, p in dec.params.items():
+                p.source = g.params[name].source
+        else:
+            dec = clone_graph(g)
+            add_kv_cache(dec, kv_cache_dtype)
+        folder = exe / "onnx"
+        files = emit_onnx(dec, folder, numerics=numerics)
+        try:
+            files += write_genai_config(dec, layout, folder)
+        except GenaiConfigError as e:
+            if warnings is not None:
+                warnings.append(f"onnx: no genai_config.json for onnxruntime-genai: {e}")
+        return files
+
+    return emit
 
 
 def _paddle_inference_emitter() -> Emitter:

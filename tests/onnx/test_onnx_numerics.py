@@ -29,7 +29,7 @@ from ernie_ir.ir import ErnieIRError
 from ernie_ir.load import load_input
 from ernie_ir.runtime.artifact_runner import run_artifact
 from ernie_ir.runtime.interpreter import run_graph
-from ernie_ir.runtime.onnx_backend import run_onnx
+from ernie_ir.runtime.onnx_backend import full_sequence_feeds, run_onnx
 from ernie_ir.targets import compile_model, load_artifact, read_manifest
 from ernie_ir.targets.emit_onnx import OnnxExportError, emit_onnx
 from ernie_ir.testing.stability import stable_positions
@@ -53,7 +53,8 @@ BOUND = {8: 127, 4: 7}
 
 
 def _bare(path: Path) -> np.ndarray:
-    return ort.InferenceSession(str(path)).run(None, {"input_ids": IDS})[0]  # no options at all
+    session = ort.InferenceSession(str(path))  # no options at all
+    return session.run(None, full_sequence_feeds(session, IDS))[0]  # the decoder, an empty past
 
 
 def _dq_count(graph: onnx.GraphProto) -> int:
@@ -214,8 +215,8 @@ def test_cli_onnx_numerics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     code, out, err = cli(capsys, "run", str(art), "--tokens", "1,2,3,400", "--backend", "onnxruntime",
                          "--save-logits", str(logits))
     assert code == 0, err
-    bare = ort.InferenceSession(str(art / "inference/onnx/model.onnx")).run(
-        None, {"input_ids": np.array([[1, 2, 3, 400]])})[0]
+    session = ort.InferenceSession(str(art / "inference/onnx/model.onnx"))
+    bare = session.run(None, full_sequence_feeds(session, np.array([[1, 2, 3, 400]])))[0]
     assert np.array_equal(np.load(logits), bare)  # run honours what the file and manifest record
     code, out, err = cli(capsys, "compile", "ernie-4.5-0.3b@tiny", "--target", "cuda", "--onnx-numerics",
                          "quick", "--out", str(tmp_path / "bad"))

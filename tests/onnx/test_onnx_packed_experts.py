@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 
 from ernie_ir.runtime.interpreter import run_graph
+from ernie_ir.runtime.onnx_backend import full_sequence_feeds
 from ernie_ir.targets import compile_model, load_artifact
 
 IDS = np.array([[1, 2, 3, 400, 5, 77]])
@@ -33,6 +34,6 @@ def test_packed_experts_each_read_their_own_scales(tmp_path: Path) -> None:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(str(path), options)
-    got = session.run(None, {"input_ids": IDS})[0]
+    got = session.run(None, full_sequence_feeds(session, IDS))[0]
     ref = run_graph(load_artifact(out), {"input_ids": IDS})["logits"]
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()

@@ -11,6 +11,7 @@ from _cli_kit import cli, user_error
 
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.runtime.artifact_runner import run_artifact
+from ernie_ir.runtime.onnx_backend import full_sequence_feeds
 from ernie_ir.targets import compile_model, verify_artifact
 from ernie_ir.targets.executables import default_emit, parse_emit
 
@@ -120,5 +121,6 @@ def test_onnx_keeps_bf16_weights_as_bf16(tmp_path: Path) -> None:
     stored = _stored_bytes(out)
     assert stored["inference/onnx/model.onnx.data"] <= 1.05 * stored["rank0/weights.safetensors"]
     ref = run_artifact(out, IDS, "interpreter")
-    got = ort.InferenceSession(str(out / "inference/onnx/model.onnx")).run(None, {"input_ids": IDS})[0]
+    session = ort.InferenceSession(str(out / "inference/onnx/model.onnx"))
+    got = session.run(None, full_sequence_feeds(session, IDS))[0]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=2e-5 * float(np.abs(ref).max()))
