@@ -106,6 +106,21 @@ def replace_folder(dest: Path, fill: Callable[[Path], object]) -> Path:
     return dest
 
 
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write `text` (UTF-8) to `path` through a temp file beside it: a reader sees the old file or
+    the whole new one, and an interruption leaves no partial file."""
+    dest = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest
+
+
 # -- the lock per destination folder ---------------------------------------------------------------
 
 
