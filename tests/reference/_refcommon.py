@@ -113,3 +113,126 @@ def quiet_env() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+# -- greedy generation (spec key "generate") -----------------------------------------------------
+
+GENERATE_DEFAULT_NEW_TOKENS = 8
+
+
+def generate_spec(spec: dict[str, Any], ids: np.ndarray, vocab_size: int) -> dict[str, Any] | None:
+    """The spec's ``generate`` entry, checked; None when absent.
+
+    ``{"prompts": [[ids], ...], "max_new_tokens": N}``: prompts of any lengths (default: the
+    rows of ``input_ids``), N >= 1 (default 8). Exit 2 on a malformed entry.
+    """
+    g = spec.get("generate")
+    if g is None or g is False:
+        return None
+    if g is True:
+        g = {}
+    if not isinstance(g, dict):
+        raise SystemExit("generate must be a JSON object")
+    prompts = g.get("prompts", ids.tolist())
+    n = g.get("max_new_tokens", GENERATE_DEFAULT_NEW_TOKENS)
+    ok = isinstance(prompts, list) and prompts and all(
+        isinstance(p, list) and p and all(isinstance(t, int) and 0 <= t < vocab_size for t in p)
+        for p in prompts
+    )
+    if not ok:
+        raise SystemExit(f"generate.prompts must be non-empty lists of token ids in [0, {vocab_size})")
+    if not isinstance(n, int) or n < 1:
+        raise SystemExit("generate.max_new_tokens must be an int >= 1")
+    return {"prompts": [list(p) for p in prompts], "max_new_tokens": n}
+
+
+class StepLog:
+    """What a reference library's ``generate`` fed its model at each forward call, and got back.
+
+    The library-specific hooks call ``start`` before the forward (tokens fed, cache length,
+    position ids if any), ``route_gap`` from inside it (MoE routers) and ``finish`` with the
+    last position's logits [V] after it.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+
+    def start(self, input_len: int, cache_len: int, positions: list[int] | None) -> None:
+        self.steps.append({"input_len": int(input_len), "cache_len": int(cache_len),
+                           "position_ids": positions, "route_gap": None})
+
+    def route_gap(self, gap: float) -> None:
+        """Smallest gap, over a router's tokens, between the k-th and (k+1)-th expert score."""
+        s = self.steps[-1]
+        s["route_gap"] = float(gap) if s["route_gap"] is None else min(s["route_gap"], float(gap))
+
+    def finish(self, last_logits: np.ndarray) -> None:
+        row = np.asarray(last_logits, dtype=np.float64).reshape(-1)
+        order = np.argsort(-row, kind="stable")
+        top1, top2 = float(row[order[0]]), float(row[order[1]])
+        scale = float(np.max(np.abs(row)))
+        self.steps[-1].update({"argmax": int(order[0]), "margin": top1 - top2, "max_abs_logit": scale,
+                               "rel_margin": (top1 - top2) / scale if scale > 0 else 0.0})
+
+
+def topk_gap(scores: np.ndarray, k: int) -> float:
+    """min over rows of (k-th largest - (k+1)-th largest) of ``scores`` [tokens, experts]."""
+    s = -np.sort(-np.asarray(scores, dtype=np.float64), axis=-1)
+    if s.shape[-1] <= k:
+        return float("inf")
+    return float(np.min(s[..., k - 1] - s[..., k]))
+
+
+def check_greedy(
+    prompt: list[int], new_tokens: list[int], log: StepLog, max_new_tokens: int
+) -> dict[str, Any]:
+    """This prompt's record for ``generated.json``; exit 1 unless the run was plain incremental greedy.
+
+    Checked: exactly ``max_new_tokens`` new tokens (EOS did not stop it), one forward call per
+    token, the first fed the whole prompt on an empty cache and every later one only the
+    previous token on a cache holding everything before it (the KV cache was used), position
+    ids (when the library passes them) continue the cache, and every token is the argmax of the
+    raw logits of its step (no logits processor changed the choice).
+    """
+    steps = log.steps
+    n = len(prompt)
+    problems = []
+    if len(new_tokens) != max_new_tokens:
+        problems.append(f"{len(new_tokens)} new tokens, expected {max_new_tokens}")
+    if len(steps) != max_new_tokens:
+        problems.append(f"{len(steps)} forward calls, expected {max_new_tokens}")
+    for i, s in enumerate(steps):
+        want_len, want_cache = (n, 0) if i == 0 else (1, n + i - 1)
+        if (s["input_len"], s["cache_len"]) != (want_len, want_cache):
+            problems.append(f"step {i}: fed {s['input_len']} tokens on a cache of {s['cache_len']}, "
+                            f"expected {want_len} on {want_cache}")
+        want_pos = list(range(want_cache, want_cache + want_len))
+        if s["position_ids"] is not None and s["position_ids"] != want_pos:
+            problems.append(f"step {i}: position ids {s['position_ids']}")
+        if i < len(new_tokens) and s.get("argmax") != new_tokens[i]:
+            problems.append(f"step {i}: token {new_tokens[i]} is not the argmax {s.get('argmax')}")
+    if problems:
+        raise SystemExit("generate was not plain incremental greedy decoding: " + "; ".join(problems))
+    gaps = [s["route_gap"] for s in steps]
+    return {
+        "prompt": prompt,
+        "new_tokens": new_tokens,
+        "rel_margin": [s["rel_margin"] for s in steps],
+        "margin": [s["margin"] for s in steps],
+        "route_gap": gaps if any(g is not None for g in gaps) else None,
+        "input_lengths": [s["input_len"] for s in steps],
+        "cache_lengths": [s["cache_len"] for s in steps],
+        "position_ids_given": any(s["position_ids"] is not None for s in steps),
+    }
+
+
+def write_generated(out: Path, records: list[dict[str, Any]], how: dict[str, Any]) -> None:
+    """Write ``generated.json``: ``new_tokens`` (one list per prompt), per-step margins, ``how``."""
+    data = {
+        "prompts": [r["prompt"] for r in records],
+        "new_tokens": [r["new_tokens"] for r in records],
+        "max_new_tokens": len(records[0]["new_tokens"]),
+        "records": records,
+        "how": how,
+    }
+    (out / "generated.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

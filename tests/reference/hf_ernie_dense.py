@@ -10,13 +10,17 @@ Usage::
 SPEC (defaults in brackets): hidden_size [64], intermediate_size [96],
 num_hidden_layers [2], num_attention_heads [4], num_key_value_heads [2],
 head_dim [24], vocab_size [128], tie_word_embeddings [false],
-rope_theta [500000.0], rms_norm_eps [1e-5], seed [0], input_ids [seeded 2 x 7].
+rope_theta [500000.0], rms_norm_eps [1e-5], seed [0], input_ids [seeded 2 x 7],
+generate [absent]: ``{"prompts": [[ids], ...], "max_new_tokens": 8}``.
 
 Every parameter is overwritten with seeded numpy values
 (``_refcommon.random_param``). Writes into OUT_DIR: ``ckpt/``
 (``save_pretrained``, safetensors), ``input_ids.npy``, ``logits.npy``
 (float32 [batch, seq, vocab]) and ``meta.json`` (versions, config.json, saved
-keys with shapes/dtypes, timings).
+keys with shapes/dtypes, timings). With ``generate``: ``generated.json``
+(``_refcommon.write_generated``): ``generate(do_sample=False, eos_token_id=None)``
+of each prompt alone (batch 1, the default DynamicCache), checked by
+``_refcommon.check_greedy`` to feed one token per step after the prompt.
 """
 
 from __future__ import annotations
@@ -120,6 +124,63 @@ def run(
     return model, meta
 
 
+def generate(
+    model: Any, g: dict[str, Any], extra_hooks: Callable[[rc.StepLog], list[Any]] | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Greedy generation of each prompt alone (batch 1, KV cache, no EOS); (records, how).
+
+    ``extra_hooks(log)`` may register more hooks (MoE routers) and return their handles.
+    """
+    import torch
+
+    log = rc.StepLog()
+
+    def pre(_module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        ids = kwargs["input_ids"] if kwargs.get("input_ids") is not None else args[0]
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # 5.24 passes `cache=`
+        pos = kwargs.get("position_ids")
+        if pos is None and kwargs.get("cache_position") is not None:
+            pos = kwargs["cache_position"][None]
+        log.start(ids.shape[1], cache.get_seq_length() if cache is not None else 0,
+                  None if pos is None else pos[0].tolist())
+
+    def post(_module: Any, _args: tuple, _kwargs: dict[str, Any], out: Any) -> None:
+        log.finish(out.logits[0, -1].float().numpy())
+
+    handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
+               model.register_forward_hook(post, with_kwargs=True)]
+    handles += extra_hooks(log) if extra_hooks else []
+    records = []
+    for prompt in g["prompts"]:
+        log.steps.clear()
+        ids = torch.tensor([prompt], dtype=torch.int64)
+        with torch.no_grad():
+            seq = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=g["max_new_tokens"], eos_token_id=None, use_cache=True)
+        records.append(rc.check_greedy(prompt, seq[0, len(prompt):].tolist(), log, g["max_new_tokens"]))
+    for h in handles:
+        h.remove()
+    how = {"call": "generate(do_sample=False, eos_token_id=None, use_cache=True, attention_mask=ones)",
+           "batch": 1}
+    return records, how
+
+
+def write_generation(model: Any, spec: dict[str, Any], p: dict[str, Any], out: Path, meta: dict[str, Any],
+                     extra_hooks: Callable[[rc.StepLog], list[Any]] | None = None) -> None:
+    """With the spec's ``generate``: run it and write ``generated.json``."""
+    ids = np.load(out / "input_ids.npy")
+    g = rc.generate_spec(spec, ids, p["vocab_size"])
+    if g is None:
+        return
+    t = rc.Timer()
+    records, how = generate(model, g, extra_hooks)
+    lib = meta["library"]
+    library = f"transformers {lib['transformers']} torch {lib['torch']}"
+    rc.write_generated(out, records, {**how, "library": library})
+    t.lap("generate")
+    meta["timing_s"].update(t.laps)
+
+
 def main() -> None:
     rc.quiet_env()
     spec, out = rc.parse_args()
@@ -129,7 +190,8 @@ def main() -> None:
 
     timer.lap("import")
     config = Ernie4_5Config(**common_config(p))
-    _, meta = run(Ernie4_5ForCausalLM, config, p, spec, out, timer=timer)
+    model, meta = run(Ernie4_5ForCausalLM, config, p, spec, out, timer=timer)
+    write_generation(model, spec, p, out, meta)
     rc.write_meta(out, meta)
 
 

@@ -10,7 +10,8 @@ Usage::
 SPEC (defaults in brackets): vocab_size [128], hidden_size [64],
 num_hidden_layers [2], num_attention_heads [4], intermediate_size [256],
 max_position_embeddings [64], fuse_attention_qkv [false], seed [0],
-input_ids [seeded 2 x 7].
+input_ids [seeded 2 x 7], generate [absent]:
+``{"prompts": [[ids], ...], "max_new_tokens": 8}``.
 
 Every parameter is overwritten with seeded numpy values
 (``_refcommon.random_param``; LayerNorm weights 1 + 0.1 N, biases 0.1 N).
@@ -21,6 +22,10 @@ config.json + generation_config.json), ``ckpt_safetensors/``
 (``save_pretrained(safe_serialization=True)``), ``input_ids.npy``,
 ``logits.npy`` (float32 [batch, seq, vocab]) and ``meta.json`` (versions,
 config.json, the pickle's keys with Python types, shapes and dtypes, timings).
+With ``generate``: ``generated.json`` (``_refcommon.write_generated``): greedy
+``generate`` of each prompt alone (batch 1, its own tuple KV cache, default
+positions), EOS disabled (``eos_token_id=-1``), checked by
+``_refcommon.check_greedy`` to feed one token per step after the prompt.
 """
 
 from __future__ import annotations
@@ -49,6 +54,43 @@ def describe(value: Any) -> list[Any]:
     if isinstance(value, np.ndarray):
         return [type(value).__name__, list(value.shape), str(value.dtype)]
     return [type(value).__name__, None, None]
+
+
+def generate(model: Any, g: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Greedy generation of each prompt alone (batch 1, KV cache, no EOS); (records, how)."""
+    import paddle
+
+    log = rc.StepLog()
+
+    def pre(_layer: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        ids = kwargs["input_ids"] if kwargs.get("input_ids") is not None else args[0]
+        cache = kwargs.get("past_key_values")  # per layer (k, v), [batch, seq, heads, head_dim]
+        cache_len = cache[0][0].shape[1] if cache is not None and cache[0] is not None else 0
+        pos = kwargs.get("position_ids")
+        log.start(ids.shape[1], cache_len, None if pos is None else pos.numpy()[0].tolist())
+
+    def post(_layer: Any, _args: tuple, _kwargs: dict[str, Any], out: Any) -> None:
+        logits = out if isinstance(out, paddle.Tensor) else out[0]
+        log.finish(logits[0, -1].astype("float32").numpy())
+
+    hooks = [model.register_forward_pre_hook(pre, with_kwargs=True),
+             model.register_forward_post_hook(post, with_kwargs=True)]
+    records = []
+    for prompt in g["prompts"]:
+        log.steps.clear()
+        with paddle.no_grad():
+            new, _ = model.generate(
+                input_ids=paddle.to_tensor([prompt], dtype="int64"),
+                decode_strategy="greedy_search",
+                max_new_tokens=g["max_new_tokens"],
+                eos_token_id=-1,  # None falls back to config.eos_token_id (7)
+                use_cache=True,
+            )
+        records.append(rc.check_greedy(prompt, new.numpy()[0].tolist(), log, g["max_new_tokens"]))
+    for h in hooks:
+        h.remove()
+    return records, {"call": "generate(decode_strategy='greedy_search', eos_token_id=-1, use_cache=True)",
+                     "batch": 1}
 
 
 def main() -> None:
@@ -98,6 +140,12 @@ def main() -> None:
     model.save_pretrained(str(out / "ckpt"))
     model.save_pretrained(str(out / "ckpt_safetensors"), safe_serialization=True)
     timer.lap("save")
+
+    g = rc.generate_spec(spec, ids, p["vocab_size"])
+    if g is not None:
+        records, how = generate(model, g)
+        rc.write_generated(out, records, {**how, "library": f"paddlenlp {paddlenlp.__version__}"})
+        timer.lap("generate")
 
     with open(out / "ckpt" / "model_state.pdparams", "rb") as f:
         pickled = pickle.load(f)

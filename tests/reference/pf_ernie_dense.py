@@ -11,7 +11,8 @@ SPEC (JSON object or path; defaults in brackets): hidden_size [64],
 intermediate_size [96], num_hidden_layers [2], num_attention_heads [4],
 num_key_value_heads [2], head_dim [24], vocab_size [128],
 tie_word_embeddings [false], rope_theta [500000.0], rms_norm_eps [1e-5],
-seed [0], input_ids [seeded random 2 x 7], save_memory_state [true].
+seed [0], input_ids [seeded random 2 x 7], save_memory_state [true],
+generate [absent]: ``{"prompts": [[ids], ...], "max_new_tokens": 8}``.
 
 Every parameter is overwritten with seeded numpy values (see
 ``_refcommon.random_param``; RMSNorm weights are 1 + 0.1 N(0,1), not ones) so
@@ -23,7 +24,12 @@ Writes into OUT_DIR:
 - ``memory_state.safetensors``: the in-memory Paddle state dict, as is;
 - ``input_ids.npy`` (int64) and ``logits.npy`` (float32, [batch, seq, vocab]);
 - ``meta.json``: versions, config, key names/shapes of both layouts, the
-  observed qkv column order, timings.
+  observed qkv column order, timings;
+- with ``generate``: ``generated.json`` (``_refcommon.write_generated``): greedy
+  ``generate`` of each prompt alone (batch 1), KV cache on (a ``DynamicCache``:
+  without one paddleformers recomputes the whole sequence every step), explicit
+  position ids, an explicit all-ones attention mask, EOS disabled (``eos_token_id=-1``);
+  checked by ``_refcommon.check_greedy`` to feed one token per step after the prompt.
 """
 
 from __future__ import annotations
@@ -62,6 +68,50 @@ def qkv_layout(fused: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, n
     if plain and per_group:
         return "plain == per_kv_group (nkv == 1)"
     return "plain" if plain else "per_kv_group" if per_group else "unknown"
+
+
+def generate(model: Any, g: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Greedy, incremental (DynamicCache) generation of each prompt alone; (records, how)."""
+    import paddle
+    from paddleformers.transformers.cache_utils import DynamicCache
+
+    log = rc.StepLog()
+
+    def pre(_layer: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        cache = kwargs.get("past_key_values")
+        pos = kwargs.get("position_ids")
+        log.start(ids.shape[1], cache.get_seq_length() if cache is not None else 0,
+                  None if pos is None else pos.numpy()[0].tolist())
+
+    def post(_layer: Any, _args: tuple, _kwargs: dict[str, Any], out: Any) -> None:
+        log.finish(out.logits[0, -1].astype("float32").numpy())
+
+    hooks = [model.register_forward_pre_hook(pre, with_kwargs=True),
+             model.register_forward_post_hook(post, with_kwargs=True)]
+    records = []
+    for prompt in g["prompts"]:
+        log.steps.clear()
+        n = len(prompt)
+        with paddle.no_grad():
+            new, _ = model.generate(
+                input_ids=paddle.to_tensor([prompt], dtype="int64"),
+                # an explicit mask: the default one masks every prompt token equal to pad_token_id (0)
+                attention_mask=paddle.ones([1, n], dtype="int64"),
+                position_ids=paddle.arange(n, dtype="int64").unsqueeze(0),
+                past_key_values=DynamicCache(config=model.config),
+                use_cache=True,
+                decode_strategy="greedy_search",
+                max_new_tokens=g["max_new_tokens"],
+                eos_token_id=-1,  # None would fall back to config.eos_token_id
+            )
+        records.append(rc.check_greedy(prompt, new.numpy()[0].tolist(), log, g["max_new_tokens"]))
+    for h in hooks:
+        h.remove()
+    how = {"call": "generate(decode_strategy='greedy_search', past_key_values=DynamicCache(config), "
+                   "position_ids=arange, attention_mask=ones, eos_token_id=-1, use_cache=True)",
+           "batch": 1}
+    return records, how
 
 
 def main() -> None:
@@ -115,6 +165,12 @@ def main() -> None:
         save_file(memory, str(out / "memory_state.safetensors"))
     model.save_pretrained(str(out / "ckpt"))
     timer.lap("save")
+
+    g = rc.generate_spec(spec, ids, p["vocab_size"])
+    if g is not None:
+        records, how = generate(model, g)
+        rc.write_generated(out, records, {**how, "library": f"paddleformers {paddleformers.__version__}"})
+        timer.lap("generate")
 
     saved: dict[str, np.ndarray] = {}
     for f in sorted((out / "ckpt").glob("*.safetensors")):

@@ -3,7 +3,8 @@
 # suite relies on, into a temporary folder, and prints one line per run:
 #   ok|FAIL  <seconds>  <env>/<script> <spec>
 # Needs the envs from install_envs.sh ($ERNIE_IR_REFENVS, default /work/refenvs).
-# Exits 1 if any run fails (scripts themselves exit non-zero on non-finite logits).
+# Exits 1 if any run fails (scripts themselves exit non-zero on non-finite logits, and
+# with "generate" when the library's generate was not incremental greedy decoding).
 set -u
 ROOT="${ERNIE_IR_REFENVS:-/work/refenvs}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,4 +34,10 @@ run hf hf_ernie_moe.py '{}'
 run hf hf_ernie_moe.py '{"tie_word_embeddings": true, "moe_num_shared_experts": 0, "moe_layer_start_index": 0, "moe_layer_interval": 2, "moe_k": 3}'
 run nlp nlp_gpt.py '{}'
 run nlp nlp_gpt.py '{"fuse_attention_qkv": true, "num_hidden_layers": 3}'
+# greedy generate (spec key "generate"; writes generated.json)
+GEN='"generate": {"prompts": [[87], [28, 32, 23], [27, 66, 101, 29, 31, 21, 0, 63]], "max_new_tokens": 12}'
+run pf pf_ernie_dense.py "{$GEN}"
+run hf hf_ernie_dense.py "{$GEN}"
+run hf hf_ernie_moe.py "{$GEN}"
+run nlp nlp_gpt.py "{$GEN}"
 exit $bad
