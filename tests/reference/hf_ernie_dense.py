@@ -12,6 +12,7 @@ num_hidden_layers [2], num_attention_heads [4], num_key_value_heads [2],
 head_dim [24], vocab_size [128], tie_word_embeddings [false],
 rope_theta [500000.0], rms_norm_eps [1e-5], seed [0], input_ids [seeded 2 x 7],
 generate [absent]: ``{"prompts": [[ids], ...], "max_new_tokens": 8}``.
+labels_loss [false]: also write ``loss.json``, the library's own ``labels=`` loss of ``input_ids``.
 
 Every parameter is overwritten with seeded numpy values
 (``_refcommon.random_param``). Writes into OUT_DIR: ``ckpt/``
@@ -103,6 +104,11 @@ def run(
     rc.check_finite("logits", logits)
     np.save(out / "input_ids.npy", ids)
     np.save(out / "logits.npy", logits)
+    if spec.get("labels_loss"):  # transformers shifts the labels itself
+        with torch.no_grad():
+            loss = model(input_ids=torch.from_numpy(ids), labels=torch.from_numpy(ids)).loss
+        call = "model(input_ids=x, labels=x)"
+        (out / "loss.json").write_text(json.dumps({"loss": float(loss), "call": call}))
     timer.lap("forward")
 
     model.save_pretrained(str(out / "ckpt"))

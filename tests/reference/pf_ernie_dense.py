@@ -13,6 +13,7 @@ num_key_value_heads [2], head_dim [24], vocab_size [128],
 tie_word_embeddings [false], rope_theta [500000.0], rms_norm_eps [1e-5],
 seed [0], input_ids [seeded random 2 x 7], save_memory_state [true],
 generate [absent]: ``{"prompts": [[ids], ...], "max_new_tokens": 8}``.
+labels_loss [false]: also write ``loss.json``, the library's own ``labels=`` loss of ``input_ids``.
 
 Every parameter is overwritten with seeded numpy values (see
 ``_refcommon.random_param``; RMSNorm weights are 1 + 0.1 N(0,1), not ones) so
@@ -34,6 +35,7 @@ Writes into OUT_DIR:
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import _refcommon as rc
@@ -158,6 +160,11 @@ def main() -> None:
     rc.check_finite("logits", logits)
     np.save(out / "input_ids.npy", ids)
     np.save(out / "logits.npy", logits)
+    if spec.get("labels_loss"):  # paddleformers does not shift labels (REFERENCE.md 9.4)
+        with paddle.no_grad():
+            loss = model(input_ids=paddle.to_tensor(ids[:, :-1]), labels=paddle.to_tensor(ids[:, 1:])).loss
+        (out / "loss.json").write_text(json.dumps({"loss": float(loss),
+                                                   "call": "model(input_ids=x[:, :-1], labels=x[:, 1:])"}))
     timer.lap("forward")
 
     memory = {k: v.numpy() for k, v in model.state_dict().items()}
