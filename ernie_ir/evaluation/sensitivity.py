@@ -76,6 +76,19 @@ def _unit_bytes(params: int, fmt: str, float_bytes: int, out_features: int) -> f
     return params * bits / 8 + out_features * 2  # bf16 per-channel scales
 
 
+def weight_bytes(sites: Sequence[WeightSite], formats: dict[str, str]) -> float:
+    """The bytes of the units' weights in `formats` (path -> int4 / int8 / float; int formats add
+    bf16 per-channel scales, float is the param's own dtype)."""
+    total = 0.0
+    for s in sites:
+        if s.param is None or s.path not in formats:
+            continue
+        shape = s.param.type.shape
+        total += _unit_bytes(int(np.prod(shape)), formats[s.path], s.param.type.dtype.bits // 8,
+                             int(shape[-1]) * max(s.experts, 1))
+    return total
+
+
 def quantize_units(graph: Graph, formats: dict[str, str]) -> Graph:
     """`graph` with the units named in `formats` (path -> int4 / int8) quantized, in place."""
     rules = tuple(QuantRule(match=re.escape(path), algo=FORMATS[fmt]) for path, fmt in formats.items()
@@ -255,7 +268,7 @@ def tune(model: str | Path, data: str | Path, *, budget: float,
     outs = {s.path: int(s.param.type.shape[-1]) * max(s.experts, 1) for s in sites}  # type: ignore[union-attr]
 
     def size(fmts: dict[str, str]) -> float:
-        return sum(_unit_bytes(params[p], f, float_bytes_per[p], outs[p]) for p, f in fmts.items())
+        return weight_bytes(sites, fmts)
 
     cost: dict[tuple[str, str], float] = {}
     todo = [(s.path, f) for s in sites for f in order if f != "float"]
@@ -305,11 +318,7 @@ def tune(model: str | Path, data: str | Path, *, budget: float,
                 chosen[p], total = g, total + extra
         return chosen
 
-    presets = {
-        preset: {s.path: "int4" if preset == "wint4" or (preset == "wint8mix" and s.experts) else "int8"
-                 for s in sites}
-        for preset in ("wint4", "wint8mix", "wint8")
-        if {"int4", "int8"} <= set(order) or (preset == "wint8" and "int8" in order)}
+    presets = _preset_formats(sites, order)
     points = [{"config": name, "weight_bytes": size(f), "kl": cal.kl(quantize_units(load_float(model), f))}
               for name, f in presets.items()] if compare_presets else []
     limit = budget
@@ -332,6 +341,29 @@ def tune(model: str | Path, data: str | Path, *, budget: float,
                         "formats")
     nbytes, measured, chosen = min(candidates, key=lambda c: (c[0], c[1]))
     return TuneResult(budget, dict(chosen), measured, nbytes, size({p: "float" for p in params}), points)
+
+
+def _preset_formats(sites: Sequence[WeightSite], order: Sequence[str]) -> dict[str, dict[str, str]]:
+    """wint4, WINT8MIX (experts int4, the rest int8) and wint8 as per-unit formats (those `order` allows)."""
+    out = {}
+    for preset in ("wint4", "wint8mix", "wint8"):
+        fmts = {s.path: "int4" if preset == "wint4" or (preset == "wint8mix" and s.experts) else "int8"
+                for s in sites}
+        if set(fmts.values()) <= set(order):
+            out[preset] = fmts
+    return out
+
+
+def preset_points(model: str | Path, data: str | Path, *, seq_len: int = 128,
+                  max_tokens: int = 512) -> list[dict[str, Any]]:
+    """Weight bytes and measured KL of wint4, WINT8MIX and wint8 (as `tune` reports them)."""
+    cal = _Calibration(model, data, seq_len, max_tokens)
+    sites = [s for s in find_targets(cal.float_graph) if s.param is not None]
+    out = []
+    for name, fmts in _preset_formats(sites, ("int4", "int8")).items():
+        kl = cal.kl(quantize_units(load_float(model), fmts))
+        out.append({"config": name, "weight_bytes": weight_bytes(sites, fmts), "kl": kl})
+    return out
 
 
 def svg_bars(report: SensitivityReport, width: int = 720) -> str:
