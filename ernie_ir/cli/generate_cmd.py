@@ -99,6 +99,8 @@ def generate(
     compare_to: Annotated[str | None, typer.Option("--compare-to", help="A reference MODEL, run "
                                                    "teacher-forced on the generated tokens.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds a multi-rank paddle run may "
+                                                  "take (default 600).")] = None,
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Generate tokens after prompts, decoding with a KV cache; text streams as it is produced."""
@@ -127,10 +129,13 @@ def generate(
         from ernie_ir.targets.compile import check_kv_cache_dtype
 
         kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype, "inference")
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise ErnieIRError(f"--timeout {timeout}: give a finite number of seconds above 0")
     if prompts is not None and not prompts.is_file():
         raise ErnieIRError(f"--prompts {prompts}: no such file")
 
-    gen = Generator(model, backend, kv_cache_dtype=kv_cache_dtype, trust_pickle=trust_pickle)
+    gen = Generator(model, backend, kv_cache_dtype=kv_cache_dtype, trust_pickle=trust_pickle,
+                    timeout_s=timeout)
     if prompt is not None:
         rows = [gen.encode(prompt, chat=chat)]
     elif prompt_ids is not None:

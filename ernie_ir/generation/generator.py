@@ -32,9 +32,11 @@ class Generator:
     """A model or artifact that generates (see `ernie_ir.generation`)."""
 
     def __init__(self, model: str | Path, backend: str = "interpreter", *, kv_cache_dtype: str | None = None,
-                 trust_pickle: bool = False, decoder: Decoder | None = None) -> None:
+                 trust_pickle: bool = False, timeout_s: float | None = None,
+                 decoder: Decoder | None = None) -> None:
+        """`timeout_s` bounds a multi-rank paddle run (default: the launcher's)."""
         self.decoder = decoder or open_decoder(model, backend, kv_cache_dtype=kv_cache_dtype,
-                                               trust_pickle=trust_pickle)
+                                               trust_pickle=trust_pickle, timeout_s=timeout_s)
         folder = self.decoder.folder
         self.tokenizer: Tokenizer | None = load_tokenizer(folder) if folder is not None else None
         self.generation_config: dict[str, Any] = {}
