@@ -36,30 +36,11 @@ def _parse_ids(text: str, flag: str) -> list[list[int]]:
 def _read_prompts(path: Path, gen: Generator, chat: bool) -> list[list[int]]:
     """A JSON Lines file: per line a string (text), a list of ints (ids), or an object with
     "prompt" (text) or "ids" (token ids). Blank lines are skipped."""
-    import json
-
     from ernie_ir.ir import ErnieIRError
-    from ernie_ir.ir.inputs import read_text
+    from ernie_ir.ir.inputs import read_text_or_ids_lines
 
-    rows: list[list[int]] = []
-    for n, line in enumerate(read_text(path, "prompts file", ErnieIRError).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item: Any = json.loads(line)
-        except (ValueError, RecursionError):
-            raise ErnieIRError(f"--prompts {path}: line {n} is not valid JSON: write one prompt per line "
-                               '("text", [1, 2, 3], {"prompt": "text"} or {"ids": [1, 2, 3]})') from None
-        if isinstance(item, dict):
-            item = item.get("prompt", item.get("ids"))
-        if isinstance(item, str):
-            rows.append(gen.encode(item, chat=chat))
-        elif isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool)
-                                                     for t in item):
-            rows.append(list(item))
-        else:
-            raise ErnieIRError(f"--prompts {path}: line {n} holds no prompt: give a string, a non-empty "
-                               'list of token ids, or an object with "prompt" or "ids"')
+    rows = [gen.encode(item, chat=chat) if isinstance(item, str) else item
+            for _, item in read_text_or_ids_lines(path, "prompts file", "prompt", "ids", ErnieIRError)]
     if not rows:
         raise ErnieIRError(f"--prompts {path}: the file holds no prompt")
     return rows

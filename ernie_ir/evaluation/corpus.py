@@ -12,13 +12,12 @@ start of a document (see `windows`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ernie_ir.ir import ErnieIRError
-from ernie_ir.ir.inputs import read_text
+from ernie_ir.ir.inputs import read_text, read_text_or_ids_lines
 
 
 class EvalError(ErnieIRError):
@@ -54,24 +53,9 @@ def read_corpus(path: str | Path, encode: Callable[[str], list[int]] | None,
     if p.suffix == ".txt":
         docs = [tokens_of(text, f"--data {p}")] if text.strip() else []
     else:
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
+        for n, item in read_text_or_ids_lines(p, "corpus", "text", "input_ids", EvalError):
             where = f"--data {p}: line {n}"
-            try:
-                item = json.loads(line)
-            except (ValueError, RecursionError):
-                raise EvalError(f"{where} is not valid JSON: write one document per line ({{\"text\": ...}} "
-                                "or {\"input_ids\": [...]})") from None
-            if isinstance(item, dict):
-                item = item.get("text", item.get("input_ids"))
-            if isinstance(item, str):
-                ids = tokens_of(item, where)
-            elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
-                ids = list(item)
-            else:
-                raise EvalError(f"{where} holds no document: give {{\"text\": ...}}, "
-                                "{\"input_ids\": [...]}, a string or a list of token ids")
+            ids = tokens_of(item, where) if isinstance(item, str) else item
             bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
             if bad:
                 raise EvalError(f"{where}: token id {bad[0]} is outside the model's vocabulary "

@@ -140,3 +140,30 @@ def read_token_ids(path: str | os.PathLike[str], what: str = "token file",
     if ids.dtype == np.uint64 and int(ids.max()) > np.iinfo(np.int64).max:
         raise error(f"{path}: token id {int(ids.max())} is not a valid token id (above int64)")
     return ids.astype(np.int64)
+
+
+def read_text_or_ids_lines(path: str | os.PathLike[str], what: str, text_key: str, ids_key: str,
+                           error: type[ErnieIRError] = ErnieIRError) -> list[tuple[int, str | list[int]]]:
+    """(line number, text or token ids) per non-blank line of a JSON Lines file whose lines are a
+    string, a non-empty list of ints, or an object with `text_key` (text) or `ids_key` (ids).
+
+    One line naming the file and line number for anything else (prompt files, eval corpora)."""
+    shape = f'a string, a list of token ids, {{"{text_key}": ...}} or {{"{ids_key}": [...]}}'
+    items: list[tuple[int, str | list[int]]] = []
+    for n, line in enumerate(read_text(path, what, error).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item: Any = json.loads(line)
+        except (ValueError, RecursionError):
+            raise error(f"{path}: line {n} is not valid JSON: write one {shape} per line") from None
+        if isinstance(item, dict):
+            item = item.get(text_key, item.get(ids_key))
+        if isinstance(item, str):
+            items.append((n, item))
+        elif isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool)
+                                                     for t in item):
+            items.append((n, list(item)))
+        else:
+            raise error(f"{path}: line {n} holds nothing to read: give {shape}")
+    return items

@@ -180,7 +180,7 @@ def test_bad_corpora_are_one_line(ckpt: Path, tmp_path: Path, capsys):
     refused('{"input_ids": [1, 200]}\n', "outside the model's vocabulary")
     refused('{"text": "hello"}\n', "has no tokenizer")
     refused("plain text\n", "has no tokenizer", name="c.txt")
-    refused('{"other": 1}\n', "line 1 holds no document")
+    refused('{"other": 1}\n', "line 1 holds nothing to read")
     assert "no such file" in user_error(capsys, "eval", str(ckpt), "--data", str(tmp_path / "none.jsonl"))
     with pytest.raises(EvalError, match="max-tokens"):
         evaluate(ckpt, tmp_path / "c.jsonl", max_tokens=1)

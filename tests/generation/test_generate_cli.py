@@ -140,7 +140,7 @@ def test_bad_input_that_needs_files(ckpt: Path, tmp_path: Path, capsys):
     bad.write_text('"ok"\n{"prompt": "fine"}\n{"prompt": \n')
     assert "line 3 is not valid JSON" in user_error(capsys, "generate", str(ckpt), "--prompts", str(bad))
     bad.write_text('"ok"\n{"other": 1}\n')
-    assert "line 2 holds no prompt" in user_error(capsys, "generate", str(ckpt), "--prompts", str(bad))
+    assert "line 2 holds nothing to read" in user_error(capsys, "generate", str(ckpt), "--prompts", str(bad))
     missing = str(tmp_path / "none.jsonl")
     assert "no such file" in user_error(capsys, "generate", str(ckpt), "--prompts", missing)
     no_tok = write_checkpoint(tmp_path / "bare", CFG, hf_to_paddle(random_hf_ernie(CFG, seed=1), CFG))
