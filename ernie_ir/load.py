@@ -52,6 +52,13 @@ def load_input(spec: str, *, trust_pickle: bool = False, meta: bool = False) -> 
 GENERATION_CONFIG = "generation_config.json"
 
 
+def read_tokenizer(folder: str | Path) -> object | None:
+    """The tokenizer of `folder` (None: it has none); ErnieIRError for files that cannot be read."""
+    from ernie_ir.frontends.tokenizer import load_tokenizer
+
+    return load_tokenizer(folder)
+
+
 def copy_tokenizer(spec: str, dest: Path, *, tokenizer_json: bool = False) -> list[str]:
     """Copy the tokenizer files (and generation_config.json) of checkpoint folder `spec` into
     `dest`; the names copied or written, [] when `spec` is no folder or has no tokenizer.

@@ -123,7 +123,7 @@ def validate_manifest(data: Any, where: str = MANIFEST) -> dict[str, Any]:
         want = _KINDS.get(first["type"], first["msg"].lower())
         got = "missing" if first["type"] == "missing" else _kind(first.get("input"))
         raise ArtifactError(f"{where}: field '{show(field)}' must be {want}, not {got}: {corrupt}") from None
-    if model.tokenizer is not None:
+    if model.tokenizer is not None and model.tokenizer != ".":  # "." : the artifact's root
         _check_name(model.tokenizer, where)
     if model.parallel is not None and model.parallel.mapping is not None:
         try:

@@ -370,13 +370,18 @@ def _attention(L: Any, n: Node, a: list[Any]) -> list[Any]:
     mask = _arg(a, 3)
     h, kv, d = int(q.shape[2]), int(k.shape[2]), int(q.shape[3])
     scale = n.attrs.scale if n.attrs.scale is not None else 1.0 / math.sqrt(d)
-    qh = P.transpose(q, [0, 2, 1, 3])
-    kh = P.transpose(k, [0, 2, 1, 3])
+    qh = P.transpose(q, [0, 2, 1, 3])  # [B, H, S, D]
+    kh = P.transpose(k, [0, 2, 1, 3])  # [B, KV, T, D]
     vh = P.transpose(v, [0, 2, 1, 3])
-    if h != kv:  # query head i reads kv head i // (H / KV)
-        kh = P.repeat_interleave(kh, h // kv, axis=1)
-        vh = P.repeat_interleave(vh, h // kv, axis=1)
+    group = h // kv
+    # Query head i reads kv head i // group: the query heads are grouped onto their kv head
+    # ([B, KV, group*S, D]) rather than the keys and values copied out to H heads, so a decode
+    # step reads its cache once.
+    if group > 1:
+        qh = P.reshape(qh, [0, kv, -1, d])
     scores = P.matmul(qh, kh, transpose_y=True) * scale
+    if group > 1:
+        scores = P.reshape(scores, [0, h, -1, 0])  # [B, H, S, T] (0: that dim as it is)
     keep = _causal_keep(L, q, k) if n.attrs.causal else None
     if mask is not None:
         probs = _masked_softmax(L, scores, keep, mask)
@@ -384,7 +389,12 @@ def _attention(L: Any, n: Node, a: list[Any]) -> list[Any]:
         if keep is not None:
             scores = P.where(keep, scores, P.full_like(scores, float("-inf")))
         probs = L.F.softmax(scores, axis=-1)
-    return [P.transpose(P.matmul(probs, vh), [0, 2, 1, 3])]
+    if group > 1:
+        probs = P.reshape(probs, [0, kv, -1, 0])
+    out = P.matmul(probs, vh)  # [B, KV, group*S, Dv]
+    if group > 1:
+        out = P.reshape(out, [0, h, -1, 0])
+    return [P.transpose(out, [0, 2, 1, 3])]
 
 
 _LOWEST = float(np.finfo(np.float32).min)

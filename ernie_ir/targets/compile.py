@@ -381,7 +381,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                           pipeline=str(resolved), source=source.result, force=force,
                           extra=extra,
                           emitters=emitters, progress=progress, ranks=ranks, mapping=mapping,
-                          tokenizer=_tokenizer_writer(model, "onnxruntime" in emitters)
+                          tokenizer=_tokenizer_writer(model, "onnxruntime" in emitters,
+                                                      "fastdeploy" in written, warnings)
                           if emit_names else None)
     return CompileReport(
         model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(path),
@@ -405,14 +406,25 @@ def check_kv_cache_dtype(text: str, mode: str) -> str:
     return name
 
 
-def _tokenizer_writer(model: str, onnx: bool) -> Callable[[Path], str | None]:
-    """Writes the checkpoint's tokenizer into an artifact: beside the ONNX decoder (where
-    onnxruntime-genai looks) when there is one, else into tokenizer/ (see compile_model)."""
-    from ernie_ir.load import copy_tokenizer
+def _tokenizer_writer(model: str, onnx: bool, fastdeploy: bool,
+                      warnings: list[str]) -> Callable[[Path], str | None]:
+    """Writes the checkpoint's tokenizer into an artifact (see compile_model): beside the ONNX
+    decoder (where onnxruntime-genai looks) when there is one; else the artifact's root when the
+    FastDeploy checkpoint already copied the files there (each executable reads its own folder;
+    the same bytes are not written twice for one reader); else tokenizer/. Files the tokenizer
+    libraries cannot read are a warning, not an error: compile still writes the model."""
+    from ernie_ir.load import copy_tokenizer, read_tokenizer
 
     def write(root: Path) -> str | None:
-        folder = Path("inference") / "onnx" if onnx else Path("tokenizer")
-        return folder.as_posix() if copy_tokenizer(model, root / folder, tokenizer_json=onnx) else None
+        try:
+            if fastdeploy and not onnx and (root / "tokenizer_config.json").is_file():
+                return "." if read_tokenizer(root) is not None else None
+            folder = Path("inference") / "onnx" if onnx else Path("tokenizer")
+            return folder.as_posix() if copy_tokenizer(model, root / folder, tokenizer_json=onnx) else None
+        except ErnieIRError as e:
+            warnings.append(f"the model's tokenizer was not copied into the artifact ({e}); `ernie-ir "
+                            "generate` needs --prompt-ids with it")
+            return None
 
     return write
 

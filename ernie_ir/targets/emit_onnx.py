@@ -301,9 +301,18 @@ class _Emitter:
                     self.names[v] = n
         self.node = None
         outputs = []
+        producers = {out: node for node in self.nodes for out in node.output}
+        taken: set[str] = set()
         for oname, v in zip(g.output_names, g.outputs, strict=True):
             src = self.name(v)
-            self.nodes.append(helper.make_node("Identity", [src], [oname], name=self.fresh("out")))
+            node = producers.get(src)
+            if node is not None and src not in taken and oname not in producers:
+                # The producing node writes the output itself: an Identity onto a graph output is a
+                # copy in onnxruntime, which for a KV cache grows with the context every step.
+                self._rename(src, oname, node)
+                taken.add(oname)
+            else:
+                self.nodes.append(helper.make_node("Identity", [src], [oname], name=self.fresh("out")))
             outputs.append(helper.make_tensor_value_info(oname, onnx_type(v.type.dtype), _dims(v.type.shape)))
         opsets = [helper.make_opsetid("", OPSET)]
         if self.ms_domain:
@@ -314,6 +323,17 @@ class _Emitter:
         model.ir_version = 10
         helper.set_model_props(model, {META_NUMERICS: self.numerics, META_FORM: self.form})
         return model
+
+    def _rename(self, old: str, new: str, producer: onnx.NodeProto) -> None:
+        """Rename tensor `old` (an output of `producer`) to `new` everywhere it is read."""
+        producer.output[list(producer.output).index(old)] = new
+        for node in self.nodes:
+            for i, name in enumerate(node.input):
+                if name == old:
+                    node.input[i] = new
+        for v, name in list(self.names.items()):
+            if name == old:
+                self.names[v] = new
 
     # -- weight-only helpers ---------------------------------------------------------------------
     def dequant(self, q: np.ndarray, qname: str, scale: Value, group_size: int) -> str:
@@ -518,23 +538,21 @@ class _Emitter:
             raise self.fail("attention needs static head counts and head dim")
         q, k, v = (self.name(x) for x in node.inputs[:3])
         group = h // kv
-        qh = self.op("Transpose", [q], perm=[0, 2, 1, 3])  # [B, H, S, D]
-
-        def heads(t: str, t_dim: int) -> str:  # [B, T, KV, D] -> [B, H, T, D]; head h reads h // group
-            t = self.op("Transpose", [t], perm=[0, 2, 1, 3])
-            if group == 1:
-                return t
-            t = self.op("Unsqueeze", [t, self.const([2])])
-            t = self.op("Expand", [t, self.const([1, 1, group, 1, 1])])
-            return self.op("Reshape", [t, self.const([0, h, -1, t_dim])])
-
         vd = vt.shape[3]
         if not isinstance(vd, int):
             raise self.fail("attention needs a static value head dim")
-        kh, vh = heads(k, d), heads(v, vd)
+        # Query heads are grouped onto their kv head ([B, H, S, D] -> [B, KV, group*S, D]: head h
+        # reads kv head h // group), so the keys and values are read as they are, never copied out
+        # to H heads: a decode step's cost stays that of the cache it reads.
+        qh = self.op("Transpose", [q], perm=[0, 2, 1, 3])  # [B, H, S, D]
+        kh = self.op("Transpose", [k], perm=[0, 2, 3, 1])  # [B, KV, D, T]
+        vh = self.op("Transpose", [v], perm=[0, 2, 1, 3])  # [B, KV, T, Dv]
+        if group > 1:
+            qh = self.op("Reshape", [qh, self.const([0, kv, -1, d])])
         scale = np.float32(node.attrs.scale if node.attrs.scale is not None else 1.0 / np.sqrt(d))
-        scores = self.op("Mul", [self.op("MatMul", [qh, self.op("Transpose", [kh], perm=[0, 1, 3, 2])]),
-                                 self.f32(scale)])
+        scores = self.op("Mul", [self.op("MatMul", [qh, kh]), self.f32(scale)])
+        if group > 1:
+            scores = self.op("Reshape", [scores, self.const([0, h, -1, 0])])  # [B, H, S, T]
         mask = node.inputs[3] if len(node.inputs) > 3 else None
         keep = None
         if node.attrs.causal:
@@ -555,7 +573,11 @@ class _Emitter:
         probs = self.op("Softmax", [scores], axis=-1)
         if mask is not None:
             probs = self._zero_masked_rows(probs, scores, keep if mask.type.dtype == DType.BOOL else None)
-        out = self.op("MatMul", [probs, vh])  # [B, H, S, Dv]
+        if group > 1:
+            probs = self.op("Reshape", [probs, self.const([0, kv, -1, 0])])  # [B, KV, group*S, T]
+        out = self.op("MatMul", [probs, vh])  # [B, KV, group*S, Dv]
+        if group > 1:
+            out = self.op("Reshape", [out, self.const([0, h, -1, 0])])  # [B, H, S, Dv]
         return [self.op("Transpose", [out], perm=[0, 2, 1, 3])]
 
     def _zero_masked_rows(self, probs: str, scores: str, keep: str | None) -> str:
