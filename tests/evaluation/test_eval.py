@@ -184,3 +184,17 @@ def test_bad_corpora_are_one_line(ckpt: Path, tmp_path: Path, capsys):
     assert "no such file" in user_error(capsys, "eval", str(ckpt), "--data", str(tmp_path / "none.jsonl"))
     with pytest.raises(EvalError, match="max-tokens"):
         evaluate(ckpt, tmp_path / "c.jsonl", max_tokens=1)
+
+
+def test_multi_rank_artifacts_evaluate_on_their_backends(ckpt: Path, tmp_path: Path):
+    """A tp=2 artifact: every rank in lockstep (interpreter) and one paddle.distributed process per
+    rank (paddle) score the corpus as the one-rank model does."""
+    pytest.importorskip("paddle")
+    data = tmp_path / "c.jsonl"
+    data.write_text(json.dumps({"input_ids": np.random.default_rng(5).integers(0, 160, 30).tolist()}) + "\n")
+    single = evaluate(ckpt, data, seq_len=32)
+    art = compile_model(str(ckpt), "cuda", tp=2, out=tmp_path / "tp2")
+    for backend in ("interpreter", "paddle"):
+        r = evaluate(art.out, data, seq_len=32, backend=backend)
+        assert r.tokens_scored == single.tokens_scored == 29
+        assert r.mean_nll == pytest.approx(single.mean_nll, rel=1e-5), backend
