@@ -3,7 +3,7 @@
     from ernie_ir.generation import Generator
     gen = Generator("artifacts/ernie-cuda-wint8mix", backend="onnxruntime")
     result = gen.generate([gen.encode("Hello")], DecodeOptions(max_new_tokens=16))
-    print(gen.tokenizer.decode(result.new_tokens[0]))
+    print(gen.text(result.new_tokens[0]))
 
 Layer (docs/architecture.md): above `targets` and `frontends` (it makes the decoder graph with
 the `kv-cache` pass, runs it with `runtime`, reads text with the frontends' tokenizers); only
