@@ -24,15 +24,16 @@ import json
 import math
 import mmap
 import os
+import queue
 import struct
 import threading
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -681,7 +682,40 @@ def _tensor_bytes(p: _PendingTensor, require_finite: bool) -> np.ndarray:
     return data
 
 
-_HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ernie-ir-sha256")
+class _DaemonWorker:
+    """One daemon thread running the calls submitted to it, in order (the sha256 of a buffer while
+    the writer writes it). Not a ThreadPoolExecutor: its worker is not a daemon, and is woken at
+    exit only once registered, a step after it starts; a SIGTERM (raised as an interrupt) landing
+    between the two left a killed compile waiting forever for an idle worker at exit."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = \
+            queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        self._queue.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, fn, args = self._queue.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # handed to the caller, which raises it
+                future.set_exception(e)
+
+
+_HASHER = _DaemonWorker("ernie-ir-sha256")
 
 WRITE_CHUNK = 1 << 20
 """Bytes per write(2) of a large buffer (see `write_buffer`)."""
