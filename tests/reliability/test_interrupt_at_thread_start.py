@@ -16,7 +16,7 @@ CODE = textwrap.dedent('''
 
     def interrupted_start(self):
         start(self)
-        if self.name == "ernie-ir-sha256":
+        if self.name.startswith("ernie-ir-sha256"):
             raise KeyboardInterrupt  # where SIGTERM can land: the thread runs, nothing else is done
 
     threading.Thread.start = interrupted_start
