@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ernie_ir.ir import DType, Graph, Node, Value, i64, tensor
+from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Value, i64, tensor
 from ernie_ir.ir.graph import Param
 
 from ..infra.base import PassContext, PassOptions, function_pass
@@ -42,7 +42,7 @@ PAST_DIM = "P"
 TOTAL_DIM = "T"
 
 
-class KvCacheError(ValueError):
+class KvCacheError(ErnieIRError):
     """The graph cannot become a decoder (one line: what is in the way)."""
 
 
