@@ -145,7 +145,7 @@ def _onnx_emitter(graph: Graph, numerics: str, kv_cache_dtype: str | None = None
     file is written: an op without an ONNX lowering, a graph that cannot become a decoder, a bad
     cache dtype are one-line errors; token ids onnxruntime-genai must guess are a warning."""
     from ernie_ir.ir.storage import clone_graph
-    from ernie_ir.passes.decoding.kv_cache import add_kv_cache
+    from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
 
     from .emit_onnx import emit_onnx, unsupported_ops
     from .genai_config import GenaiConfigError, missing_token_ids, write_genai_config
@@ -157,7 +157,7 @@ def _onnx_emitter(graph: Graph, numerics: str, kv_cache_dtype: str | None = None
     decoder = clone_graph(graph)
     try:
         layout = add_kv_cache(decoder, kv_cache_dtype)
-    except ValueError as e:  # KvCacheError, or an unknown dtype name
+    except (KvCacheError, ValueError) as e:  # a graph that cannot decode, or an unknown dtype name
         raise TargetError(f"--emit onnx: the ONNX model is a KV-cache decoder, and {e}") from None
     unknown = missing_token_ids(decoder)
     if unknown and warnings is not None:
