@@ -69,7 +69,7 @@ def main() -> None:
         for factor in factors:
             budget = factor * mix_kl
             t0 = time.perf_counter()
-            result = tune(model, data, budget=budget, seq_len=args.seq_len, compare_presets=False)
+            result = tune(model, data, budget=budget, seq_len=args.seq_len)
             seconds = time.perf_counter() - t0
             if factor == factors[0]:
                 for p in points:

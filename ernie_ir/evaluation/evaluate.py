@@ -67,11 +67,12 @@ def _source(model: str | Path, backend: str, trust_pickle: bool) -> tuple[Decode
     if backend == "paddle" and (root / "manifest.json").is_file():
         from ernie_ir.artifacts import artifact_mapping, read_manifest
 
-        if artifact_mapping(read_manifest(root)).world_size > 1:  # one process per rank, per call
-            from ernie_ir.runtime.artifact_runner import run_artifact
+        world = artifact_mapping(read_manifest(root)).world_size
+        if world > 1:  # one gloo process per rank, per call; the artifact is verified once, here
+            from ernie_ir.runtime.launcher import run_distributed
 
             decoder = open_decoder(model, "interpreter", trust_pickle=trust_pickle)  # vocab, tokenizer
-            return decoder, lambda ids: run_artifact(root, ids, "paddle")
+            return decoder, lambda ids: run_distributed(root, ids, world)
     decoder = open_decoder(model, backend, trust_pickle=trust_pickle)
     return decoder, full_logits(decoder)
 

@@ -139,14 +139,18 @@ class _Calibration:
         self.tokens = sum(w.shape[1] - f for w, f in self.windows)
         self.float_graph = graph
         it = Interpreter(graph)
-        self.reference = [log_softmax(it.run({self.name: w})[self.out][0, f - 1:-1]) for w, f in self.windows]
+        # (log p, p) of the float model per window: every unit's KL is measured against them
+        self.reference = []
+        for w, f in self.windows:
+            lr = log_softmax(it.run({self.name: w})[self.out][0, f - 1:-1])
+            self.reference.append((lr, np.exp(lr)))
 
     def kl(self, graph: Graph) -> float:
         it = Interpreter(graph)
         total = 0.0
-        for (w, f), lr in zip(self.windows, self.reference, strict=True):
+        for (w, f), (lr, pr) in zip(self.windows, self.reference, strict=True):
             lp = log_softmax(it.run({self.name: w})[self.out][0, f - 1:-1])
-            total += float(np.maximum((np.exp(lr) * (lr - lp)).sum(axis=-1), 0).sum())
+            total += float(np.maximum((pr * (lr - lp)).sum(axis=-1), 0).sum())
         return total / self.tokens
 
 
@@ -154,20 +158,18 @@ def _site_inputs(graph: Graph, sites: Sequence[WeightSite], windows_: list[tuple
                  name: str) -> dict[int, list[np.ndarray]]:
     """Each site's activation input (flattened to [tokens, K]) on the calibration windows."""
     found: dict[int, list[np.ndarray]] = {i: [] for i in range(len(sites))}
+    readers: dict[int, list[int]] = {}  # id of an activation value -> the sites reading it
+    for i, s in enumerate(sites):
+        readers.setdefault(id(s.node.inputs[0]), []).append(i)
 
     def observe(node: Any, results: list[np.ndarray]) -> None:
         for v, arr in zip(node.outputs, results, strict=True):
-            for i, s in enumerate(sites):
-                if s.node.inputs[0] is v:
-                    found[i].append(arr.reshape(-1, arr.shape[-1]).astype(np.float32))
+            for i in readers.get(id(v), ()):
+                found[i].append(arr.reshape(-1, arr.shape[-1]).astype(np.float32))
 
     it = Interpreter(graph)
     for w, _ in windows_:
-        feeds = {name: w}
-        it.run(feeds, observer=observe)
-        for i, s in enumerate(sites):  # a unit reading a graph input directly (none in practice)
-            if s.node.inputs[0] in graph.inputs:
-                found[i].append(w.reshape(-1, 1).astype(np.float32))
+        it.run({name: w}, observer=observe)
     return found
 
 
@@ -217,7 +219,7 @@ def sensitivity(model: str | Path, data: str | Path, *, fmt: str = "int4", seq_l
     if mode in ("approx", "both"):
         xs = _site_inputs(cal.float_graph, sites, cal.windows, cal.name)
         for i, (s, u) in enumerate(zip(sites, units, strict=True)):
-            if s.param is None:
+            if s.param is None or not xs[i]:
                 continue
             bits = 4 if fmt == "int4" else 8
             u.approx = _approx_error(np.asarray(s.param.read()), np.concatenate(xs[i]), bits)
@@ -253,8 +255,11 @@ class TuneResult:
 
 def tune(model: str | Path, data: str | Path, *, budget: float,
          formats: Sequence[str] = ("int4", "int8", "float"), seq_len: int = 128, max_tokens: int = 512,
-         compare_presets: bool = True, progress: Progress | None = None) -> TuneResult:
-    """The per-unit formats that meet `budget` (mean KL per token) with the fewest weight bytes."""
+         progress: Progress | None = None) -> TuneResult:
+    """The per-unit formats that meet `budget` (mean KL per token) with the fewest weight bytes.
+
+    The presets (wint4, WINT8MIX, wint8, as far as `formats` allows) are measured too: they are
+    points of the same search, and reported (`TuneResult.points`)."""
     if not budget > 0 or not math.isfinite(budget):
         raise EvalError(f"--budget must be a KL above 0 (got {budget})")
     order = [f for f in ("int4", "int8", "float") if f in formats]
@@ -263,12 +268,10 @@ def tune(model: str | Path, data: str | Path, *, budget: float,
         raise EvalError(f"unknown format {unknown[0] if unknown else ''!r}: choose from int4, int8, float")
     cal = _Calibration(model, data, seq_len, max_tokens)
     sites = [s for s in find_targets(cal.float_graph) if s.param is not None]
-    float_bytes_per = {s.path: s.param.type.dtype.bits // 8 for s in sites}  # type: ignore[union-attr]
-    params = {s.path: int(np.prod(s.param.type.shape)) for s in sites}  # type: ignore[union-attr]
-    outs = {s.path: int(s.param.type.shape[-1]) * max(s.experts, 1) for s in sites}  # type: ignore[union-attr]
+    nbytes = {(s.path, f): weight_bytes([s], {s.path: f}) for s in sites for f in order}
 
     def size(fmts: dict[str, str]) -> float:
-        return weight_bytes(sites, fmts)
+        return sum(nbytes[p, f] for p, f in fmts.items())
 
     cost: dict[tuple[str, str], float] = {}
     todo = [(s.path, f) for s in sites for f in order if f != "float"]
@@ -290,9 +293,7 @@ def tune(model: str | Path, data: str | Path, *, budget: float,
                     continue
                 g = order[i + 1]
                 saved = cost[p, f] - cost[p, g]
-                added = _unit_bytes(params[p], g, float_bytes_per[p], outs[p]) - \
-                    _unit_bytes(params[p], f, float_bytes_per[p], outs[p])
-                score = saved / max(added, 1e-9)
+                score = saved / max(nbytes[p, g] - nbytes[p, f], 1e-9)
                 if best is None or score > best[0]:
                     best = (score, p, g)
             if best is None:
@@ -309,9 +310,7 @@ def tune(model: str | Path, data: str | Path, *, budget: float,
             i = order.index(f)
             if i:
                 g = order[i - 1]
-                saved = _unit_bytes(params[p], f, float_bytes_per[p], outs[p]) - \
-                    _unit_bytes(params[p], g, float_bytes_per[p], outs[p])
-                moves.append((saved / max(cost[p, g] - cost[p, f], 1e-12), p, g))
+                moves.append(((nbytes[p, f] - nbytes[p, g]) / max(cost[p, g] - cost[p, f], 1e-12), p, g))
         for _, p, g in sorted(moves, reverse=True):
             extra = cost[p, g] - cost[p, chosen[p]]
             if total + extra <= limit:
@@ -320,7 +319,7 @@ def tune(model: str | Path, data: str | Path, *, budget: float,
 
     presets = _preset_formats(sites, order)
     points = [{"config": name, "weight_bytes": size(f), "kl": cal.kl(quantize_units(load_float(model), f))}
-              for name, f in presets.items()] if compare_presets else []
+              for name, f in presets.items()]
     limit = budget
     candidates: list[tuple[float, float, dict[str, str]]] = []
     for _ in range(4):
@@ -339,8 +338,8 @@ def tune(model: str | Path, data: str | Path, *, budget: float,
         raise EvalError(f"no configuration of {', '.join(order)} meets --budget {budget:g}: the smallest KL "
                         f"reached is {floor:.6g} (every unit {order[-1]}); raise the budget or allow more "
                         "formats")
-    nbytes, measured, chosen = min(candidates, key=lambda c: (c[0], c[1]))
-    return TuneResult(budget, dict(chosen), measured, nbytes, size({p: "float" for p in params}), points)
+    total, measured, chosen = min(candidates, key=lambda c: (c[0], c[1]))
+    return TuneResult(budget, dict(chosen), measured, total, size({s.path: "float" for s in sites}), points)
 
 
 def _preset_formats(sites: Sequence[WeightSite], order: Sequence[str]) -> dict[str, dict[str, str]]:

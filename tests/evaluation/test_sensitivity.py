@@ -70,7 +70,7 @@ def test_a_tuned_config_meets_its_budget_and_compiles(data: Path, tmp_path: Path
 
 def test_budgets_no_configuration_meets_are_refused(data: Path):
     with pytest.raises(EvalError, match="smallest KL reached is"):
-        tune(MODEL, data, budget=1e-9, formats=["int4"], seq_len=24, compare_presets=False)
+        tune(MODEL, data, budget=1e-9, formats=["int4"], seq_len=24)
 
 
 @pytest.mark.parametrize(("command", "args", "fragment"), [

@@ -139,6 +139,7 @@ def add_kv_cache(graph: Graph, dtype: str | DType | None = None) -> CacheLayout:
             n.set_input(1, positions)
 
     layers: list[tuple[int, int]] = []
+    dtypes: list[DType] = []  # each cache's dtype, in order (the layout records the first's)
     for i, n in enumerate(attentions):
         presents: list[Value] = []
         for slot, kind in zip((1, 2), CACHE_KINDS, strict=True):
@@ -146,6 +147,7 @@ def add_kv_cache(graph: Graph, dtype: str | DType | None = None) -> CacheLayout:
             assert new is not None and not isinstance(new, Param)
             b, _, kv, d = new.type.shape
             dt = cache or new.type.dtype
+            dtypes.append(dt)
             past = graph.add_input(PAST.format(i=i, kind=kind), tensor(dt, b, kv, PAST_DIM, d))
             if new.type.dtype != dt:
                 new = _node(graph, n, "cast", [new], dtype=dt)
@@ -158,8 +160,7 @@ def add_kv_cache(graph: Graph, dtype: str | DType | None = None) -> CacheLayout:
         kt = n.inputs[1]
         assert kt is not None
         layers.append((int(kt.type.shape[2]), int(kt.type.shape[3])))
-    dtypes = {str(graph.value_by_name(PAST.format(i=0, kind="key")).type.dtype)}
-    layout = CacheLayout(tuple(layers), dtypes.pop())
+    layout = CacheLayout(tuple(layers), str(dtypes[0]))
     graph.metadata["kv_cache"] = {"layers": [list(x) for x in layout.layers], "dtype": layout.dtype}
     return layout
 
