@@ -45,8 +45,11 @@ LAYERS: dict[str, frozenset[str]] = {
     # perplexity and KL over a corpus: models run as generation's decoders (an empty past)
     "evaluation": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets",
                              "generation"}),
+    # fine-tuning data and files: SFT text tokenized with the frontends' tokenizers for runtime's
+    # training loop, trained LoRA adapters written in paddleformers' format (the lora passes')
+    "finetune": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load"}),
     "cli": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets",
-                      "planning", "testing", "generation", "evaluation"}),
+                      "planning", "testing", "generation", "evaluation", "finetune"}),
 }
 
 # The package itself (ernie_ir/__init__.py): it registers the op set once the IR core is
