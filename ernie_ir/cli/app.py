@@ -1,7 +1,7 @@
 """The typer application behind the `ernie-ir` console script: the command tree.
 
 This module only assembles the commands, which live in one module per group:
-show, explain, passes and ops in inspect_cmds.py; compile and verify in
+show, explain, passes and ops in inspect_cmds.py; compile, export and verify in
 compile_cmds.py; run and train in run_cmds.py; plan in plan_cmd.py; golden in
 golden_cmds.py. What they share (consoles, option types, the pipeline flags) is
 common.py. User errors (`ErnieIRError`) and usage errors (unknown command or option,
@@ -64,6 +64,7 @@ app.command("eval")(eval_cmd.eval_cmd)
 app.command("sensitivity")(eval_cmd.sensitivity_cmd)
 app.command("tune")(eval_cmd.tune_cmd)
 app.command(cls=TargetsInHelp)(compile_cmds.compile)
+app.command("export")(compile_cmds.export_cmd)
 app.command()(run_cmds.train)
 app.command("verify")(compile_cmds.verify_cmd)
 app.command()(inspect_cmds.passes)

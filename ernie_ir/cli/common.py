@@ -100,13 +100,24 @@ LoraTargetsOpt = Annotated[
                  help="Comma-separated regexes, each matching a whole module name (e.g. '.*qkv_proj')."),
 ]
 LoraAdapterOpt = Annotated[
-    Path | None, typer.Option("--lora-adapter", help="Import a paddleformers LoRA adapter folder.")
+    Path | None, typer.Option("--lora-adapter", help="Import a paddleformers LoRA adapter folder (or a "
+                              "training checkpoint folder holding one in adapter/).")
+]
+MergeLoraOpt = Annotated[
+    bool, typer.Option("--merge-lora", help="Fold the LoRA adapter (--lora-adapter DIR, or the model's "
+                       "own) into the float base weights, W + scale * A @ B rounded once to the weight's "
+                       "dtype, before --quant quantizes them.")
 ]
 TrustOpt = Annotated[
     bool, typer.Option("--trust-pickle", help="Allow loading pickle-based .pdparams checkpoints.")
 ]
 MetaOpt = Annotated[bool, typer.Option("--meta", help="Read a checkpoint folder's config.json only: "
                                        "the full-size graph without weights.")]
+CheckpointOpt = Annotated[
+    str | None,
+    typer.Option("--checkpoint", help="MODEL a training artifact: compile this checkpoint of it: latest "
+                 "(the default), a run name (run-002-step-30) or its path."),
+]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (attention heads, FFN, vocab).")]
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (whole routed experts per group).")]
 DisablePassOpt = Annotated[
@@ -123,17 +134,17 @@ StopAfterOpt = Annotated[
 
 def full_pipeline(pipeline: str | None, quant: str | None, quant_config: Path | None,
                    lora_rank: int | None, lora_alpha: float | None, lora_targets: str | None,
-                   lora_adapter: Path | None) -> str | None:
+                   lora_adapter: Path | None, merge_lora: bool = False) -> str | None:
     """The user's --pipeline, then what the quantization and LoRA flags expand to."""
     from ernie_ir.ir import ErnieIRError
     from ernie_ir.passes.quant.cli_flags import pipeline_for
 
     if pipeline and pipeline.endswith((".yaml", ".yml")) and (quant or quant_config or lora_rank
-                                                              or lora_adapter):
+                                                              or lora_adapter or merge_lora):
         raise ErnieIRError("--pipeline FILE.yaml cannot be combined with --quant/--lora-* flags: "
                            "put those passes in the YAML file")
     targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
-    extra = pipeline_for(quant, quant_config, lora_rank, lora_alpha, targets, lora_adapter)
+    extra = pipeline_for(quant, quant_config, lora_rank, lora_alpha, targets, lora_adapter, merge_lora)
     parts = [p for p in (pipeline, extra) if p]
     return ",".join(parts) or None
 

@@ -1,5 +1,6 @@
-"""`ernie-ir compile` (a model into an artifact folder) and `ernie-ir verify` (an artifact's
-files against its manifest). The report's fallback lines are compile_view.py."""
+"""`ernie-ir compile` (a model into an artifact folder), `ernie-ir export` (a model, its LoRA adapter
+merged, into a published float checkpoint folder) and `ernie-ir verify` (an artifact's files
+against its manifest). The report's fallback lines are compile_view.py."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from typing import Annotated
 import typer
 
 from .common import (
+    CheckpointOpt,
     DisablePassOpt,
     EpOpt,
     LoraAdapterOpt,
     LoraAlphaOpt,
     LoraRankOpt,
     LoraTargetsOpt,
+    MergeLoraOpt,
     MetaOpt,
     ModelArg,
     PipelineOpt,
@@ -37,6 +40,7 @@ def compile(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     lora_adapter: LoraAdapterOpt = None,
+    merge_lora: MergeLoraOpt = False,
     quant_config: QuantConfigOpt = None,
     tp: TpOpt = 1,
     ep: EpOpt = 1,
@@ -50,6 +54,7 @@ def compile(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     meta: MetaOpt = False,
     trust_pickle: TrustOpt = False,
+    checkpoint: CheckpointOpt = None,
     onnx_numerics: Annotated[
         str | None, typer.Option("--onnx-numerics", help="With --emit onnx: weight-only (default: "
                           "float32 activations, weights dequantized in float32), exact (equal to the "
@@ -101,7 +106,8 @@ def compile(
                                trust_pickle=trust_pickle, meta=meta, progress=progress,
                                onnx_numerics=onnx_numerics, emit=emit,
                                disabled_passes=split_names(disable_pass), stop_after=stop_after,
-                               kv_cache_dtype=kv_cache_dtype)
+                               kv_cache_dtype=kv_cache_dtype, checkpoint=checkpoint,
+                               merge_lora=merge_lora)
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))
@@ -142,6 +148,48 @@ def compile(
 
     for line in fallback_lines(report.fallback_groups(), verbose=verbose):  # one line per reason
         out.print(line, markup=False)
+
+
+def export_cmd(
+    model: ModelArg,
+    out_dir: Annotated[Path, typer.Option("--out", help="Checkpoint folder to write (a new one, or one "
+                                          "export wrote with --force).")],
+    lora_adapter: LoraAdapterOpt = None,
+    pipeline: PipelineOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a checkpoint folder export wrote.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    trust_pickle: TrustOpt = False,
+) -> None:
+    """Write a model as a published float checkpoint folder (config.json + model.safetensors in
+    ERNIE 4.5's Paddle layout, tokenizer files), its LoRA adapter merged (W + scale * A @ B,
+    rounded once to the weight's dtype): what FastDeploy serves, paddleformers loads and
+    `ernie-ir compile` reads (written atomically)."""
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ernie_ir.targets.export import export_checkpoint
+
+    with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err.get(), transient=json_out,
+                  disable=not err.is_terminal) as bar:
+        task = bar.add_task("weights", total=None)
+
+        def progress(stage: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=stage)
+
+        report = export_checkpoint(model, out_dir, lora_adapter=lora_adapter, pipeline=pipeline,
+                                   force=force, trust_pickle=trust_pickle, progress=progress)
+    if json_out:
+        print(json.dumps(report.as_dict(), default=str))
+        return
+    merged = (f", {report.merged} adapted layer(s) of {report.lora_adapter} merged" if report.lora_adapter
+              else f", {report.merged} adapted layer(s) merged" if report.merged else "")
+    out.print(f"exported {model} -> {report.out} ({report.tensors} tensors{merged})", markup=False)
+    if report.pipeline:
+        out.print(f"pipeline: {report.pipeline}", markup=False)
+    sizes = ", ".join(f"{d} {v['count']} / {v['bytes']:,} B" for d, v in report.params.items())
+    out.print(f"params by dtype: {sizes}", markup=False)
 
 
 def verify_cmd(artifact: Annotated[Path, typer.Argument(help="An artifact folder.")]) -> None:

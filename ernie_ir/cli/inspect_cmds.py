@@ -16,6 +16,7 @@ from .common import (
     LoraAlphaOpt,
     LoraRankOpt,
     LoraTargetsOpt,
+    MergeLoraOpt,
     MetaOpt,
     ModelArg,
     PipelineOpt,
@@ -58,6 +59,7 @@ def show(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     lora_adapter: LoraAdapterOpt = None,
+    merge_lora: MergeLoraOpt = False,
     tp: TpOpt = 1,
     ep: EpOpt = 1,
     rank: Annotated[int, typer.Option("--rank", help="With --tp/--ep: which rank's graph to print.")] = 0,
@@ -71,7 +73,7 @@ def show(
     from .summary import summary_tables
 
     pipeline = full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
-                              lora_adapter)
+                              lora_adapter, merge_lora)
     if tp != 1 or ep != 1:
         pipeline = ",".join(x for x in (pipeline, f"split{{tp={tp},ep={ep},rank={rank}}}") if x)
     elif rank:

@@ -16,13 +16,13 @@ from ernie_ir.artifacts.publish import artifact_lock
 from ernie_ir.artifacts.source_digests import source_sha256
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping, check_degrees
-from ernie_ir.load import load_input
+from ernie_ir.load import load_input, load_trained
 from ernie_ir.passes import Pass, PassContext, PassInstrument
 from ernie_ir.passes.infra.base import graph_properties
 from ernie_ir.passes.infra.manager import run_pipeline_ranks
 from ernie_ir.passes.infra.pipeline import Pipeline, describe_restriction, load_pipeline
 from ernie_ir.passes.parallel.split import mapping_for
-from ernie_ir.passes.quant.cli_flags import NO_QUANT, pipeline_for
+from ernie_ir.passes.quant.cli_flags import NO_QUANT, QuantFlagError, adapter_folder, pipeline_for
 from ernie_ir.passes.quant.config import resolve_quant_name
 
 from .artifact import check_out, write_artifact
@@ -129,6 +129,13 @@ def source_info(model: str, graph: Graph, *, meta: bool = False) -> dict[str, An
     a folder read with `meta`: its config.json, the only file read). A file hashed by an earlier
     compile and unchanged since is not read again (`source_digests`)."""
     path = Path(model)
+    trained = graph.metadata.get("trained")
+    if isinstance(trained, dict) and (path / "manifest.json").is_file():  # ernie_ir.load.load_trained
+        from .artifact import read_manifest
+
+        done = read_manifest(path)
+        return {"model": model, "kind": "training-artifact", **trained,
+                "trained_from": done.get("source"), "trained_pipeline": done.get("pipeline")}
     if path.is_file():
         return {"model": model, "kind": "file", "files": {path.name: source_sha256(path)}}
     if path.is_dir():
@@ -265,7 +272,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   progress: Callable[[str, int, int], None] | None = None,
                   onnx_numerics: str | None = None,
                   emit: str | Sequence[str] | None = None, disabled_passes: Sequence[str] = (),
-                  stop_after: str | int | None = None, kv_cache_dtype: str | None = None) -> CompileReport:
+                  stop_after: str | int | None = None, kv_cache_dtype: str | None = None,
+                  checkpoint: str | None = None, merge_lora: bool = False) -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
@@ -288,6 +296,13 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     A checkpoint folder's tokenizer files (and generation_config.json) are copied into the
     artifact: `inference/onnx/` beside the ONNX decoder (with a tokenizer.json that
     onnxruntime-genai reads), else `tokenizer/`; the manifest's `"tokenizer"` names the folder.
+    `model` may be a training artifact (`--mode training`, trained by `ernie-ir train`): its
+    `checkpoint` (None: the newest run; `ernie_ir.load.load_trained`) is compiled for inference,
+    a QAT one converted to int8 weights with its learned scales (`qat-convert`, run first).
+    `merge_lora`: fold the adapter (`lora_adapter`, or the model's own) into the float base
+    weights before quantizing: `lora-import{path},lora-merge,<quant passes>` (inference only).
+    An imported adapter is recorded in the manifest (`"lora_adapter"`: folder, sha256 of its
+    files, merged or not).
     """
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
     if kv_cache_dtype is not None:
@@ -302,20 +317,22 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                               f"{','.join((*emit_names, 'onnx'))})")
     check_emit(emit_names, tgt, mode, max(tp, ep))
     dest = check_out(out if out is not None else default_out(model, tgt.name, quant), force)
-    quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter)
+    quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter,
+                              merge_lora)
+    if merge_lora and mode != "inference":
+        raise QuantFlagError(f"--merge-lora folds the adapter into the base weights, leaving nothing to "
+                             f"train: --mode {mode} keeps the adapter apart (drop --merge-lora)")
 
-    if (Path(model) / "manifest.json").is_file():
-        from .artifact import read_manifest
-
-        done = read_manifest(model)
-        raise TargetError(f"{model} is a compiled artifact (already legalized for --target "
-                          f"{done.get('target')}): compile its source model "
-                          f"{(done.get('source') or {}).get('model', '')!s} instead")
+    trained = _trained_artifact(model, mode, checkpoint, meta)
     if pipeline and pipeline.strip().endswith((".yaml", ".yml")) and quant_text:
         raise ErnieIRError("--pipeline FILE.yaml cannot be combined with --quant/--quant-config/--lora-* "
                            "flags: put those passes in the YAML file")
 
-    graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
+    if trained is None:
+        graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
+    else:
+        graph = load_trained(model, checkpoint)
+        quant_text = _trained_pipeline(model, graph, quant, quant_config, quant_text)
     # Hashing the source (every file of a checkpoint folder) runs on the other core while the
     # passes run and the rank weights are written; the manifest, written last, waits for it.
     hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ernie-ir-source-sha256")
@@ -377,11 +394,14 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         extra["onnx_numerics"] = numerics
     if kv_cache_dtype is not None:
         extra["kv_cache_dtype"] = kv_cache_dtype
+    if lora_adapter is not None:
+        extra["lora_adapter"] = adapter_provenance(lora_adapter, merged=merge_lora)
     path = write_artifact(ranked.global_graph if len(ranks) > 1 else first, dest, target=tgt, mode=mode,
                           pipeline=str(resolved), source=source.result, force=force,
                           extra=extra,
                           emitters=emitters, progress=progress, ranks=ranks, mapping=mapping,
-                          tokenizer=_tokenizer_writer(model, "onnxruntime" in emitters,
+                          tokenizer=_tokenizer_writer(_tokenizer_source(model, trained),
+                                                      "onnxruntime" in emitters,
                                                       "fastdeploy" in written, warnings)
                           if emit_names else None)
     return CompileReport(
@@ -391,6 +411,61 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         warnings=warnings, cuda_arch=arch, parallel=mapping.describe() if not mapping.is_single else "",
         onnx_numerics=numerics, emit=written,
     )
+
+
+def _trained_artifact(model: str, mode: str, checkpoint: str | None, meta: bool) -> dict[str, Any] | None:
+    """The manifest of MODEL when it is a training artifact to compile from a checkpoint, else
+    None; refuses (one line) any other artifact and the options that do not apply."""
+    if not (Path(model) / "manifest.json").is_file():
+        if checkpoint is not None:
+            raise TargetError(f"--checkpoint picks a checkpoint of a training artifact, and {model} is not "
+                              "one: drop --checkpoint")
+        return None
+    from .artifact import read_manifest
+
+    done = read_manifest(model)
+    if done.get("mode") != "training":
+        raise TargetError(f"{model} is a compiled artifact (already legalized for --target "
+                          f"{done.get('target')}): compile its source model "
+                          f"{(done.get('source') or {}).get('model', '')!s} instead")
+    if mode != "inference":
+        raise TargetError(f"{model} is a training artifact: compile it with --mode inference (the default) "
+                          f"to serve what it learned, or train it further with `ernie-ir train {model}`")
+    if meta:
+        raise TargetError(f"--meta reads a checkpoint folder's config.json; {model} is a training "
+                          "artifact: drop --meta")
+    return done
+
+
+def _trained_pipeline(model: str, graph: Graph, quant: str | None, quant_config: Path | None,
+                      quant_text: str) -> str:
+    """The quant/LoRA pipeline text for a trained graph: a QAT one is converted to int8 first
+    (`qat-convert`, PaddleSlim's convert step: the learned scales), and takes no --quant."""
+    if "qat" not in graph_properties(graph):
+        return quant_text
+    if quant is not None or quant_config is not None:
+        raise TargetError(f"{model} was trained with QAT: compile converts it to int8 weights with its "
+                          "learned scales by itself (qat-convert); drop --quant/--quant-config "
+                          "(--disable-pass qat-convert keeps the fake-quantized graph)")
+    return ",".join(["qat-convert", *([quant_text] if quant_text else [])])
+
+
+def _tokenizer_source(model: str, trained: dict[str, Any] | None) -> str:
+    """Where the model's tokenizer files are: MODEL itself, or a training artifact's copy."""
+    folder = (trained or {}).get("tokenizer")
+    if trained is None or not isinstance(folder, str):
+        return model
+    return str(Path(model) / folder)
+
+
+def adapter_provenance(adapter: str | Path, *, merged: bool) -> dict[str, Any]:
+    """What a manifest records of an imported LoRA adapter: its folder (a training checkpoint
+    folder's `adapter/`), the sha256 of each of its files (as of the source model's) and whether
+    it was merged into the base weights."""
+    folder = adapter_folder(adapter)
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return {"path": str(folder), "merged": merged,
+            "files": {p.relative_to(folder).as_posix(): source_sha256(p) for p in files}}
 
 
 def check_kv_cache_dtype(text: str, mode: str) -> str:

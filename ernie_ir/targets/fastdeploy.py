@@ -25,6 +25,17 @@ unquantized model (FastDeploy serves the source checkpoint itself).
 each rank's tensors dequantized to float32 in the IR's logical layout, and
 `merge_ranks` joins them into the published (unsharded) layout, following the
 cuts FastDeploy's split functions make (REFERENCE.md section 5).
+
+The unquantized form of the same folder is the published checkpoint itself
+(what FastDeploy serves quantizing and splitting at load, and what `ernie-ir
+export` writes, e.g. a model with its LoRA adapter merged): `config.json`
+without `quantization_config`, `model.safetensors` in the published Paddle
+layout (`ernie.` keys, weights [in, out], fused qkv [Q | K | V] and up_gate
+[gate | up], one key per routed expert, the router and correction bias fp32,
+every tensor in its own dtype) and the tokenizer files. `published_tensors`
+names a float graph's params that way and `write_checkpoint_files` writes
+the folder; `write_float_checkpoint` writes a FastDeploy folder read back
+the same way.
 """
 
 from __future__ import annotations
@@ -33,7 +44,8 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +56,7 @@ import numpy as np
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping
 from ernie_ir.ir.storage import WEIGHTS_FILE
+from ernie_ir.ir.weights import WeightSource
 from ernie_ir.ops.cuda_layout import DEFAULT_CUDA_ARCH, unpack
 
 from .capabilities import HardwareTarget
@@ -143,19 +156,26 @@ def write_fastdeploy(root: Path, ranks: Sequence[Graph], config: dict[str, Any],
     cfg["ernie_ir"] = {"format": "fastdeploy-prequantized", "cuda_arch": arch,
                        "tensor_parallel_size": len(ranks)}
     (root / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    written = [CONFIG]
-    if source_folder is not None and source_folder.is_dir():
-        for name in TOKENIZER_FILES:
-            f = source_folder / name
-            if f.is_file():
-                shutil.copyfile(f, root / name)
-                written.append(name)
+    written = [CONFIG, *copy_tokenizer_files(source_folder, root)]
     for r in range(len(ranks)):
         link = root / f"rank{r}" / FD_WEIGHTS
         if not (root / f"rank{r}" / WEIGHTS_FILE).is_file():
             raise FastDeployError(f"rank{r}/{WEIGHTS_FILE} is missing: no weights to serve")
         os.symlink(WEIGHTS_FILE, link)
         written.append(f"rank{r}/{FD_WEIGHTS}")
+    return written
+
+
+def copy_tokenizer_files(source_folder: Path | None, root: Path) -> list[str]:
+    """Copy the tokenizer files (TOKENIZER_FILES) of `source_folder` into `root`, as they are;
+    returns their names ([] without a source folder)."""
+    written: list[str] = []
+    if source_folder is not None and source_folder.is_dir():
+        for name in TOKENIZER_FILES:
+            f = source_folder / name
+            if f.is_file():
+                shutil.copyfile(f, root / name)
+                written.append(name)
     return written
 
 
@@ -324,11 +344,92 @@ def write_float_checkpoint(ckpt: FastDeployCheckpoint, out: str | os.PathLike[st
     """A checkpoint folder (config.json without quantization_config + model.safetensors in the
     published layout: dequantized linears float32, the rest as stored) of the merged weights:
     `ernie-ir run OUT` runs it."""
-    from ernie_ir.ir.weights import write_safetensors
-
     dest = Path(out)
     dest.mkdir(parents=True, exist_ok=True)
-    cfg = {k: v for k, v in ckpt.config.items() if k not in ("quantization_config", "ernie_ir")}
-    (dest / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    write_safetensors(dest / FD_WEIGHTS, merge_ranks(ckpt).items())
+    write_checkpoint_files(dest, ckpt.config, merge_ranks(ckpt).items())
     return dest
+
+
+# -- the published float checkpoint of a graph -----------------------------------------------------
+
+_STACKED_EXPERTS = re.compile(r"(?P<head>.+\.mlp\.experts)\.(?P<tail>(up_gate|down)_proj\.weight)$")
+_PUBLISHED_SUFFIXES = (".weight", ".bias", ".e_score_correction_bias")
+
+
+class _StackSlice(WeightSource):
+    """Expert `index` of a stacked [E, ...] source. The E slices of one stack share one read of it
+    (a merged stack is computed once, not once per expert), dropped when the last slice is read."""
+
+    def __init__(self, shared: _SharedStack, index: int) -> None:
+        self.shared, self.index = shared, index
+        self.dtype = shared.source.dtype
+        self.shape = tuple(shared.source.shape[1:])
+
+    def read(self) -> np.ndarray:
+        return self.shared.take(self.index)
+
+    def describe(self) -> str:
+        return f"expert {self.index} of {self.shared.source.describe()}"
+
+
+class _SharedStack:
+    def __init__(self, source: WeightSource) -> None:
+        self.source = source
+        self.left = set(range(source.shape[0]))
+        self.array: np.ndarray | None = None
+        self.lock = threading.Lock()
+
+    def take(self, index: int) -> np.ndarray:
+        with self.lock:
+            array = self.array if self.array is not None else np.asarray(self.source.read())
+            self.left.discard(index)
+            self.array = array if self.left else None
+            return np.array(array[index])
+
+
+def published_tensors(graph: Graph) -> list[tuple[str, WeightSource]]:
+    """(key, source) of every param of a float ERNIE 4.5 graph in the published Paddle layout:
+    the graph's own names and [in, out] layout, routed experts' stacks [E, in, out] unstacked into
+    one key per expert (`...mlp.experts.{e}.up_gate_proj.weight`); tensors keep their dtype.
+    FastDeployError (one line) for another model family, a graph without weights, or params the
+    published checkpoint has no key for (quantized weights and scales, LoRA adapters, QAT or FP8
+    state)."""
+    if graph.metadata.get("architecture") not in (*ARCHITECTURES, "Ernie4_5ForCausalLM"):  # + paddleformers'
+        raise FastDeployError(f"{graph.metadata.get('architecture') or 'the model'} is not ERNIE 4.5 "
+                              f"({' or '.join(ARCHITECTURES)}): the published checkpoint layout is "
+                              "written for ERNIE 4.5 only")
+    out: list[tuple[str, WeightSource]] = []
+    for name, p in graph.params.items():
+        if p.source is None:
+            raise FastDeployError(f"{name} has no weights (a meta model): give a model with weights")
+        lora = name.endswith((".lora_A", ".lora_B"))
+        if lora or not name.endswith(_PUBLISHED_SUFFIXES) or p.type.dtype.name not in ("F32", "BF16", "F16"):
+            why = ("a LoRA adapter: merge it (--lora-adapter DIR --merge-lora, or lora-merge)" if lora
+                   else "a quantized, QAT or FP8 param: give the float model (no --quant)")
+            raise FastDeployError(f"{name} is not a weight of the published float checkpoint ({why})")
+        m = _STACKED_EXPERTS.match(name)
+        if m is not None and len(p.source.shape) == 3:
+            shared = _SharedStack(p.source)
+            out += [(f"{m['head']}.{e}.{m['tail']}", _StackSlice(shared, e))
+                    for e in range(p.source.shape[0])]
+        else:
+            out.append((name, p.source))
+    return out
+
+
+def write_checkpoint_files(dest: Path, config: dict[str, Any],
+                           tensors: Iterable[tuple[str, WeightSource | np.ndarray]],
+                           source_folder: Path | None = None,
+                           on_tensor: Callable[[str, int, int], None] | None = None) -> dict[str, str]:
+    """Write a published checkpoint into the folder `dest`: config.json (`config` without
+    `quantization_config` and `ernie_ir`), model.safetensors (`tensors` in order; NaN/Inf refused,
+    naming the tensor) and the tokenizer files of `source_folder`. Returns {file: sha256} of the
+    config and weights."""
+    from ernie_ir.ir.storage import sha256_file
+    from ernie_ir.ir.weights import write_safetensors
+
+    cfg = {k: v for k, v in config.items() if k not in ("quantization_config", "ernie_ir")}
+    (dest / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    digest = write_safetensors(dest / FD_WEIGHTS, tensors, on_tensor=on_tensor, require_finite=True)
+    copy_tokenizer_files(source_folder, dest)
+    return {CONFIG: sha256_file(dest / CONFIG), FD_WEIGHTS: digest}

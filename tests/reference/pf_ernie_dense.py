@@ -14,6 +14,9 @@ tie_word_embeddings [false], rope_theta [500000.0], rms_norm_eps [1e-5],
 seed [0], input_ids [seeded random 2 x 7], save_memory_state [true],
 generate [absent]: ``{"prompts": [[ids], ...], "max_new_tokens": 8}``.
 labels_loss [false]: also write ``loss.json``, the library's own ``labels=`` loss of ``input_ids``.
+load_from [absent]: a checkpoint folder to load with ``from_pretrained`` instead of building a
+random model (``load_checkpoint``); only ``input_ids``, ``seed``, ``labels_loss`` and
+``generate`` then apply, and ``ckpt/`` and ``memory_state.safetensors`` are not written.
 
 Every parameter is overwritten with seeded numpy values (see
 ``_refcommon.random_param``; RMSNorm weights are 1 + 0.1 N(0,1), not ones) so
@@ -36,6 +39,7 @@ Writes into OUT_DIR:
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import _refcommon as rc
@@ -116,9 +120,74 @@ def generate(model: Any, g: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[
     return records, how
 
 
+def load_checkpoint(folder: Path, out: Path) -> tuple[Any, dict[str, Any]]:
+    """``Ernie4_5ForCausalLM.from_pretrained`` of (a copy of) ``folder``, float32 on CPU; (model, meta).
+
+    An HF-layout folder (``model.`` keys, q/k/v split, [out, in]: what ``save_pretrained`` writes)
+    goes through the default loader (flex_checkpoint, whose conversion rules read that layout).
+    The published Paddle layout (``ernie.`` keys, fused, [in, out]) is loaded with paddleformers'
+    name-matching loader (``load_checkpoint_format`` other than flex_checkpoint,
+    ``convert_from_hf=False``) with ``key_mapping={"^ernie\\.": ""}`` (keys relative to the base
+    model). That loader maps names only, so it holds the file's tensors as they are, and the
+    published layout equals paddleformers' in-memory one only where REFERENCE.md 1.2 says so:
+    qkv is per KV group in memory (equal to plain [Q | K | V] for nkv == 1 or nkv == heads) and
+    lm_head is [V, H] in memory ([H, V] in the file): other GQA or untied checkpoints exit 1.
+    After loading, every tensor of the model must equal the file's (exit 1 naming the first
+    that does not), so a silently re-initialised weight cannot pass.
+    """
+    import shutil
+
+    from paddleformers.transformers import Ernie4_5Config, Ernie4_5ForCausalLM
+    from safetensors.numpy import load_file
+
+    ckpt = out / "loaded_ckpt"  # from_pretrained writes flex-ckpt metadata into the folder it loads
+    if ckpt.exists():
+        shutil.rmtree(ckpt)
+    shutil.copytree(folder, ckpt)
+    files: dict[str, np.ndarray] = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        files.update(load_file(str(f)))
+    cfg = Ernie4_5Config.from_pretrained(str(ckpt))
+    cfg.fuse_rms_norm = False  # the fused kernel is GPU-only
+    paddle_layout = any(k.startswith("ernie.") for k in files)
+    if paddle_layout:
+        nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
+        if nkv not in (1, nh):
+            raise SystemExit(f"{folder}: Paddle layout with {nkv} of {nh} kv heads: paddleformers holds qkv "
+                             "per KV group, the file plain [Q | K | V]; its name-only loader cannot load it")
+        if "lm_head.weight" in files:
+            raise SystemExit(f"{folder}: untied Paddle layout: lm_head.weight is [H, V] in the file and "
+                             "[V, H] in paddleformers' memory; its name-only loader cannot load it")
+        how = ("from_pretrained(dir, config=cfg(fuse_rms_norm=False), dtype='float32', "
+               "load_checkpoint_format='safetensors', convert_from_hf=False, key_mapping={'^ernie\\.': ''})")
+        model = Ernie4_5ForCausalLM.from_pretrained(str(ckpt), config=cfg, dtype="float32",
+                                                    load_checkpoint_format="safetensors",
+                                                    convert_from_hf=False, key_mapping={"^ernie\\.": ""})
+        state = {k: v.numpy() for k, v in model.state_dict().items()}
+        wanted = {"model." + k[len("ernie."):] if k.startswith("ernie.") else k: v for k, v in files.items()}
+        if cfg.tie_word_embeddings:
+            wanted["lm_head.weight"] = wanted["model.embed_tokens.weight"]
+        if set(state) != set(wanted):
+            raise SystemExit(f"{folder}: the model's tensors {sorted(set(state) ^ set(wanted))[:4]} have no "
+                             "file tensor (or the other way round)")
+        for k, v in sorted(wanted.items()):
+            if state[k].shape != v.shape or not np.array_equal(state[k], v.astype(np.float32)):
+                raise SystemExit(f"{folder}: after loading, {k} differs from the file's tensor")
+    else:
+        how = "from_pretrained(dir, config=cfg(fuse_rms_norm=False), dtype='float32')"
+        model = Ernie4_5ForCausalLM.from_pretrained(str(ckpt), config=cfg, dtype="float32")
+    model.eval()
+    meta = {"loaded_from": str(folder), "layout": "paddle" if paddle_layout else "hf", "load_call": how,
+            "file_keys": {k: [list(v.shape), str(v.dtype)] for k, v in sorted(files.items())},
+            "state_equal_file": paddle_layout or None}
+    return model, meta
+
+
 def main() -> None:
     rc.quiet_env()
     spec, out = rc.parse_args()
+    if spec.get("load_from"):
+        return main_loaded(spec, out)
     p = {**DEFAULTS, **{k: v for k, v in spec.items() if k in DEFAULTS}}
     timer = rc.Timer()
 
@@ -212,6 +281,39 @@ def main() -> None:
             "timing_s": timer.laps,
         },
     )
+
+
+def main_loaded(spec: dict[str, Any], out: Path) -> None:
+    """``load_from``: logits (and loss, generation) of a checkpoint folder as paddleformers loads it."""
+    timer = rc.Timer()
+    import paddle
+    import paddleformers
+
+    timer.lap("import")
+    paddle.set_device("cpu")
+    paddle.seed(int(spec.get("seed", 0)))
+    model, meta = load_checkpoint(Path(spec["load_from"]), out)
+    timer.lap("load")
+    ids = rc.token_ids(spec, model.config.vocab_size, int(spec.get("seed", 0)))
+    with paddle.no_grad():
+        logits = model(paddle.to_tensor(ids)).logits.astype("float32").numpy()
+    rc.check_finite("logits", logits)
+    np.save(out / "input_ids.npy", ids)
+    np.save(out / "logits.npy", logits)
+    if spec.get("labels_loss"):
+        with paddle.no_grad():
+            loss = model(input_ids=paddle.to_tensor(ids[:, :-1]), labels=paddle.to_tensor(ids[:, 1:])).loss
+        (out / "loss.json").write_text(json.dumps({"loss": float(loss),
+                                                   "call": "model(input_ids=x[:, :-1], labels=x[:, 1:])"}))
+    timer.lap("forward")
+    g = rc.generate_spec(spec, ids, model.config.vocab_size)
+    if g is not None:
+        records, how = generate(model, g)
+        rc.write_generated(out, records, {**how, "library": f"paddleformers {paddleformers.__version__}"})
+        timer.lap("generate")
+    rc.write_meta(out, {"library": {"paddle": paddle.__version__, "paddleformers": paddleformers.__version__},
+                        **meta, "input_shape": list(ids.shape), "logits_shape": list(logits.shape),
+                        "timing_s": timer.laps})
 
 
 if __name__ == "__main__":

@@ -26,7 +26,11 @@ run pf pf_ernie_dense.py '{"num_key_value_heads": 4}'
 run pf pf_ernie_dense.py '{"tie_word_embeddings": true}'
 run pf pf_ernie_dense.py '{"hidden_size": 48, "num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 16}'
 run pf pf_lora.py '{}'
+LORA="$tmp/$i"  # its base/ and adapter/ (paddleformers' own save) for pf_lora_load.py below
 run pf pf_lora.py '{"num_key_value_heads": 4, "r": 8, "lora_alpha": 16}'
+run pf pf_lora_load.py '{}'
+run pf pf_lora_load.py '{"model": "moe"}'
+run pf pf_lora_load.py "{\"base\": \"$LORA/base\", \"adapter\": \"$LORA/adapter\"}"
 run pf pf_quant.py '{}'
 run hf hf_ernie_dense.py '{}'
 run hf hf_ernie_dense.py '{"num_key_value_heads": 4, "tie_word_embeddings": true}'

@@ -33,6 +33,9 @@ from .insert import LoraError
 class LoraMergeOptions(PassOptions):
     dequantize: bool = False
     """Merge into quantized bases by dequantizing them first (they become float linears)."""
+    require: bool = False
+    """Refuse a graph with no adapter to merge (what `--merge-lora` without `--lora-adapter` asks
+    for); without it such a graph is left as it is."""
 
 
 class MergedSource(WeightSource):
@@ -127,6 +130,9 @@ class LoraMerge(Pass):
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         opts: LoraMergeOptions = self.options  # type: ignore[assignment]
+        if opts.require and not any(n.op in ("lora", "moe_experts_lora") for n in graph):
+            raise LoraError("lora-merge: the model has no LoRA adapter to merge: give the trained adapter "
+                            "with --lora-adapter DIR (or lora-import before lora-merge)")
         if not opts.dequantize:  # refuse before touching anything
             for node in graph:
                 if node.op == "lora" and node.inputs[0] is not None and node.inputs[0].producer is not None \

@@ -6,6 +6,9 @@ everything it can without a model (preset names, aliases, the YAML file,
 flag combinations) and raises `QuantFlagError` (one line) otherwise. The
 result is ordinary pipeline text: quantization first, then LoRA, so LoRA
 over a quantized base (WINT8MIX LoRA) is `--quant wint8mix --lora-rank 8`.
+With `--merge-lora` the order turns round: the adapter is imported and folded
+into the float base weights first, then the sum is quantized (ERNIEKit's
+export before FastDeploy): `lora-import{path},lora-merge,<quant passes>`.
 
     pipeline_for("wint8mix", None, 8, None, None, None)
         == 'wint8mix,lora{rank=8}'
@@ -13,6 +16,8 @@ over a quantized base (WINT8MIX LoRA) is `--quant wint8mix --lora-rank 8`.
         == 'wint8mix'
     pipeline_for(None, Path("q.yaml"), None, None, None, None)
         == 'quant-annotate{config="q.yaml"},weight-only-quant'
+    pipeline_for("wint8mix", None, None, None, None, Path("ad"), merge_lora=True)
+        == 'lora-import{path="ad"},lora-merge,wint8mix'
 """
 
 from __future__ import annotations
@@ -49,17 +54,40 @@ def quant_pipeline(quant: str | None, quant_config: Path | None) -> list[str]:
     return []
 
 
+ADAPTER_CONFIG = "lora_config.json"
+ADAPTER_SUBFOLDER = "adapter"
+"""A training checkpoint folder (`run-K-step-N/`) holds its adapter in this subfolder."""
+
+
+def adapter_folder(path: str | Path) -> Path:
+    """The adapter folder `path` names: `path` itself when it holds lora_config.json, else
+    `path/adapter` when that does (a training checkpoint folder), else `path` (unchanged, for the
+    caller's error)."""
+    folder = Path(path)
+    if not (folder / ADAPTER_CONFIG).is_file() and (folder / ADAPTER_SUBFOLDER / ADAPTER_CONFIG).is_file():
+        return folder / ADAPTER_SUBFOLDER
+    return folder
+
+
 def lora_pipeline(lora_rank: int | None, lora_alpha: float | None, lora_targets: Sequence[str] | None,
-                  lora_adapter: Path | None) -> list[str]:
-    """Pipeline elements for the LoRA flags."""
+                  lora_adapter: Path | None, merge_lora: bool = False) -> list[str]:
+    """Pipeline elements for the LoRA flags (`merge_lora`: fold the adapter into the base:
+    `lora-import{path},lora-merge`, or `lora-merge{require=true}` for the model's own adapters)."""
     if lora_adapter is not None:
         if lora_rank is not None or lora_alpha is not None or lora_targets:
             raise QuantFlagError("--lora-adapter imports a trained adapter with its own rank, alpha and "
                                  "targets; do not combine it with --lora-rank/--lora-alpha/--lora-targets")
-        if not (Path(lora_adapter) / "lora_config.json").is_file():
+        folder = adapter_folder(lora_adapter)
+        if not (folder / ADAPTER_CONFIG).is_file():
             raise QuantFlagError(f"--lora-adapter {lora_adapter}: not a LoRA adapter folder "
-                                 "(no lora_config.json)")
-        return [f"lora-import{{path={json.dumps(str(lora_adapter))}}}"]
+                                 f"(no {ADAPTER_CONFIG}, in it or in its {ADAPTER_SUBFOLDER}/ subfolder)")
+        return [f"lora-import{{path={json.dumps(str(folder))}}}", *(["lora-merge"] if merge_lora else [])]
+    if merge_lora:
+        if lora_rank is not None or lora_alpha is not None or lora_targets:
+            raise QuantFlagError("--merge-lora folds a trained adapter into the base weights, but "
+                                 "--lora-rank/--lora-alpha/--lora-targets add a fresh one whose B is zero "
+                                 "(nothing to merge): give --lora-adapter DIR instead")
+        return ["lora-merge{require=true}"]
     if lora_rank is None:
         if lora_alpha is not None or lora_targets:
             raise QuantFlagError("--lora-alpha and --lora-targets need --lora-rank R")
@@ -83,14 +111,17 @@ def lora_pipeline(lora_rank: int | None, lora_alpha: float | None, lora_targets:
 
 def pipeline_for(quant: str | None, quant_config: Path | None, lora_rank: int | None,
                  lora_alpha: float | None, lora_targets: Sequence[str] | None,
-                 lora_adapter: Path | None) -> str:
+                 lora_adapter: Path | None, merge_lora: bool = False) -> str:
     """Pipeline text for the CLI's quantization and LoRA flags ("" when none is given).
 
     quant: a preset (wint8, wint4, wint8mix, wint8mix-erniekit, qat-int8, fp8), an alias
     (ERNIEKit compute_type `wint4/8`; FastDeploy `mix_quant`, `tensor_wise_fp8`, ...) or
     none. quant_config: a YAML quant-config file. lora_targets: regexes (full match) or
-    `glob:` patterns; a CLI passes `--lora-targets a,b` split on commas.
+    `glob:` patterns; a CLI passes `--lora-targets a,b` split on commas. lora_adapter: an
+    adapter folder, or a folder holding one in `adapter/` (a training checkpoint).
+    merge_lora: fold the adapter (or the model's own adapters) into the float base weights
+    before quantizing: LoRA first, then quantization.
     """
-    parts = quant_pipeline(quant, quant_config) + lora_pipeline(lora_rank, lora_alpha, lora_targets,
-                                                                lora_adapter)
-    return ",".join(parts)
+    quant_parts = quant_pipeline(quant, quant_config)
+    lora_parts = lora_pipeline(lora_rank, lora_alpha, lora_targets, lora_adapter, merge_lora)
+    return ",".join(lora_parts + quant_parts if merge_lora else quant_parts + lora_parts)

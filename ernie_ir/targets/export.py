@@ -1,0 +1,180 @@
+"""`export_checkpoint`: a MODEL as a published float checkpoint folder (the library behind
+`ernie-ir export`), its LoRA adapter merged: what ERNIEKit's export hands to FastDeploy.
+
+    ernie-ir export BASE --lora-adapter DIR --out merged/
+    ernie-ir compile merged/ --target cuda --quant wint8mix --tp 2      # or serve merged/ itself
+
+The folder is the published Paddle layout of ERNIE 4.5 (`fastdeploy.published_tensors`,
+`fastdeploy.write_checkpoint_files`: one writer for this format): `config.json` (the source's,
+without `quantization_config`), `model.safetensors` (`ernie.` keys, weights [in, out], one key per
+routed expert, every tensor in the model's own dtype: bf16 stays bf16) and the source's tokenizer
+files, plus `ernie_ir_export.json` (where it came from: source model and sha256, pipeline, the
+adapter's files and sha256). The multi-token-prediction head (`ernie.mtp_*`) is not part of the
+graph and is not written; config.json says so (`num_nextn_predict_layers: 0`). FastDeploy serves
+it (quantizing and splitting at load), paddleformers loads it, and `ernie-ir compile` /
+`load_input` read it back bit for bit.
+
+The adapter is merged as `lora-merge` does (`W' = dtype(f32(W) + (f32(A) @ f32(B)) * scale)`,
+one rounding to the weight's dtype), before anything else: no quantization, no split. A model
+whose graph already holds adapters (a graph folder made with the `lora` pass) has them merged.
+The folder is written atomically (a failure leaves nothing behind) and replaces an existing one
+only with `force`, and only a folder this function wrote (or an empty one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ernie_ir.artifacts.manifest import read_manifest
+from ernie_ir.artifacts.publish import artifact_lock
+from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.ir.storage import replace_folder
+from ernie_ir.load import load_input
+from ernie_ir.passes.infra.base import graph_properties
+from ernie_ir.passes.infra.pipeline import load_pipeline
+from ernie_ir.passes.quant.cli_flags import pipeline_for
+
+from .compile import adapter_provenance, params_by_dtype, source_info
+from .fastdeploy import published_tensors, source_config, write_checkpoint_files
+from .registry import TargetError
+
+EXPORT_RECORD = "ernie_ir_export.json"
+EXPORT_FORMAT = "ernie-ir-export"
+"""`format` of EXPORT_RECORD: marks a folder `--force` may replace."""
+
+
+@dataclass
+class ExportReport:
+    """What `export_checkpoint` wrote. `params`: dtype -> {"count", "bytes"} of the graph written."""
+
+    model: str
+    out: str
+    pipeline: str
+    tensors: int
+    params: dict[str, dict[str, int]]
+    lora_adapter: str | None
+    merged: int
+    """How many adapted layers (linears or expert stacks) were merged."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def export_checkpoint(model: str, out: str | os.PathLike[str], *, lora_adapter: str | Path | None = None,
+                      pipeline: str | None = None, force: bool = False, trust_pickle: bool = False,
+                      progress: Callable[[str, int, int], None] | None = None) -> ExportReport:
+    """Write `model` (its adapter `lora_adapter` merged, after `pipeline`) to the folder `out` as a
+    published float checkpoint (see the module docstring). Every bad input raises an ErnieIRError
+    subclass with one line, before any file is written. `progress(stage, done, total)` reports
+    the tensors written."""
+    dest = check_export_out(out, force)
+    if (Path(model) / "manifest.json").is_file():
+        raise TargetError(f"{model} is an artifact, not a model: export its source model, with "
+                          "--lora-adapter naming the adapter (a training run's checkpoint folder holds "
+                          "it in adapter/)")
+    lora_text = pipeline_for(None, None, None, None, None, Path(lora_adapter), merge_lora=True) \
+        if lora_adapter is not None else ""
+    graph = load_input(model, trust_pickle=trust_pickle)
+    parts = [pipeline] if pipeline else []
+    if lora_text:
+        parts.append(lora_text)
+    elif _has_lora(graph):
+        parts.append("lora-merge")
+    text = ",".join(parts)
+    merged = 0
+    if text:
+        resolved = load_pipeline(text, initial=graph_properties(graph))
+        split = next((p for p in resolved if p.fans_out), None)
+        if split is not None:
+            raise TargetError(f"--pipeline holds {split.spec()}: export writes the whole model (FastDeploy "
+                              "and compile split it themselves); drop it")
+        from ernie_ir.passes import run_pipeline
+        from ernie_ir.runtime import Interpreter
+
+        result = run_pipeline(graph, resolved, evaluator=Interpreter)
+        merged = sum(counts.get("merged", 0) for key, counts in result.stats.items()
+                     if key.endswith(":lora-merge"))
+        text = str(resolved)
+    if _has_lora(graph):
+        raise TargetError("the model still holds LoRA adapters after --pipeline (a pass after the merge "
+                          "added them): the published checkpoint has no adapters")
+    tensors = published_tensors(graph)  # refuses quantized, QAT, FP8 and meta graphs before writing
+    config = source_config(model, graph)
+    if "num_nextn_predict_layers" in config or "moe_num_experts" in config:
+        config = {**config, "num_nextn_predict_layers": 0}  # the graph has no MTP head: none is written
+    source = source_info(model, graph)
+    folder = Path(model) if Path(model).is_dir() else None
+    record: dict[str, Any] = {
+        "format": EXPORT_FORMAT, "format_version": 1, "ernie_ir_version": _version(), "source": source,
+        "pipeline": text,
+        "lora_adapter": adapter_provenance(lora_adapter, merged=True) if lora_adapter is not None else None,
+    }
+
+    def on_tensor(_name: str, done: int, total: int) -> None:
+        if progress is not None:
+            progress("weights", done, total)
+
+    def fill(tmp: Path) -> None:
+        record["files"] = write_checkpoint_files(tmp, config, tensors, folder, on_tensor)
+        (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+    with artifact_lock(dest, parents=True):  # one writer at a time, as for an artifact
+        check_export_out(dest, force)  # again, under the lock: what is there now
+        replace_folder(dest, fill)
+    return ExportReport(model=model, out=str(dest), pipeline=text, tensors=len(tensors),
+                        params=params_by_dtype(graph),
+                        lora_adapter=(record["lora_adapter"] or {}).get("path"), merged=merged)
+
+
+def check_export_out(out: str | os.PathLike[str], force: bool) -> Path:
+    """The export destination, or TargetError (one line) when it may not be written: an existing
+    path without `force`; with `force`, anything but an empty folder or one that
+    `export_checkpoint` wrote (`ernie_ir_export.json`); the current folder or one above it; a
+    folder inside an artifact."""
+    dest = Path(out)
+    real, cwd = dest.resolve(), Path.cwd().resolve()
+    if real == cwd or real in cwd.parents or not dest.name or dest.name == "..":
+        raise TargetError(f"--out {out} is the current folder or one above it: name a new folder for the "
+                          "checkpoint, e.g. --out exported/model")
+    for parent in real.parents:
+        if (parent / "manifest.json").is_file():
+            try:
+                read_manifest(parent)
+            except ErnieIRError:
+                continue  # someone else's manifest.json
+            raise TargetError(f"--out {out} is inside the artifact {parent} (it would add files to it and "
+                              "break its hashes): choose a folder outside it")
+    if not os.path.lexists(dest):
+        return dest
+    if not force:
+        raise TargetError(f"{dest} already exists: pass --force (force=True) to replace it")
+    if dest.is_symlink() or not dest.is_dir():
+        raise TargetError(f"{dest} is not a folder: --force replaces only a folder ernie-ir export wrote; "
+                          "choose another --out")
+    if any(dest.iterdir()) and not _is_export(dest):
+        raise TargetError(f"{dest} holds files but no {EXPORT_RECORD}, so ernie-ir export did not write it: "
+                          "--force replaces only such folders; choose another --out")
+    return dest
+
+
+def _is_export(folder: Path) -> bool:
+    try:
+        record = json.loads((folder / EXPORT_RECORD).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(record, dict) and record.get("format") == EXPORT_FORMAT
+
+
+def _has_lora(graph: Graph) -> bool:
+    return any(n.op in ("lora", "moe_experts_lora") for n in graph)
+
+
+def _version() -> str:
+    from ernie_ir import __version__
+
+    return __version__
