@@ -67,7 +67,8 @@ def main() -> None:
         keep = target != -100
         per_token = paddle.nn.functional.cross_entropy(
             logits[:, :-1].reshape([-1, v]), paddle.to_tensor(np.where(keep, target, 0)), reduction="none")
-        loss = paddle.sum(per_token.reshape([-1]) * paddle.to_tensor(keep.astype(np.float32))) / int(keep.sum())
+        mask = paddle.to_tensor(keep.astype(np.float32))
+        loss = paddle.sum(per_token.reshape([-1]) * mask) / int(keep.sum())
         loss.backward()
         opt.step()
         opt.clear_grad()

@@ -132,7 +132,8 @@ def main() -> None:
                 "ernie-ir tp 1": ours(folder, work, 1, data, args),
                 "ernie-ir tp 2 (2 gloo ranks)": ours(folder, work, 2, data, args)}
     ref_tps = tokens / statistics.median(runs["paddleformers"]["step_s"][args.warm:])
-    print(f"ERNIE 4.5 dense, {args.layers} layers, {size['params'] / 1e6:.1f} M params; LoRA rank {args.rank}; "
+    print(f"ERNIE 4.5 dense, {args.layers} layers, {size['params'] / 1e6:.1f} M params; "
+          f"LoRA rank {args.rank}; "
           f"batch {args.batch} x {args.seq}; {tokens} target tokens a step; {args.steps} steps, "
           f"{args.warm} untimed")
     print(f"{'run':30s} {'step s':>8s} {'tokens/s':>9s} {'xpf':>6s} {'loss@1':>9s} {'loss@last':>9s}")
