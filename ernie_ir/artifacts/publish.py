@@ -22,6 +22,8 @@ The protocol (what git does for its refs, what pip/uv do for installs):
 - **Files added to an artifact later** (training checkpoints, `publish_into`): written under a
   temp name, then, under the artifact's lock, renamed to the next free `run-K-...` name and listed
   in a manifest read afresh; two trainers never overwrite each other's checkpoint or entry.
+  `retire_published` removes older ones the same way round (`--save-total-limit`): renamed
+  to a temp name, unlisted, deleted, under the lock.
 
 `test_pause(stage)` is a test-only hook: with `ERNIE_IR_TEST_PAUSE_AT=stage` in the environment
 the writer sleeps `ERNIE_IR_TEST_PAUSE_S` seconds (default 30) at that named point, so the
@@ -41,6 +43,7 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +51,7 @@ from ernie_ir.ir.storage import folder_lock
 from ernie_ir.ir.storage import lock_holder as lock_holder  # re-exported: who holds a lock
 from ernie_ir.ir.storage import lock_path as lock_path
 
-from .manifest import MANIFEST, ArtifactError, read_manifest, record_files, show
+from .manifest import MANIFEST, ArtifactError, read_manifest, record_files, show, write_manifest
 
 PAUSE_ENV = "ERNIE_IR_TEST_PAUSE_AT"
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
@@ -258,6 +261,34 @@ def publish_into(root: Path, staged: Path, folder: Path, name: str,
     finally:
         if os.path.lexists(staged):
             _remove(staged)
+
+
+def retire_published(root: Path, folder: Path, keep: int,
+                     order: Callable[[str], tuple[int, ...] | None]) -> list[Path]:
+    """Of the entries of `folder` (inside the artifact `root`) that `order` ranks (a key; None:
+    not one of them), keep the `keep` with the largest keys and remove the others, under the
+    artifact's lock: each is first renamed to a temp name (that `clean_stale` removes should this
+    process die), then every manifest entry under it is dropped (the manifest rewritten
+    atomically), then it is deleted. Returns the paths removed, oldest first."""
+    with artifact_lock(root, wait_s=CHECKPOINT_WAIT_S, what="artifact"):
+        ranked = sorted((key, p) for p in folder.iterdir() if (key := order(p.name)) is not None)
+        old = [p for _, p in ranked[:max(0, len(ranked) - keep)]]
+        if not old:
+            return []
+        moved = []
+        for p in old:
+            tmp = temp_name(folder, p.name)
+            os.rename(p, tmp)
+            moved.append(tmp)
+        manifest = read_manifest(root)
+        for p in old:
+            prefix = p.relative_to(root).as_posix()
+            for name in [n for n in manifest["files"] if n == prefix or n.startswith(prefix + "/")]:
+                del manifest["files"][name]
+        write_manifest(root, manifest)
+        for tmp in moved:
+            _remove(tmp)
+        return old
 
 
 def test_pause(stage: str) -> None:

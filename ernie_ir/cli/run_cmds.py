@@ -17,6 +17,7 @@ from .common import (
     LoraAlphaOpt,
     LoraRankOpt,
     LoraTargetsOpt,
+    MergeLoraOpt,
     ModelArg,
     PipelineOpt,
     QuantConfigOpt,
@@ -139,6 +140,7 @@ def run(
     lora_alpha: LoraAlphaOpt = None,
     lora_targets: LoraTargetsOpt = None,
     lora_adapter: LoraAdapterOpt = None,
+    merge_lora: MergeLoraOpt = False,
     disable_pass: DisablePassOpt = None,
     stop_after: StopAfterOpt = None,
     trust_pickle: TrustOpt = False,
@@ -154,7 +156,7 @@ def run(
     from ernie_ir.runtime.compare import compare_logits
 
     pipeline = full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
-                              lora_adapter)
+                              lora_adapter, merge_lora)
     if (Path(model) / "manifest.json").is_file():
         from ernie_ir.targets import read_manifest, require_weights
 
@@ -237,7 +239,8 @@ def train(
         typer.Option("--config", help="YAML or JSON of training options (these names or ERNIEKit's: "
                      "learning_rate, per_device_train_batch_size, gradient_accumulation_steps, "
                      "max_grad_norm, weight_decay, adam_beta1/2, adam_epsilon, warmup_steps, "
-                     "lr_scheduler_type, seed); flags given override it."),
+                     "lr_scheduler_type, seed, save_steps, save_total_limit, eval_steps, "
+                     "resume_from_checkpoint); flags given override it."),
     ] = None,
     lr: Annotated[float | None, typer.Option("--lr", "--learning-rate",
                                              help="AdamW peak learning rate (recipe: 1e-3).")] = None,
@@ -267,6 +270,18 @@ def train(
         "--pad-id", help="Token that fills input_ids past a sequence's end (recipe: 0).")] = None,
     ignore_index: Annotated[int | None, typer.Option(
         "--ignore-index", help="Label of padded positions, skipped by the loss (recipe: -100).")] = None,
+    save_steps: Annotated[int | None, typer.Option(
+        "--save-steps", help="Write a checkpoint every N steps too (default: at the end only).")] = None,
+    save_total_limit: Annotated[int | None, typer.Option(
+        "--save-total-limit", help="Keep the artifact's newest N checkpoints, deleting older ones.")] = None,
+    eval_steps: Annotated[int | None, typer.Option(
+        "--eval-steps", help="Evaluate the loss on the evaluation data every N steps too.")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue from the artifact's newest checkpoint (optimizer, RNG, data position); "
+        "--steps is the run's total.")] = False,
+    resume_from: Annotated[str | None, typer.Option(
+        "--resume-from-checkpoint", "--resume-from",
+        help="Continue from this checkpoint folder (or its name, e.g. run-001-step-10).")] = None,
     progress: Annotated[bool | None, typer.Option(
         "--progress/--no-progress", help="Draw a progress bar on stderr (default: when it is a terminal).")
     ] = None,
@@ -275,30 +290,45 @@ def train(
 ) -> None:
     """Train the trainable params (LoRA, QAT) of a training artifact with AdamW on CPU
     (a multi-rank artifact: one paddle.distributed gloo process per rank). Every option
-    defaults to the artifact's recipe (training/train.json), then --config, then the flag."""
+    defaults to the artifact's recipe (training/train.json), then --config, then the flag.
+    Checkpoints go to ARTIFACT/training/checkpoints/run-K-step-N/ (at the end, every
+    --save-steps); --resume continues the newest as a new run, bit for bit."""
     import json
 
-    from ernie_ir.runtime.training import read_config, resolve_options, train_artifact
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.runtime.training import read_config, resolve_options, split_run_keys, train_artifact
 
     flags = {"lr": lr, "batch_size": batch_size, "grad_accum": grad_accum, "clip_norm": clip_norm,
              "weight_decay": weight_decay, "beta1": beta1, "beta2": beta2, "eps": eps,
              "warmup_steps": warmup_steps, "schedule": schedule, "seed": seed, "pad_id": pad_id,
-             "ignore_index": ignore_index}
-    options = {**(read_config(config) if config is not None else {}),
-               **{k: v for k, v in flags.items() if v is not None}}
+             "ignore_index": ignore_index, "save_steps": save_steps, "save_total_limit": save_total_limit,
+             "eval_steps": eval_steps}
+    given, config_resume = split_run_keys(read_config(config) if config is not None else {})
+    options = {**given, **{k: v for k, v in flags.items() if v is not None}}
     resolve_options({}, options)  # a bad value is refused before the artifact is read
+    if resume and resume_from is not None:
+        raise ErnieIRError("--resume continues the newest checkpoint, --resume-from-checkpoint a named one: "
+                           "give one of them")
+    start: str | bool | None = resume_from if resume_from is not None else (True if resume else config_resume)
     draw = err.is_terminal if progress is None else progress
     with _rank_log_on_error(), _train_progress(draw, steps) as on_progress:
-        losses = train_artifact(artifact, steps, data, options=options, on_progress=on_progress,
-                                timeout_s=timeout)
+        result = train_artifact(artifact, steps, data, options=options, on_progress=on_progress,
+                                timeout_s=timeout, resume=start)
     if json_out:
         from ernie_ir.runtime.training import read_training_artifact
 
         used = resolve_options(read_training_artifact(artifact)[1], options).model_dump()
-        print(json.dumps({"artifact": str(artifact), "steps": steps, "losses": losses, "options": used}))
+        print(json.dumps({"artifact": str(artifact), "steps": steps, "first_step": result.first_step,
+                          "losses": result.losses, "eval_losses": [list(e) for e in result.eval_losses],
+                          "checkpoints": [str(p) for p in result.checkpoints], "options": used}))
         return
-    for i, loss in enumerate(losses, 1):
+    evals = dict(result.eval_losses)
+    for i, loss in enumerate(result.losses, result.first_step):
         out.print(f"step {i:4d}  loss {loss:.6f}", markup=False)
+        if i in evals:
+            out.print(f"step {i:4d}  eval_loss {evals[i]:.6f}", markup=False)
+    for folder in result.checkpoints:
+        out.print(f"checkpoint {folder}", markup=False)
 
 
 @contextmanager

@@ -1,8 +1,9 @@
 """The files the launcher (launcher.py) and the rank worker (paddle_dist.py) both name.
 
 The launcher starts the rank worker as a file and reads what the ranks leave behind: the
-one-line error of a failing rank, and the staging folder of a checkpoint that a failed run
-must remove. Both sides take the names from here, so neither imports the other.
+one-line error of a failing rank, rank 0's training events (losses, evaluations, published
+checkpoints), and the staging folder of a checkpoint that a failed run must remove. Both
+sides take the names from here, so neither imports the other.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from typing import Any
 ERROR_FILE = "error.rank{rank}.txt"
 """Where a failing rank writes its one-line error (in $ERNIE_IR_WORKDIR), for the launcher."""
 CHECKPOINTS = Path("training") / "checkpoints"
+EVENT_EVAL = "eval"
+EVENT_CHECKPOINT = "checkpoint"
+"""Rank 0's lines in a training run's `--losses` file: one `{"step", "loss", "grad_norm"}` per
+step, and `{"event": "eval", "step", "loss"}` after an evaluation, `{"event": "checkpoint",
+"step", "path"}` once a checkpoint folder is published (the launcher calls on_checkpoint)."""
 
 
 def staging_dir(root: Path, master: str) -> Path:

@@ -2,7 +2,7 @@
 
     logits = run_distributed(Path("art"), ids, world=2)                    # 2 gloo processes
     result = generate_distributed(Path("art"), decoder_texts, prompts, DecodeOptions())
-    losses = train_distributed(Path("art"), 2, steps=3, batches=batches)
+    result = train_distributed(Path("art"), 2, steps=3, batches=batches)   # a TrainResult
 
 One `python -m paddle.distributed.launch` per call runs the rank worker
 (ernie_ir/runtime/paddle_dist.py) once per rank over gloo, with the rendezvous on a port
@@ -49,6 +49,7 @@ from .launch_files import (
     staging_dir,
     write_decode_request,
 )
+from .train_state import TrainResult
 
 RUN_TIMEOUT_S = 600.0
 TRAIN_TIMEOUT_S = 3600.0
@@ -314,56 +315,102 @@ def generate_distributed(artifact: Path, decoders: Sequence[str], prompts: list[
 def train_distributed(artifact: Path, world: int, steps: int, batches: list[tuple[np.ndarray, np.ndarray]],
                       *, options: Any = None, save: bool = True,
                       on_step: Callable[[int, float], Any] | None = None,
-                      timeout_s: float = TRAIN_TIMEOUT_S) -> list[float]:
-    """Train a multi-rank training artifact on `world` gloo processes; the loss of each step.
+                      eval_batches: list[tuple[np.ndarray, np.ndarray]] | None = None,
+                      resume: Path | None = None, start: int = 0,
+                      on_checkpoint: Callable[[Path], Any] | None = None,
+                      timeout_s: float = TRAIN_TIMEOUT_S) -> TrainResult:
+    """Train a multi-rank training artifact on `world` gloo processes; a TrainResult.
 
     Every rank takes `batches` (cycled) and the same `options` (a TrainOptions, or a dict of
-    its names; None: the recipe's). `on_step(step, loss)` is called as rank 0 reports
-    each step. With `save`, rank 0 writes `training/checkpoints/run-K-step-N/` (every rank's
-    trainable params and their merge to global names and shapes) and lists it in the manifest;
-    a failed run leaves no checkpoint.
+    its names; None: the recipe's), evaluates on `eval_batches` every eval_steps and at the end,
+    and with `resume` (a checkpoint folder; `start` its step) restores its state from it first.
+    `on_step(step, loss)` is called as rank 0 reports each step. With `save`, rank 0 writes
+    `training/checkpoints/run-K-step-N/` (every rank's trainable params, their merge to global
+    names and shapes, every rank's optimizer state, trainer_state.json) at the end and every
+    save_steps, and lists it in the manifest; as rank 0 reports each one, `on_checkpoint(folder)`
+    is called here, then the artifact's newest save_total_limit are kept (removed here, not by
+    the ranks, so the callback never races a removal). A failed run leaves no partial checkpoint.
     """
+    from .launch_files import EVENT_CHECKPOINT, EVENT_EVAL
+    from .train_state import checkpoint_order, prune_checkpoints
+
     _require_paddle()
     root = Path(artifact)
     workdir = Path(tempfile.mkdtemp(prefix="ernie-ir-dist-"))
     ranks: RankProcesses | None = None
+    values = dict(options if isinstance(options, dict) or options is None else options.model_dump())
+    keep = values.get("save_total_limit")
     try:
-        arrays = {}
-        for i, (ids, labels) in enumerate(batches):
-            arrays[f"ids{i}"], arrays[f"labels{i}"] = ids, labels
-        np.savez(workdir / "batches.npz", **arrays)
+        _save_batches(workdir / "batches.npz", batches)
         losses_file = workdir / "losses.jsonl"
         losses: list[float] = []
+        evals: list[tuple[int, float]] = []
+        published: list[Path] = []
+        handled: set[str] = set()
+        seen = 0
+
+        def unhandled(name: str) -> bool:
+            """A checkpoint of this run whose event is not read yet: rank 0 may publish several
+            before a poll reads them, and each must reach on_checkpoint before any removal."""
+            key, ours = checkpoint_order(name), checkpoint_order(published[0].name)
+            return key is not None and ours is not None and key[0] == ours[0] and name not in handled
         args = ["--steps", str(steps), "--batches", str(workdir / "batches.npz"),
                 "--losses", str(losses_file)]
         if options is not None:
-            values = options if isinstance(options, dict) else options.model_dump()
+            values["save_total_limit"] = None  # removed here, after on_checkpoint
             (workdir / "options.json").write_text(json.dumps(values), encoding="utf-8")
             args += ["--options", str(workdir / "options.json")]
+        if eval_batches is not None:
+            _save_batches(workdir / "eval.npz", eval_batches)
+            args += ["--eval-batches", str(workdir / "eval.npz")]
+        if resume is not None:
+            args += ["--resume", str(Path(resume).resolve())]
         if save:
             args.append("--save")
 
         def poll() -> None:
+            nonlocal seen
             if not losses_file.is_file():
                 return
             lines = losses_file.read_text(encoding="utf-8").splitlines(keepends=True)
-            for line in lines[len(losses):]:
+            for line in lines[seen:]:
                 if not line.endswith("\n"):
                     break  # rank 0 is still writing it
-                losses.append(float(json.loads(line)["loss"]))
-                if on_step is not None:
-                    on_step(len(losses), losses[-1])
+                seen += 1
+                record = json.loads(line)
+                kind = record.get("event")
+                if kind == EVENT_CHECKPOINT:
+                    folder = Path(record["path"])
+                    published.append(folder)
+                    if on_checkpoint is not None:
+                        on_checkpoint(folder)
+                    handled.add(folder.name)
+                    if keep is not None:
+                        prune_checkpoints(root, int(keep), unhandled)
+                elif kind == EVENT_EVAL:
+                    evals.append((int(record["step"]), float(record["loss"])))
+                else:
+                    losses.append(float(record["loss"]))
+                    if on_step is not None:
+                        on_step(int(record["step"]), losses[-1])
 
         ranks = RankProcesses(root, "train", args, world, workdir)
         ranks.start()
         ranks.wait(timeout_s, poll)
-        if len(losses) != steps:
-            raise DistributedRunError(f"rank 0 reported {len(losses)} of {steps} steps",
+        if len(losses) != steps - start:
+            raise DistributedRunError(f"rank 0 reported {len(losses)} of {steps - start} steps",
                                       _tail(ranks.logs / "workerlog.0"))
-        return losses
+        return TrainResult(losses, evals, [p for p in published if p.exists()], start + 1)
     except BaseException:
         if ranks is not None:
             shutil.rmtree(staging_dir(root, ranks.master), ignore_errors=True)
         raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _save_batches(path: Path, batches: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    arrays = {}
+    for i, (ids, labels) in enumerate(batches):
+        arrays[f"ids{i}"], arrays[f"labels{i}"] = ids, labels
+    np.savez(path, **arrays)

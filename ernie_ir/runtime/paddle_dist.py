@@ -17,9 +17,12 @@ the same tokens; rank 0 streams each step's tokens and writes the result. `train
 takes the same batches and computes the same replicated loss; the Layer's "f" functions, the
 sum of gradient slices that several ranks hold and the global-norm clip over the whole model
 (`TensorParallelClip`) make every update the one-rank update; rank 0 appends each step's loss
-to `--losses`. With `--save` every rank writes its trainable params and rank 0 merges them back
-to global names and shapes: `training/checkpoints/run-K-step-N/{rank{r},merged}.safetensors`,
-listed in the manifest.
+to `--losses`. With `--save` (at the end, and every `--save-steps`) every rank writes its
+trainable params, optimizer and RNG state and rank 0 merges the params back to global names and
+shapes: `training/checkpoints/run-K-step-N/` holding `params.safetensors`, `rank{r}.safetensors`,
+`optimizer.rank{r}.safetensors` and `trainer_state.json` (ernie_ir.runtime.train_state), listed
+in the manifest; `--resume [CHECKPOINT]` continues such a run, `--eval-data` / `--eval-steps`
+evaluate the loss.
 
 `ernie-ir run/train ARTIFACT` start this file through `ernie_ir.runtime.launcher`; the
 artifact's launch recipe (`launch.sh`) starts it on devices. `main` is the script entry (it
@@ -49,9 +52,7 @@ import numpy as np
 
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import SHARD
-from ernie_ir.runtime.launch_files import CHECKPOINTS, ERROR_FILE, staging_dir
-
-MERGED = "merged.safetensors"
+from ernie_ir.runtime.launch_files import ERROR_FILE, staging_dir
 
 
 class WorkerError(ErnieIRError):
@@ -398,13 +399,40 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
                data: Path | None = None, lr: float | None = None, seed: int | None = None,
                options: dict[str, Any] | None = None, save: bool = False,
                losses_file: Path | None = None, device: str = "cpu",
-               on_step: Callable[[int, float], Any] | None = None) -> list[float]:
-    """This rank's part of training: the same loop as the one-rank `train_artifact`, with
-    exact tensor-parallel gradients; returns the (replicated) loss of every step. Settings:
-    the recipe's, replaced by `options` (TrainOptions names or aliases), `lr` and `seed`."""
+               on_step: Callable[[int, float], Any] | None = None,
+               eval_batches: list[tuple[np.ndarray, np.ndarray]] | None = None, eval_data: Path | None = None,
+               resume: str | Path | bool | None = None) -> Any:
+    """This rank's part of training: the same session as the one-rank `train_artifact`
+    (`training.train_session`: evaluation every eval_steps, checkpoints every save_steps and at
+    the end), with exact tensor-parallel gradients; returns the TrainResult (the losses are
+    replicated: every rank's are rank 0's). Settings: the recipe's, replaced by `options`
+    (TrainOptions names or aliases, ERNIEKit's `resume_from_checkpoint` too), `lr` and `seed`.
+    `resume`: a checkpoint folder, its name, or True / "latest"; every rank restores its own
+    params, optimizer and RNG state from it. Rank 0 appends each step's loss, each evaluation
+    and each published checkpoint to `losses_file` (launch_files.EVENT_*); with
+    save_total_limit it removes older checkpoints itself (the launcher passes none and removes
+    them after its on_checkpoint)."""
     from ernie_ir.artifacts import check_files
+    from ernie_ir.runtime.launch_files import EVENT_CHECKPOINT, EVENT_EVAL
     from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
-    from ernie_ir.runtime.training import RECIPE, make_optimizer, resolve_options, run_steps, training_batches
+    from ernie_ir.runtime.train_state import (
+        CheckpointRun,
+        artifact_fingerprint,
+        checkpoint_expected,
+        find_checkpoint,
+        prune_checkpoints,
+        read_resume_point,
+        restore_rank,
+        trainer_state_base,
+    )
+    from ernie_ir.runtime.training import (
+        RECIPE,
+        make_optimizer,
+        resolve_options,
+        split_run_keys,
+        train_session,
+        training_batches,
+    )
 
     paddle = require_paddle()
     rank, world = world_from_env()
@@ -414,9 +442,21 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     check_files(root, manifest, [RECIPE.as_posix()])
     recipe = json.loads((root / RECIPE).read_text(encoding="utf-8"))
     given = {k: v for k, v in (("lr", lr), ("seed", seed)) if v is not None}
-    opts = resolve_options(recipe, {**(options or {}), **given})  # an absent flag keeps the file's value
+    values, config_resume = split_run_keys(options or {})
+    opts = resolve_options(recipe, {**values, **given})  # an absent flag keeps the file's value
+    resume = config_resume if resume is None else resume
     if batches is None:
         batches = training_batches(recipe, graph, data, options=opts)
+    if eval_batches is None and eval_data is not None:
+        eval_batches = training_batches(recipe, graph, eval_data, options=opts, what="eval_data")
+    if opts.eval_steps is not None and eval_batches is None:
+        raise WorkerError("--eval-steps needs evaluation data (--eval-data)")
+    fingerprint = artifact_fingerprint(manifest, world)
+    point = None
+    if resume is not None and resume is not False:
+        point = read_resume_point(root, find_checkpoint(root, resume), world=world, fingerprint=fingerprint,
+                                  steps=steps, options=opts.model_dump(), batches=batches)
+    start = point.step if point is not None else 0
     paddle.seed(opts.seed)
     layer = build_layer(graph, device=device_for(device), grad_sync=True)
     layer.train()
@@ -432,46 +472,74 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
         grad_clip = paddle.nn.ClipGradByGlobalNorm(clip) if clip else None
     optimizer = make_optimizer(paddle, params, opts, grad_clip)
 
-    def report(step: int, loss: float) -> None:
+    def event(record: dict[str, Any]) -> None:
         if rank == 0 and losses_file is not None:
-            norm = getattr(grad_clip, "last_norm", None)
             with open(losses_file, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": step, "loss": loss, "grad_norm": norm}) + "\n")
+                f.write(json.dumps(record) + "\n")
+
+    def report(step: int, loss: float) -> None:
+        event({"step": step, "loss": loss, "grad_norm": getattr(grad_clip, "last_norm", None)})
         if on_step is not None:
             on_step(step, loss)
 
-    losses = run_steps(paddle, layer, optimizer, batches, steps, report, options=opts)
+    names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
+    checkpoint = None
     if save:
-        names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
-        save_rank_checkpoint(root, layer, names, steps, rank, world, expected=manifest)
-    return losses
+        base = trainer_state_base(steps=steps, world=world, fingerprint=fingerprint,
+                                  options=opts.model_dump(), batches=batches,
+                                  resumed_from=None if point is None else point.name)
+        run = CheckpointRun()
+        expected = checkpoint_expected(manifest)
+
+        def checkpoint(step: int, loss: float, eval_loss: float | None) -> Path | None:
+            out = save_rank_checkpoint(root, paddle, layer, optimizer, names, step, rank, world, base=base,
+                                       loss=loss, eval_loss=eval_loss, run=run, expected=expected)
+            if out is not None:
+                event({"event": EVENT_CHECKPOINT, "step": step, "path": str(out)})
+                if opts.save_total_limit is not None:
+                    prune_checkpoints(root, opts.save_total_limit)
+            return out
+
+    if point is not None:
+        restore_rank(paddle, layer, optimizer, point, names, rank, world)
+    return train_session(paddle, layer, optimizer, batches, steps, options=opts, start=start, report=report,
+                         eval_batches=eval_batches, checkpoint=checkpoint,
+                         on_eval=lambda step, loss: event({"event": EVENT_EVAL, "step": step, "loss": loss}))
 
 
-def save_rank_checkpoint(root: Path, layer: Any, names: list[str], steps: int, rank: int,
-                         world: int, *, expected: dict[str, Any] | None = None) -> Path | None:
-    """Every rank writes its trainable params; rank 0 then merges them (global names and
-    shapes), names the folder `run-K-step-N` and lists its files in the manifest. Returns the
-    folder on rank 0 (None elsewhere)."""
-    from safetensors.numpy import save_file
+def save_rank_checkpoint(root: Path, paddle: Any, layer: Any, optimizer: Any, names: list[str], step: int,
+                         rank: int, world: int, *, base: dict[str, Any], loss: float,
+                         eval_loss: float | None, run: Any,
+                         expected: dict[str, Any] | None = None) -> Path | None:
+    """Every rank stages its params, optimizer state and RNG state; rank 0 then merges the
+    params (global names and shapes), writes trainer_state.json, names the folder
+    `run-K-step-N` (`run`: a train_state.CheckpointRun, K chosen by the run's first checkpoint)
+    and lists its files in the manifest; every rank waits for that. Returns the folder on rank
+    0 (None elsewhere)."""
+    from ernie_ir.runtime.train_state import publish_checkpoint, stage_rank_state, write_trainer_state
 
     stage = staging_dir(root, os.environ.get("PADDLE_MASTER", "local"))
     stage.mkdir(parents=True, exist_ok=True)
-    held = [n for n in names if n in layer.param_attrs]
-    save_file({n: np.ascontiguousarray(a) for n, a in layer.state_numpy(held).items()},
-              str(stage / f"rank{rank}.safetensors"),
-              metadata={"format": "ernie-ir-training-checkpoint", "steps": str(steps), "rank": str(rank),
-                        "world_size": str(world)})
+    stage_rank_state(stage, paddle, layer, optimizer, names, rank, world, step)
     if world > 1:
         import paddle.distributed as dist
 
-        dist.barrier()  # every rank's file is complete before rank 0 reads them
-    if rank != 0:
-        return None
-    try:
-        return _merge_and_publish(root, stage, names, steps, world, expected)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+        dist.barrier()  # every rank's files are complete before rank 0 reads them
+    out = None
+    if rank == 0:
+        try:
+            if world > 1:
+                _merge_ranks(root, stage, names, step, world)
+            write_trainer_state(stage, base, step, loss, eval_loss)
+            out = publish_checkpoint(root, stage, step, run, expected)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    if world > 1:
+        import paddle.distributed as dist
+
+        dist.barrier()  # the staging folder is free again before any rank stages the next checkpoint
+    return out
 
 
 def merge_shards(name: str, pieces: list[tuple[np.ndarray, dict[str, Any] | None]]) -> np.ndarray:
@@ -496,31 +564,28 @@ def merge_shards(name: str, pieces: list[tuple[np.ndarray, dict[str, Any] | None
     return out
 
 
-def _merge_and_publish(root: Path, stage: Path, names: list[str], steps: int, world: int,
-                       expected: dict[str, Any] | None = None) -> Path:
+def _merge_ranks(root: Path, stage: Path, names: list[str], step: int, world: int) -> None:
+    """params.safetensors in `stage`: every rank's staged params merged to global names and
+    shapes by the `shard` annotations of the rank graphs."""
     from safetensors.numpy import load_file, save_file
 
-    from ernie_ir.artifacts import publish_into
     from ernie_ir.ir.parser import parse_graph
+    from ernie_ir.runtime.train_state import FILE_FORMAT, PARAMS, RANK_PARAMS
 
     annotations: list[dict[str, Any]] = []
     for r in range(world):
         text = (root / f"rank{r}" / "graph.ir").read_text(encoding="utf-8")
         g = parse_graph(text, source=f"rank{r}/graph.ir")
         annotations.append({n: p.annotations.get(SHARD) for n, p in g.params.items()})
-    ranks = [load_file(str(stage / f"rank{r}.safetensors")) for r in range(world)]
+    ranks = [load_file(str(stage / RANK_PARAMS.format(rank=r))) for r in range(world)]
     merged = {}
     for n in names:
         if any(n not in t for t in ranks):
             raise WorkerError(f"checkpoint: param {n} is missing from a rank's checkpoint")
         merged[n] = np.ascontiguousarray(merge_shards(n, [(t[n], a.get(n)) for t, a in zip(ranks, annotations,
                                                                                              strict=True)]))
-    save_file(merged, str(stage / MERGED), metadata={"format": "ernie-ir-training-checkpoint",
-                                                      "steps": str(steps), "world_size": str(world),
-                                                      "layout": "global"})
-    # One folder per run (run-001-step-30, ...): never overwrites an earlier one, and appears
-    # only once complete (renamed and listed under the artifact's lock).
-    return publish_into(root, stage, root / CHECKPOINTS, f"run-{{run:03d}}-step-{steps}", expected)
+    save_file(merged, str(stage / PARAMS), metadata={"format": FILE_FORMAT, "step": str(step),
+                                                      "world_size": str(world), "layout": "global"})
 
 
 # -- the script --------------------------------------------------------------------------------
@@ -532,6 +597,14 @@ def _write_error(rank: int, message: str) -> None:
         tmp = Path(workdir) / f".{ERROR_FILE.format(rank=rank)}.tmp"
         tmp.write_text(message.splitlines()[0] if message else "failed", encoding="utf-8")
         os.replace(tmp, Path(workdir) / ERROR_FILE.format(rank=rank))
+
+
+def _load_batches(path: Path | None) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """The batches of an .npz the launcher wrote (ids{i}, labels{i}); None for no file."""
+    if path is None:
+        return None
+    with np.load(path) as z:
+        return [(z[f"ids{i}"], z[f"labels{i}"]) for i in range(len(z.files) // 2)]
 
 
 def _save_npy(path: Path, arr: np.ndarray) -> None:
@@ -563,8 +636,20 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--options", "--config", dest="options", type=Path, default=None,
                        help="YAML or JSON of training options (ernie-ir train's names or ERNIEKit's), "
                             "as `ernie-ir train --config`")
-    train.add_argument("--losses", type=Path, default=None, help="rank 0 appends one JSON line per step")
-    train.add_argument("--save", action="store_true", help="write the checkpoint (rank files + merged)")
+    train.add_argument("--losses", type=Path, default=None,
+                       help="rank 0 appends one JSON line per step (and per evaluation and checkpoint)")
+    train.add_argument("--save", action="store_true",
+                       help="write checkpoints (training/checkpoints/run-K-step-N/) at the end and every "
+                            "--save-steps")
+    train.add_argument("--save-steps", type=int, default=None, help="a checkpoint every N steps too")
+    train.add_argument("--save-total-limit", type=int, default=None,
+                       help="keep the artifact's newest N checkpoints (rank 0 removes older ones)")
+    train.add_argument("--resume", nargs="?", const="latest", default=None,
+                       help="continue from a checkpoint folder or its name (no value: the newest)")
+    train.add_argument("--eval-data", type=Path, default=None, help="JSON lines to evaluate the loss on")
+    train.add_argument("--eval-batches", type=Path, default=None,
+                       help=".npz of ids{i}/labels{i} to evaluate on (the launcher's)")
+    train.add_argument("--eval-steps", type=int, default=None, help="evaluate every N steps too")
     for p in (run, gen, train):
         p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "npu", "xpu"])
     args = parser.parse_args(argv)
@@ -581,23 +666,25 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "generate":
             _generate_main(args, rank)
         else:
-            batches = None
-            if args.batches is not None:
-                with np.load(args.batches) as z:
-                    batches = [(z[f"ids{i}"], z[f"labels{i}"]) for i in range(len(z.files) // 2)]
+            batches = _load_batches(args.batches)
+            eval_batches = _load_batches(args.eval_batches)
 
             def report(step: int, loss: float) -> None:
                 if rank == 0:
                     print(f"step {step:4d}  loss {loss:.6f}", flush=True)
 
-            options = None
+            options: dict[str, Any] = {}
             if args.options is not None:
                 from ernie_ir.runtime.training import read_config
 
                 options = read_config(args.options)
+            flags = {"save_steps": args.save_steps, "save_total_limit": args.save_total_limit,
+                     "eval_steps": args.eval_steps}
+            options = {**options, **{k: v for k, v in flags.items() if v is not None}}
             train_rank(args.artifact, args.steps, batches=batches, data=args.data, lr=args.lr,
                        seed=args.seed, options=options, save=args.save, losses_file=args.losses,
-                       device=args.device, on_step=report)
+                       device=args.device, on_step=report, eval_batches=eval_batches,
+                       eval_data=args.eval_data, resume=args.resume)
     except ErnieIRError as e:
         _write_error(rank, str(e))
         print(f"error: rank {rank}: {e}", file=sys.stderr, flush=True)

@@ -11,28 +11,38 @@ betas/eps, warmup + schedule (constant / linear / cosine), seed and the padding 
 (pad id, ignore index). `resolve_options(recipe, overrides)` takes the recipe's values and
 replaces only the ones given (by name or by their ERNIEKit alias: `learning_rate`,
 `per_device_train_batch_size`, `gradient_accumulation_steps`, `max_grad_norm`, `weight_decay`,
-`adam_beta1`, `adam_beta2`, `adam_epsilon`, `warmup_steps`, `lr_scheduler_type`).
+`adam_beta1`, `adam_beta2`, `adam_epsilon`, `warmup_steps`, `lr_scheduler_type`), and when to
+save and evaluate (`save_steps`, `save_total_limit`, `eval_steps`: ERNIEKit's names too).
 
 Data: a jsonl file of `{"input_ids": [...]}` lines (optionally `"labels"`, `ignore_index`
-where no loss is wanted), cut into batches of `batch_size` (input ids
-padded with `pad_id`, labels there `ignore_index`), taken in order and cycled; without data,
-one fixed synthetic batch (seeded) is used on every step. One optimizer step takes
-`gradient_accumulation_steps` consecutive batches. The loss is the mean cross-entropy over the
-real target tokens of the whole step: each batch contributes its summed token losses divided
-by the step's token count, so accumulating 2 batches of 2 is one batch of 4.
+where no loss is wanted), or the same as a list of (input_ids, labels) pairs already tokenized
+(validated alike: `validate_sequences`, errors naming `FILE:LINE` or `data[i]`), cut into
+batches of `batch_size` (input ids padded with `pad_id`, labels there `ignore_index`), taken
+in order and cycled; without data, one fixed synthetic batch (seeded) is used on every step.
+One optimizer step takes `gradient_accumulation_steps` consecutive batches: step k (0-based)
+takes batches k x grad_accum ..., so the data position is a function of the step. The loss is
+the mean cross-entropy over the real target tokens of the whole step: each batch contributes
+its summed token losses divided by the step's token count, so accumulating 2 batches of 2 is
+one batch of 4.
+
+Evaluation: with evaluation data (`eval_data` / `eval_sequences`), the mean next-token loss
+over all of it (no gradients, eval mode: dropout off) every `eval_steps` steps and at the end.
 
 Progress: `on_progress(StepProgress)` after each step (step, loss, lr, tokens, elapsed); the
 library never prints, the CLI draws the bar.
 
-Results: `rank0/` is never modified. With `save=True` the trained params and QAT state go to
-`training/checkpoints/run-K-step-N.safetensors` (one per run) and the manifest lists that file with its sha256
-(rewritten atomically), so `verify` keeps passing.
+Results (`TrainResult`: losses, eval losses, checkpoints): `rank0/` is never modified. With
+`save=True` each checkpoint is a folder `training/checkpoints/run-K-step-N/` (the trained
+params and QAT state at global names and shapes, each rank's optimizer state, the trainer
+state: ernie_ir.runtime.train_state has the layout), written at the end and every
+`save_steps` steps, listed in the manifest with its sha256 (rewritten atomically, under the
+artifact's lock), so `verify` keeps passing; `save_total_limit` keeps the newest. `resume`
+continues a checkpoint's run bit for bit (optimizer, RNG, data position and schedule).
 
 A multi-rank artifact (`--tp`/`--ep`) trains on one paddle.distributed gloo process per rank
 (ernie_ir.runtime.launcher, ernie_ir.runtime.paddle_dist) with the same batches, optimizer and
 loss as here, and exact tensor-parallel gradients, so its losses are the one-rank losses; its
-checkpoint is `training/checkpoints/run-K-step-N/` (each rank's params and their merge to
-global names and shapes).
+checkpoints hold each rank's params (`rank{r}.safetensors`) beside their merge.
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.inputs import MAX_JSON_BYTES, read_bytes
 
 from .paddle_layer import require_paddle
+from .train_state import TrainResult as TrainResult  # re-exported: what train_artifact returns
 
 RECIPE = Path("training") / "train.json"
 IGNORE = -100
@@ -61,12 +72,15 @@ Sequence = tuple[list[int], list[int]]
 """(input_ids, labels) of one line of training data."""
 
 
-def _read_data(path: Path, vocab: int, max_len: int | None = None,
-               ignore_index: int = IGNORE) -> list[Sequence]:
-    """The lines of a jsonl file: `{"input_ids": [...]}`, optionally with `"labels"` of the same
-    length (ERNIEKit's SFT convention: `ignore_index` where no loss is wanted, e.g. the prompt);
-    without labels every token is a target."""
-    seqs: list[Sequence] = []
+Row = tuple[str, Any, Any]
+"""(where, input_ids, labels) of one sequence before validation: `where` names it in errors
+(`FILE:LINE` or `data[i]`)."""
+
+
+def _parse_data(path: Path) -> list[Row]:
+    """The rows of a jsonl file: `{"input_ids": [...]}` lines, optionally with `"labels"` (blank
+    lines skipped; a line that is not such an object is refused, naming FILE:LINE)."""
+    rows: list[Row] = []
     data = read_bytes(path, "training data file")  # a FIFO or device is refused, not waited on
     try:
         lines = data.decode("utf-8").splitlines()
@@ -87,21 +101,62 @@ def _read_data(path: Path, vocab: int, max_len: int | None = None,
                                '{"input_ids": [...]} with a flat list of token ids') from None
         except ValueError as e:  # an integer literal longer than int() converts
             raise ErnieIRError(f"{path}:{i}: {str(e).split(';')[0]}: token ids are small integers") from None
+        rows.append((f"{path}:{i}", ids, labels))
+    return rows
+
+
+def _given_rows(seqs: Any, what: str) -> list[Row]:
+    """The rows of sequences given as a list of (input_ids, labels) pairs (labels None: every
+    token is a target); numpy arrays and integers are taken as lists of ints."""
+    if not isinstance(seqs, (list, tuple)):
+        raise ErnieIRError(f"{what}: expected a list of (input_ids, labels) pairs, got {type(seqs).__name__}")
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            x = x.tolist()
+        if isinstance(x, (list, tuple)):
+            return [int(t) if isinstance(t, np.integer) else t for t in x]
+        return x
+
+    rows: list[Row] = []
+    for i, pair in enumerate(seqs):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ErnieIRError(f"{what}[{i}]: expected an (input_ids, labels) pair")
+        ids, labels = plain(pair[0]), plain(pair[1])
+        rows.append((f"{what}[{i}]", ids, ids if labels is None else labels))
+    return rows
+
+
+def validate_sequences(rows: list[Row], vocab: int, max_len: int | None = None,
+                       ignore_index: int = IGNORE) -> list[Sequence]:
+    """The rows as (input_ids, labels), each checked as the loss needs it (ERNIEKit's SFT
+    convention: labels `ignore_index` where no loss is wanted, e.g. the prompt): >= 2 token ids in
+    [0, vocab), labels as long, each a token id or the ignore index, something to learn after the
+    first position, and no longer than the model's positions. ErnieIRError names the row."""
+    seqs: list[Sequence] = []
+    for where, ids, labels in rows:
         # type(t) is int: a JSON true/false is a Python bool, an int subclass, not a token id
         if (not isinstance(ids, list) or len(ids) < 2
                 or not all(type(t) is int and 0 <= t < vocab for t in ids)):
-            raise ErnieIRError(f"{path}:{i}: input_ids must be a list of >= 2 token ids in [0, {vocab})")
+            raise ErnieIRError(f"{where}: input_ids must be a list of >= 2 token ids in [0, {vocab})")
         if (not isinstance(labels, list) or len(labels) != len(ids)
                 or not all(type(t) is int and (0 <= t < vocab or t == ignore_index) for t in labels)):
-            raise ErnieIRError(f"{path}:{i}: labels must be a list as long as input_ids of token ids in "
+            raise ErnieIRError(f"{where}: labels must be a list as long as input_ids of token ids in "
                                f"[0, {vocab}) or the ignore index {ignore_index}")
         if all(t == ignore_index for t in labels[1:]):
-            raise ErnieIRError(f"{path}:{i}: every label after the first is the ignore index "
+            raise ErnieIRError(f"{where}: every label after the first is the ignore index "
                                f"{ignore_index}: the line has nothing to learn")
         if max_len is not None and len(ids) > max_len:
-            raise ErnieIRError(f"{path}:{i}: {len(ids)} tokens, but the model has {max_len} positions: "
+            raise ErnieIRError(f"{where}: {len(ids)} tokens, but the model has {max_len} positions: "
                                "split the sequence")
         seqs.append((ids, labels))
+    return seqs
+
+
+def _read_data(path: Path, vocab: int, max_len: int | None = None,
+               ignore_index: int = IGNORE) -> list[Sequence]:
+    """The lines of a jsonl file (`_parse_data`), validated (`validate_sequences`)."""
+    seqs = validate_sequences(_parse_data(path), vocab, max_len, ignore_index)
     if not seqs:
         raise ErnieIRError(f"{path} holds no sequences")
     return seqs
@@ -130,6 +185,8 @@ MAX_LR = 10.0
 MAX_CLIP_NORM = 1e6
 """A larger global-norm clip never clips: write 0 for no clipping."""
 MAX_STEPS = 100_000_000
+RUN_KEYS = ("resume_from_checkpoint",)
+"""Config keys that are not TrainOptions but choose how the run starts (ERNIEKit's names)."""
 
 
 def _alias(*names: str) -> AliasChoices:
@@ -162,6 +219,13 @@ class TrainOptions(BaseModel):
     seed: int = Field(0, ge=0, lt=2**32, validation_alias=_alias("seed"))
     pad_id: int = Field(0, ge=0, lt=2**31, validation_alias=_alias("pad_id", "pad_token_id"))
     ignore_index: int = Field(IGNORE, ge=-(2**31), lt=2**31, validation_alias=_alias("ignore_index"))
+    save_steps: int | None = Field(None, ge=1, le=MAX_STEPS, validation_alias=_alias("save_steps"))
+    """A checkpoint every N steps (and at the end); None: at the end only."""
+    save_total_limit: int | None = Field(None, ge=1, le=1_000_000,
+                                         validation_alias=_alias("save_total_limit"))
+    """Keep the artifact's newest N checkpoints, deleting older ones; None: keep all."""
+    eval_steps: int | None = Field(None, ge=1, le=MAX_STEPS, validation_alias=_alias("eval_steps"))
+    """The evaluation loss every N steps (and at the end); None: at the end only."""
 
     @model_validator(mode="after")
     def _no_collision(self) -> TrainOptions:
@@ -238,6 +302,19 @@ def resolve_options(recipe: dict[str, Any], overrides: dict[str, Any] | None = N
         raise ErnieIRError(f"{where}: {msg}, got {shown!r}" if field else f"{where}: {msg}") from None
 
 
+def split_run_keys(values: dict[str, Any]) -> tuple[dict[str, Any], str | bool | None]:
+    """(the options, the checkpoint to resume from) of a config mapping: ERNIEKit's
+    `resume_from_checkpoint` (a folder, a checkpoint's name, true or "latest" for the newest;
+    false or null: start afresh) is taken out, the rest are TrainOptions keys."""
+    rest = dict(values)
+    resume = rest.pop("resume_from_checkpoint", None)
+    if resume is False:
+        resume = None
+    if resume is not None and not (resume is True or (isinstance(resume, str) and resume.strip())):
+        raise ErnieIRError(f"resume_from_checkpoint: a checkpoint folder, true or \"latest\", got {resume!r}")
+    return rest, resume
+
+
 def read_config(path: Path) -> dict[str, Any]:
     """A training config file (.yaml/.yml or .json): a mapping of option names or ERNIEKit names
     to values (keys ERNIEKit has that ernie-ir does not use, such as output_dir, are refused)."""
@@ -281,11 +358,13 @@ class StepProgress:
         return self.total_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     total_tokens: int = 0
-    """Real target tokens of steps 1 .. step."""
+    """Real target tokens of this run's steps up to `step`."""
+    start_step: int = 0
+    """The step this run started after (a resumed checkpoint's step, else 0)."""
 
     @property
     def eta_s(self) -> float:
-        return self.elapsed_s / self.step * (self.steps - self.step)
+        return self.elapsed_s / max(1, self.step - self.start_step) * (self.steps - self.step)
 
 
 def step_batches(batches: list[tuple[np.ndarray, np.ndarray]], step: int,
@@ -321,11 +400,18 @@ def read_training_artifact(root: Path) -> tuple[dict[str, Any], dict[str, Any], 
     return manifest, recipe, world
 
 
-def training_batches(recipe: dict[str, Any], graph: Any, data: Path | None, seed: int | None = None, *,
-                     options: TrainOptions | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The (input_ids, labels) batches of a run: `data` cut by the options' batch size (padded
-    with pad_id, labels ignore_index there), or one seeded synthetic batch. Every rank of a
-    parallel run takes these same batches. `options` None: the recipe's."""
+Data = Path | list[tuple[list[int], list[int]]] | None
+"""Training or evaluation data: a jsonl file, a list of (input_ids, labels) pairs already
+tokenized (validated as the file's lines are), or None."""
+
+
+def training_batches(recipe: dict[str, Any], graph: Any, data: Data, seed: int | None = None, *,
+                     options: TrainOptions | None = None,
+                     what: str = "data") -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (input_ids, labels) batches of a run: `data` (a jsonl file or a list of (input_ids,
+    labels) pairs, named `what` in errors) cut by the options' batch size (padded with pad_id,
+    labels ignore_index there), or one seeded synthetic batch. Every rank of a parallel run
+    takes these same batches. `options` None: the recipe's."""
     opts = options if options is not None else resolve_options(recipe, {"seed": seed})
     vocab = int(graph.outputs[0].type.shape[-1])
     if opts.pad_id >= vocab:
@@ -337,8 +423,13 @@ def training_batches(recipe: dict[str, Any], graph: Any, data: Path | None, seed
         limits = [n.attrs.limit for n in graph.nodes
                   if n.op == "position_ids" and getattr(n.attrs, "limit", None) is not None]
         max_len = min(limits) if limits else None
-        return _batches(_read_data(Path(data), vocab, max_len, opts.ignore_index), opts.batch_size,
-                        opts.pad_id, opts.ignore_index)
+        if isinstance(data, (list, tuple)):
+            seqs = validate_sequences(_given_rows(data, what), vocab, max_len, opts.ignore_index)
+            if not seqs:
+                raise ErnieIRError(f"{what} holds no sequences")
+        else:
+            seqs = _read_data(Path(data), vocab, max_len, opts.ignore_index)
+        return _batches(seqs, opts.batch_size, opts.pad_id, opts.ignore_index)
     rng = np.random.default_rng(opts.seed)
     seq_len = int(recipe.get("batch", {}).get("seq_len", 16))
     ids = rng.integers(0, vocab, size=(opts.batch_size, seq_len))
@@ -354,13 +445,16 @@ def make_optimizer(paddle: Any, params: list[Any], options: TrainOptions, grad_c
 
 def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.ndarray, np.ndarray]],
               steps: int, on_step: Callable[[int, float], Any] | None = None, *,
-              options: TrainOptions | None = None) -> list[float]:
-    """`steps` optimizer steps over `batches` (cycled, `grad_accum` batches a step, learning
-    rate by the schedule); the loss of each step, the mean over the step's real target tokens.
+              options: TrainOptions | None = None, start: int = 0,
+              after_step: Callable[[int, float], Any] | None = None) -> list[float]:
+    """Optimizer steps start+1 .. `steps` over `batches` (cycled, `grad_accum` batches a step,
+    step k taking batches k x grad_accum ..., learning rate by the schedule of `steps` steps);
+    the loss of each step, the mean over the step's real target tokens. `on_step(step, loss)`,
+    then `after_step(step, loss)` (evaluation, checkpoints) after each step.
     The one training loop of every rank count: one process here, or each paddle.distributed rank."""
     opts = options if options is not None else TrainOptions()
     losses: list[float] = []
-    for step in range(steps):
+    for step in range(start, steps):
         micro = step_batches(batches, step, opts.grad_accum)
         count = sum(target_tokens(labels, opts.ignore_index) for _, labels in micro)
         optimizer.set_lr(opts.lr_at(step, steps))
@@ -380,7 +474,65 @@ def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.nd
         losses.append(total / max(count, 1))
         if on_step is not None:
             on_step(step + 1, losses[-1])
+        if after_step is not None:
+            after_step(step + 1, losses[-1])
     return losses
+
+
+def evaluate(paddle: Any, layer: Any, batches: list[tuple[np.ndarray, np.ndarray]],
+             ignore_index: int = IGNORE) -> float:
+    """The mean next-token loss over every real target token of `batches`: no gradients, the
+    Layer in eval mode (dropout off), QAT state not committed; the Layer's mode is restored.
+    On several ranks every rank calls it (the forward's collectives pair up)."""
+    was_training, tracking = layer.training, layer.track_state
+    layer.eval()
+    layer.track_state = False
+    total, count = 0.0, 0
+    try:
+        with paddle.no_grad():
+            for ids, labels in batches:
+                loss_sum, n = token_loss_sum(paddle, layer, ids, labels, ignore_index)
+                total += float(loss_sum.numpy())
+                count += n
+    finally:
+        if was_training:
+            layer.train()
+        layer.track_state = tracking
+    return total / max(count, 1)
+
+
+def train_session(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.ndarray, np.ndarray]],
+                  steps: int, *, options: TrainOptions, start: int = 0,
+                  report: Callable[[int, float], Any] | None = None,
+                  eval_batches: list[tuple[np.ndarray, np.ndarray]] | None = None,
+                  on_eval: Callable[[int, float], Any] | None = None,
+                  checkpoint: Callable[[int, float, float | None], Path | None] | None = None) -> TrainResult:
+    """`run_steps` from step `start` with the evaluation loss (`evaluate`, over `eval_batches`)
+    every options.eval_steps steps and at the end, reported to `on_eval(step, loss)`, then
+    `checkpoint(step, loss, eval_loss)` every options.save_steps steps and at the end (it returns
+    the published folder, or None on ranks that publish nothing). Shared by one-rank training and
+    each rank of a multi-rank run."""
+    evals: list[tuple[int, float]] = []
+    saved: list[Path] = []
+
+    def due(every: int | None, step: int) -> bool:
+        return step == steps or (every is not None and step % every == 0)
+
+    def after(step: int, loss: float) -> None:
+        eval_loss = None
+        if eval_batches is not None and due(options.eval_steps, step):
+            eval_loss = evaluate(paddle, layer, eval_batches, options.ignore_index)
+            evals.append((step, eval_loss))
+            if on_eval is not None:
+                on_eval(step, eval_loss)
+        if checkpoint is not None and due(options.save_steps, step):
+            path = checkpoint(step, loss, eval_loss)
+            if path is not None:
+                saved.append(path)
+
+    losses = run_steps(paddle, layer, optimizer, batches, steps, report, options=options, start=start,
+                       after_step=after)
+    return TrainResult(losses, evals, [p for p in saved if p.exists()], start + 1)
 
 
 def _require_finite_params(layer: Any, step: int) -> None:
@@ -416,8 +568,9 @@ def next_token_loss(paddle: Any, layer: Any, ids: np.ndarray, labels: np.ndarray
 
 def _progress_reporter(batches: list[tuple[np.ndarray, np.ndarray]], steps: int, options: TrainOptions,
                        on_step: Callable[[int, float], Any] | None,
-                       on_progress: Callable[[StepProgress], Any] | None) -> Callable[[int, float], None]:
-    start = time.monotonic()
+                       on_progress: Callable[[StepProgress], Any] | None,
+                       start: int = 0) -> Callable[[int, float], None]:
+    began = time.monotonic()
     seen = [0]
 
     def report(step: int, loss: float) -> None:
@@ -429,33 +582,67 @@ def _progress_reporter(batches: list[tuple[np.ndarray, np.ndarray]], steps: int,
                      for _, lab in step_batches(batches, step - 1, options.grad_accum))
         seen[0] += tokens
         on_progress(StepProgress(step=step, steps=steps, loss=loss, lr=options.lr_at(step - 1, steps),
-                                 tokens=tokens, elapsed_s=time.monotonic() - start, total_tokens=seen[0]))
+                                 tokens=tokens, elapsed_s=time.monotonic() - began, total_tokens=seen[0],
+                                 start_step=start))
 
     return report
 
 
-def train_artifact(path: Path, steps: int, data: Path | None = None, lr: float | None = None,
+def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None = None,
                    seed: int | None = None, *, save: bool = True,
                    options: dict[str, Any] | TrainOptions | None = None,
                    on_step: Callable[[int, float], Any] | None = None,
                    on_progress: Callable[[StepProgress], Any] | None = None,
-                   timeout_s: float | None = None) -> list[float]:
-    """Train the artifact's trainable params for `steps` AdamW steps; returns the loss of each step.
+                   timeout_s: float | None = None,
+                   save_steps: int | None = None, save_total_limit: int | None = None,
+                   eval_data: Path | None = None,
+                   eval_sequences: list[tuple[list[int], list[int]]] | None = None,
+                   eval_steps: int | None = None, resume: str | Path | bool | None = None,
+                   on_checkpoint: Callable[[Path], Any] | None = None) -> TrainResult:
+    """Train the artifact's trainable params up to step `steps` (AdamW); returns a TrainResult.
 
     Settings: the recipe's, replaced by the keys of `options` given (a dict of TrainOptions
-    names or ERNIEKit aliases; None values are absent), then by `lr` and `seed` when not None.
+    names or ERNIEKit aliases; None values are absent), then by the keyword arguments that are
+    not None (`lr`, `seed`, `save_steps`, `save_total_limit`, `eval_steps`).
+    `data`: a jsonl file, a list of (input_ids, labels) pairs, or None (a synthetic batch).
+    `eval_data` (jsonl) or `eval_sequences` (pairs): the mean next-token loss over them every
+    `eval_steps` steps and at the end (TrainResult.eval_losses).
+    With `save`, a checkpoint folder at the end and every `save_steps` steps (train_state.py has
+    the layout), the newest `save_total_limit` of the artifact kept; `on_checkpoint(folder)` is
+    called in this process after each one is published (before older ones are removed).
+    `resume`: True or "latest" (the artifact's newest checkpoint), a checkpoint folder or its
+    name: continue that run from its step with its optimizer, RNG state and data position, as
+    a new run (new run-K); `steps` is the total. `options` may carry ERNIEKit's
+    `resume_from_checkpoint` instead.
     `on_step(step, loss)` and `on_progress(StepProgress)` are called after each step.
     A multi-rank artifact runs on one paddle.distributed process per rank (gloo on this CPU,
     ernie_ir.runtime.launcher), bounded by `timeout_s` (default 3600 s).
     """
+    from .train_state import (
+        artifact_fingerprint,
+        checkpoint_expected,
+        find_checkpoint,
+        read_resume_point,
+    )
+
     paddle = require_paddle()
     root = Path(path)
     if not 1 <= steps <= MAX_STEPS:
         raise ErnieIRError(f"--steps must be in [1, {MAX_STEPS}], got {steps}")
     manifest, recipe, world = read_training_artifact(root)
     given = options.model_dump() if isinstance(options, TrainOptions) else dict(options or {})
-    opts = resolve_options(recipe, {**given, **({"lr": lr} if lr is not None else {}),
-                                    **({"seed": seed} if seed is not None else {})})
+    given, config_resume = split_run_keys(given)
+    kwargs = {"lr": lr, "seed": seed, "save_steps": save_steps, "save_total_limit": save_total_limit,
+              "eval_steps": eval_steps}
+    opts = resolve_options(recipe, {**given, **{k: v for k, v in kwargs.items() if v is not None}})
+    resume = config_resume if resume is None else resume
+    if eval_data is not None and eval_sequences is not None:
+        raise ErnieIRError("give the evaluation data once: eval_data (a jsonl file) or eval_sequences")
+    evaluation: Data = eval_data if eval_data is not None else eval_sequences
+    if opts.eval_steps is not None and evaluation is None:
+        raise ErnieIRError("--eval-steps needs evaluation data (eval_data or eval_sequences)")
+    if not save and (opts.save_steps is not None or opts.save_total_limit is not None):
+        raise ErnieIRError("--save-steps and --save-total-limit need checkpoints: train with save=True")
 
     from ernie_ir.ir.storage import load_graph
 
@@ -463,11 +650,23 @@ def train_artifact(path: Path, steps: int, data: Path | None = None, lr: float |
 
     graph = load_graph(root / "rank0")
     batches = training_batches(recipe, graph, data, options=opts)  # bad data fails before any process
-    report = _progress_reporter(batches, steps, opts, on_step, on_progress)
+    evals = None
+    if evaluation is not None:
+        evals = training_batches(recipe, graph, evaluation, options=opts,
+                                 what="eval_data" if eval_data is not None else "eval_sequences")
+    fingerprint = artifact_fingerprint(manifest, world)
+    point = None
+    if resume is not None and resume is not False:
+        point = read_resume_point(root, find_checkpoint(root, resume), world=world, fingerprint=fingerprint,
+                                  steps=steps, options=opts.model_dump(), batches=batches)
+    start = point.step if point is not None else 0
+    report = _progress_reporter(batches, steps, opts, on_step, on_progress, start)
     if world > 1:
         from .launcher import TRAIN_TIMEOUT_S, train_distributed
 
         return train_distributed(root, world, steps, batches, options=opts, save=save, on_step=report,
+                                 eval_batches=evals, resume=None if point is None else point.folder,
+                                 start=start, on_checkpoint=on_checkpoint,
                                  timeout_s=TRAIN_TIMEOUT_S if timeout_s is None else timeout_s)
     paddle.seed(opts.seed)
     layer = build_layer(graph, device="cpu")
@@ -479,32 +678,55 @@ def train_artifact(path: Path, steps: int, data: Path | None = None, lr: float |
     clip = opts.clip()
     optimizer = make_optimizer(paddle, params, opts,
                                paddle.nn.ClipGradByGlobalNorm(clip) if clip else None)
-    losses = run_steps(paddle, layer, optimizer, batches, steps, report, options=opts)
+    checkpoint = None
     if save:
-        _save_checkpoint(root, manifest, layer, recipe, steps)
-    return losses
-
-
-def _save_checkpoint(root: Path, manifest: dict[str, Any], layer: Any, recipe: dict[str, Any],
-                     steps: int) -> Path:
-    from safetensors.numpy import save_file
-
-    from ernie_ir.artifacts import publish_into, temp_name
-
+        checkpoint = _one_rank_checkpoints(root, checkpoint_expected(manifest), layer, optimizer, recipe,
+                                           opts, steps, fingerprint, batches, point, on_checkpoint)
     names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
-    folder = root / "training" / "checkpoints"
-    folder.mkdir(parents=True, exist_ok=True)
-    # One file per run (run-001-step-30, run-002-step-30, ...): a later run never overwrites
-    # an earlier one, and the file appears only once it is complete (written under a temp
-    # name, renamed and listed under the artifact's lock).
-    partial = temp_name(folder, "checkpoint")
-    try:
-        save_file({n: np.ascontiguousarray(a) for n, a in layer.state_numpy(names).items()}, str(partial),
-                  metadata={"format": "ernie-ir-training-checkpoint", "steps": str(steps)})
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    return publish_into(root, partial, folder, f"run-{{run:03d}}-step-{steps}.safetensors", manifest)
+    if point is not None:
+        from .train_state import restore_rank
+
+        restore_rank(paddle, layer, optimizer, point, names, 0, 1)
+    return train_session(paddle, layer, optimizer, batches, steps, options=opts, start=start, report=report,
+                         eval_batches=evals, checkpoint=checkpoint)
+
+
+def _one_rank_checkpoints(root: Path, expected: dict[str, Any], layer: Any, optimizer: Any,
+                          recipe: dict[str, Any], opts: TrainOptions, steps: int, fingerprint: str,
+                          batches: list[tuple[np.ndarray, np.ndarray]], point: Any,
+                          on_checkpoint: Callable[[Path], Any] | None
+                          ) -> Callable[[int, float, float | None], Path]:
+    """The `checkpoint` of a one-rank train_session: each call writes the folder (params at
+    global names, optimizer.rank0, trainer_state.json), publishes it as run-K-step-N (K chosen
+    by the first one), calls `on_checkpoint`, then keeps the newest save_total_limit."""
+    from .train_state import (
+        CheckpointRun,
+        prune_checkpoints,
+        save_checkpoint,
+        stage_rank_state,
+        trainer_state_base,
+        write_trainer_state,
+    )
+
+    paddle = require_paddle()
+    names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
+    base = trainer_state_base(steps=steps, world=1, fingerprint=fingerprint, options=opts.model_dump(),
+                              batches=batches, resumed_from=None if point is None else point.name)
+    run = CheckpointRun()
+
+    def checkpoint(step: int, loss: float, eval_loss: float | None) -> Path:
+        def write(stage: Path) -> None:
+            stage_rank_state(stage, paddle, layer, optimizer, names, 0, 1, step)
+            write_trainer_state(stage, base, step, loss, eval_loss)
+
+        out = save_checkpoint(root, write, step, run, expected)
+        if on_checkpoint is not None:
+            on_checkpoint(out)
+        if opts.save_total_limit is not None:
+            prune_checkpoints(root, opts.save_total_limit)
+        return out
+
+    return checkpoint
 
 
 def record_files(root: Path, manifest: dict[str, Any], files: list[Path]) -> None:

@@ -119,14 +119,18 @@ def training_recipe(graph: Graph, target: HardwareTarget, mapping: Mapping | Non
         cpu_cmd = (f"ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--config train.yaml] "
                    f"[--lr X ...]   ({world} gloo "
                    "processes, one per rank)")
-        checkpoints = ("training/checkpoints/run-K-step-N/rank{r}.safetensors (each rank's trainable "
-                       "params) + merged.safetensors (global names and shapes, merged by the shard "
-                       "annotations); rank{r}/ is never modified")
+        checkpoints = ("training/checkpoints/run-K-step-N/ (at the end and every --save-steps): "
+                       "params.safetensors (trainable params + QAT state at global names and shapes, "
+                       "merged by the shard annotations), rank{r}.safetensors (each rank's slices), "
+                       "optimizer.rank{r}.safetensors (each rank's AdamW state) and trainer_state.json "
+                       "(step, options, data position, RNG state: --resume continues it); rank{r}/ is "
+                       "never modified")
     else:
         cpu_cmd = "ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--config train.yaml] [--lr X ...]"
-        checkpoints = ("training/checkpoints/run-K-step-N.safetensors (trainable params + QAT state; "
-                       "the device launch writes run-K-step-N/rank0.safetensors + merged.safetensors); "
-                       "rank0/ is never modified")
+        checkpoints = ("training/checkpoints/run-K-step-N/ (at the end and every --save-steps): "
+                       "params.safetensors (trainable params + QAT state), optimizer.rank0.safetensors "
+                       "(AdamW state) and trainer_state.json (step, options, data position, RNG state: "
+                       "--resume continues it); rank0/ is never modified")
     return {
         "format": "ernie-ir-training", "version": 1,
         "graph": "rank{rank}/graph.ir", "weights": "rank{rank}/weights.safetensors",

@@ -3,7 +3,7 @@
 The same model + pipeline compiled with and without --tp 2: the per-step losses agree step
 for step (1e-5 relative), the global gradient norm the clip uses is the whole model's, and
 the checkpoint merged from the two ranks' slices (global names and shapes, by the `shard`
-annotations) equals the one-rank checkpoint. ernie-4.5-0.3b@tiny has 1 KV head at tp 2, so
+annotations: params.safetensors) equals the one-rank checkpoint. ernie-4.5-0.3b@tiny has 1 KV head at tp 2, so
 its KV projections (and their LoRA B columns) are held by both ranks: the shared-slice
 gradient sum is exercised too.
 """
@@ -47,20 +47,25 @@ def _close(a: list[float], b: list[float]) -> float:
 
 
 def test_tp2_losses_and_merged_checkpoint_equal_one_rank(arts: dict[str, Path]) -> None:
-    one = train_artifact(arts["one"], STEPS)
+    one = train_artifact(arts["one"], STEPS).losses
     seen: list[tuple[int, float]] = []
-    tp2 = train_artifact(arts["tp2"], STEPS, on_step=lambda s, v: seen.append((s, v)), timeout_s=120)
+    published: list[Path] = []
+    result = train_artifact(arts["tp2"], STEPS, on_step=lambda s, v: seen.append((s, v)), timeout_s=120,
+                            on_checkpoint=published.append)
+    tp2 = result.losses
     err = _close(tp2, one)
     print(f"[distributed] {MODEL} LoRA tp 2 vs 1 rank, {STEPS} steps: losses {tp2}, max rel {err:.2e}")
     assert err < 1e-5
     assert seen == list(enumerate(tp2, 1))  # streamed as rank 0 reported them
     assert not leftover_processes()
 
-    ref = load_file(str(arts["one"] / f"training/checkpoints/run-001-step-{STEPS}.safetensors"))
+    ref = load_file(str(arts["one"] / f"training/checkpoints/run-001-step-{STEPS}/params.safetensors"))
     folder = arts["tp2"] / f"training/checkpoints/run-001-step-{STEPS}"
-    assert sorted(p.name for p in folder.iterdir()) == ["merged.safetensors", "rank0.safetensors",
-                                                        "rank1.safetensors"]
-    merged = load_file(str(folder / "merged.safetensors"))
+    assert result.checkpoints == published == [folder]  # reported to the calling process
+    files = ["optimizer.rank0.safetensors", "optimizer.rank1.safetensors", "params.safetensors",
+             "rank0.safetensors", "rank1.safetensors", "trainer_state.json"]
+    assert sorted(p.name for p in folder.iterdir()) == files
+    merged = load_file(str(folder / "params.safetensors"))
     assert sorted(merged) == sorted(ref)
     for name, want in ref.items():
         assert merged[name].shape == want.shape, name
@@ -78,8 +83,7 @@ def test_tp2_losses_and_merged_checkpoint_equal_one_rank(arts: dict[str, Path]) 
         for n in whole:
             np.testing.assert_array_equal(ranks[r][n], ranks[0][n])  # replicated stay identical
     manifest = verify_artifact(arts["tp2"])  # every checkpoint file listed with its sha256
-    assert {f"training/checkpoints/run-001-step-{STEPS}/{f}" for f in
-            ("merged.safetensors", "rank0.safetensors", "rank1.safetensors")} <= set(manifest["files"])
+    assert {f"training/checkpoints/run-001-step-{STEPS}/{f}" for f in files} <= set(manifest["files"])
 
 
 def test_tp2_global_grad_norm_is_the_whole_models(arts: dict[str, Path], tmp_path: Path) -> None:
@@ -106,8 +110,8 @@ def test_tp2_global_grad_norm_is_the_whole_models(arts: dict[str, Path], tmp_pat
 
 def test_moe_tp2_ep2_lora_losses_equal_one_rank(arts: dict[str, Path]) -> None:
     """Expert parallelism: each rank holds 8 of the 16 experts and their adapters."""
-    one = train_artifact(arts["moe-one"], STEPS, save=False)
-    ep = train_artifact(arts["moe-ep"], STEPS, save=False, timeout_s=120)
+    one = train_artifact(arts["moe-one"], STEPS, save=False).losses
+    ep = train_artifact(arts["moe-ep"], STEPS, save=False, timeout_s=120).losses
     err = _close(ep, one)
     print(f"[distributed] ernie-4.5-300b-a47b@tiny LoRA tp 2 ep 2 vs 1 rank: max rel {err:.2e}")
     assert err < 1e-5

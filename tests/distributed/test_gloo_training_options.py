@@ -31,16 +31,17 @@ def test_tp2_with_every_option_equals_one_rank(tmp_path: Path) -> None:
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"input_ids": rng.integers(0, 1024, size=n).tolist()}) + "\n"
                             for n in (11, 4, 8, 6, 3, 9)))
-    one = train_artifact(one_art, 3, data=data, options=OPTIONS)
+    one = train_artifact(one_art, 3, data=data, options=OPTIONS).losses
     seen: list[StepProgress] = []
-    tp2 = train_artifact(tp2_art, 3, data=data, options=OPTIONS, on_progress=seen.append, timeout_s=120)
+    tp2 = train_artifact(tp2_art, 3, data=data, options=OPTIONS, on_progress=seen.append,
+                         timeout_s=120).losses
     err = float(np.max(np.abs(np.subtract(tp2, one)) / np.abs(one)))
     print(f"[distributed] tp 2 with options vs 1 rank: losses {tp2}, max rel {err:.2e}")
     assert err < 1e-5
     assert [p.step for p in seen] == [1, 2, 3] and seen[0].lr == 0.0 and seen[1].lr == pytest.approx(5e-3)
     assert [p.tokens for p in seen] == [10 + 3 + 7 + 5, 2 + 8 + 10 + 3, 7 + 5 + 2 + 8]
-    ref = load_file(str(one_art / "training/checkpoints/run-001-step-3.safetensors"))
-    merged = load_file(str(tp2_art / "training/checkpoints/run-001-step-3/merged.safetensors"))
+    ref = load_file(str(one_art / "training/checkpoints/run-001-step-3/params.safetensors"))
+    merged = load_file(str(tp2_art / "training/checkpoints/run-001-step-3/params.safetensors"))
     for name, want in ref.items():
         np.testing.assert_allclose(merged[name], want, rtol=1e-4, atol=5e-5, err_msg=name)
     assert not leftover_processes()
@@ -49,7 +50,7 @@ def test_tp2_with_every_option_equals_one_rank(tmp_path: Path) -> None:
     config.write_text("learning_rate: 0.01\nweight_decay: 0.1\nlr_scheduler_type: linear\n"
                       "per_device_train_batch_size: 2\nseed: 3\n")
     want = train_artifact(one_art, 2, save=False, options={
-        "lr": 1e-2, "weight_decay": 0.1, "schedule": "linear", "batch_size": 2, "seed": 3})
+        "lr": 1e-2, "weight_decay": 0.1, "schedule": "linear", "batch_size": 2, "seed": 3}).losses
     losses = tmp_path / "losses.jsonl"
     args = ["--steps", "2", "--config", str(config), "--losses", str(losses)]
     ranks = RankProcesses(tp2_art, "train", args, 2, tmp_path)

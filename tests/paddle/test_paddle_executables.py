@@ -93,7 +93,7 @@ def test_training_lowers_loss_and_keeps_base(tmp_path: Path, monkeypatch: pytest
     assert "train" in (out / "training/launch.sh").read_text()
     rank0 = {p.name: sha(p) for p in (out / "rank0").iterdir()}
     layers = _capture_layers(monkeypatch)
-    losses = train_artifact(out, steps=30)
+    losses = train_artifact(out, steps=30).losses
     assert len(losses) == 30 and all(np.isfinite(losses))
     assert losses[-1] < 0.8 * losses[0]
     # base params bit-identical: in the trained Layer and on disk
@@ -108,10 +108,10 @@ def test_training_lowers_loss_and_keeps_base(tmp_path: Path, monkeypatch: pytest
     assert {p.name: sha(p) for p in (out / "rank0").iterdir()} == rank0
     # trained params went to a listed checkpoint; the artifact still verifies
     manifest = verify_artifact(out)
-    assert "training/checkpoints/run-001-step-30.safetensors" in manifest["files"]
+    assert "training/checkpoints/run-001-step-30/params.safetensors" in manifest["files"]
     from safetensors.numpy import load_file
 
-    ckpt = load_file(str(out / "training/checkpoints/run-001-step-30.safetensors"))
+    ckpt = load_file(str(out / "training/checkpoints/run-001-step-30/params.safetensors"))
     assert set(ckpt) == set(recipe["trainable"]) | set(recipe["qat_state"])
     moved = [n for n in recipe["trainable"] if not np.array_equal(
         ckpt[n], np.asarray(graph.params[n].read()).astype(np.float32))]
@@ -125,9 +125,9 @@ def test_training_with_jsonl_data(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     lines = [json.dumps({"input_ids": rng.integers(0, 1000, size=n).tolist()}) for n in (12, 9, 16, 5)]
     data.write_text("\n".join(lines) + "\n")
-    losses = train_artifact(out, steps=20, data=data, lr=5e-3, save=False)
+    losses = train_artifact(out, steps=20, data=data, lr=5e-3, save=False).losses
     assert losses[-1] < losses[0]
-    assert "training/checkpoints/run-001-step-20.safetensors" not in verify_artifact(out)["files"]
+    assert not any("checkpoints" in name for name in verify_artifact(out)["files"])
 
 
 def test_training_needs_trainable_params(tmp_path: Path) -> None:
@@ -177,9 +177,9 @@ def test_a_second_training_run_keeps_the_first_checkpoint(tmp_path: Path) -> Non
     out = tmp_path / "twice"
     compile_model("ernie-4.5-0.3b@tiny", "cuda", lora_rank=2, mode="training", out=out)
     train_artifact(out, steps=2)
-    first = (out / "training/checkpoints/run-001-step-2.safetensors").read_bytes()
+    first = (out / "training/checkpoints/run-001-step-2/params.safetensors").read_bytes()
     train_artifact(out, steps=2, lr=1e-2)
     files = verify_artifact(out)["files"]
-    assert {"training/checkpoints/run-001-step-2.safetensors",
-            "training/checkpoints/run-002-step-2.safetensors"} <= set(files)
-    assert (out / "training/checkpoints/run-001-step-2.safetensors").read_bytes() == first
+    assert {"training/checkpoints/run-001-step-2/params.safetensors",
+            "training/checkpoints/run-002-step-2/params.safetensors"} <= set(files)
+    assert (out / "training/checkpoints/run-001-step-2/params.safetensors").read_bytes() == first

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import ernie_ir
-from ernie_ir.artifacts import ArtifactError, publish_into, temp_name, verify_artifact
+from ernie_ir.artifacts import ArtifactError, publish_into, record_files, temp_name, verify_artifact
 from ernie_ir.artifacts.publish import lock_holder
 from ernie_ir.targets import compile_model
 
@@ -160,24 +160,24 @@ def test_without_renameat2_the_swap_still_leaves_old_or_new(tmp_path: Path,
         compile_model(MODEL, "kunlun", out=out)
 
 
-class _Layer:
-    """What `_save_checkpoint` reads of a trained Layer: its params as numpy."""
-
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-    def state_numpy(self, names: list[str]) -> dict[str, object]:
+def _params_writer(value: float):
+    """What a trainer writes into its staged checkpoint folder (here: one params file)."""
+    def write(stage: Path) -> None:
         import numpy as np
+        from safetensors.numpy import save_file
 
-        return {n: np.full((4,), self.value, np.float32) for n in names}
+        save_file({"w": np.full((4,), value, np.float32)}, str(stage / "params.safetensors"))
+
+    return write
 
 
 def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path) -> None:
     """Two runs that read the manifest at the same start save together (threads: each lock is
-    its own open file): run-001 and run-002, both listed; a killed run's temp file is removed."""
+    its own open file): folders run-001 and run-002, both listed; a killed run's temp folder is
+    removed."""
     import threading
 
-    from ernie_ir.runtime.training import _save_checkpoint
+    from ernie_ir.runtime.train_state import CheckpointRun, checkpoint_expected, save_checkpoint
 
     root = tmp_path / "a"
     compile_model(MODEL, "kunlun", out=root)
@@ -186,19 +186,49 @@ def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path) -> N
     folder.mkdir(parents=True)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=30)
-    (folder / f".checkpoint.tmp-{dead.pid}-0123abcd").write_bytes(b"\0" * 1000)  # a SIGKILLed run's
+    killed = folder / f".checkpoint.tmp-{dead.pid}-0123abcd"  # a SIGKILLed run's staging folder
+    killed.mkdir()
+    (killed / "params.safetensors").write_bytes(b"\0" * 1000)
     outs: list[Path] = []
     runs = [threading.Thread(target=lambda v=v: outs.append(
-        _save_checkpoint(root, dict(start, files=dict(start["files"])), _Layer(v), {"trainable": ["w"]}, 3)))
+        save_checkpoint(root, _params_writer(v), 3, CheckpointRun(), checkpoint_expected(start))))
         for v in (1.0, 2.0)]
     for t in runs:
         t.start()
     for t in runs:
         t.join(timeout=60)
-    assert sorted(p.name for p in outs) == ["run-001-step-3.safetensors", "run-002-step-3.safetensors"]
+    assert sorted(p.name for p in outs) == ["run-001-step-3", "run-002-step-3"]
     assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in outs)
     files = verify_artifact(root)["files"]
-    assert all(f"training/checkpoints/{p.name}" in files for p in outs)
+    assert all(f"training/checkpoints/{p.name}/params.safetensors" in files for p in outs)
+
+
+def test_older_checkpoints_are_removed_and_unlisted_under_the_lock(tmp_path: Path) -> None:
+    """retire_published (--save-total-limit): the newest by (run, step) stay, the others are
+    deleted with every manifest entry under them (files added to a folder later too); other
+    entries of the folder are never touched; verify passes."""
+    from ernie_ir.artifacts.publish import retire_published
+    from ernie_ir.runtime.train_state import CheckpointRun, checkpoint_order, save_checkpoint
+
+    root = tmp_path / "a"
+    compile_model(MODEL, "kunlun", out=root)
+    start = verify_artifact(root)
+    first, second = CheckpointRun(), CheckpointRun()
+    made = [save_checkpoint(root, _params_writer(1.0), s, first, start) for s in (2, 10)]
+    made += [save_checkpoint(root, _params_writer(2.0), s, second, start) for s in (4, 6)]
+    assert [p.name for p in made] == ["run-001-step-2", "run-001-step-10", "run-002-step-4", "run-002-step-6"]
+    folder = root / "training" / "checkpoints"
+    extra = made[0] / "adapter" / "lora_config.json"  # what an on_checkpoint callback adds
+    extra.parent.mkdir()
+    extra.write_text("{}")
+    record_files(root, [extra])
+    removed = retire_published(root, folder, 2, checkpoint_order)
+    assert [p.name for p in removed] == ["run-001-step-2", "run-001-step-10"]
+    assert sorted(p.name for p in folder.iterdir()) == ["run-002-step-4", "run-002-step-6"]
+    files = verify_artifact(root)["files"]
+    assert not any("run-001" in n for n in files)
+    assert "training/checkpoints/run-002-step-4/params.safetensors" in files
+    assert retire_published(root, folder, 2, checkpoint_order) == []
 
 
 def test_compile_stop_after_writes_its_graph_folder_under_the_lock(tmp_path: Path,
