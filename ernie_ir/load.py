@@ -141,7 +141,7 @@ def training_checkpoints(manifest: dict[str, Any]) -> list[TrainingCheckpoint]:
         if m is None or (name in found and found[name][0] <= rank):
             continue
         found[name] = (rank, TrainingCheckpoint(name, rel, int(m[1]), int(m[2])))
-    return sorted((c for _, c in found.values()), key=lambda c: (c.run, c.name))
+    return sorted((c for _, c in found.values()), key=lambda c: (c.run, c.steps))
 
 
 def resolve_checkpoint(root: Path, manifest: dict[str, Any], checkpoint: str | None) -> TrainingCheckpoint:

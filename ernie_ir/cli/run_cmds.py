@@ -232,8 +232,21 @@ def train(
     artifact: Annotated[Path, typer.Argument(help="An artifact compiled with --mode training.")],
     steps: Annotated[int, typer.Option("--steps", "--max-steps", min=1, help="Optimizer steps.")],
     data: Annotated[
-        Path | None, typer.Option("--data", help='JSON lines {"input_ids": [...]}; default: a fixed batch.')
+        Path | None, typer.Option(
+            "--data", help='JSON lines: ERNIEKit SFT {"src", "tgt"[, "system", "label"]}, alpaca, '
+            '{"text"} (tokenized with the artifact\'s tokenizer and chat template; only answers carry '
+            'loss) or {"input_ids"[, "labels"]}; default: a fixed synthetic batch.')
     ] = None,
+    eval_data: Annotated[
+        Path | None, typer.Option("--eval-data", help="JSON lines as --data: the eval loss on them every "
+                                  "--eval-steps steps and at the end.")
+    ] = None,
+    max_seq_len: Annotated[int | None, typer.Option(
+        "--max-seq-len", help="Tokens per example: older turns are dropped first (ERNIEKit's rule), text "
+        "is cut at the tail (default: the model's positions).")] = None,
+    packing: Annotated[bool, typer.Option(
+        "--packing/--no-packing", help="Pack several examples into one row (refused: see the message).")
+    ] = False,
     config: Annotated[
         Path | None,
         typer.Option("--config", help="YAML or JSON of training options (these names or ERNIEKit's: "
@@ -292,11 +305,14 @@ def train(
     (a multi-rank artifact: one paddle.distributed gloo process per rank). Every option
     defaults to the artifact's recipe (training/train.json), then --config, then the flag.
     Checkpoints go to ARTIFACT/training/checkpoints/run-K-step-N/ (at the end, every
-    --save-steps); --resume continues the newest as a new run, bit for bit."""
+    --save-steps), a LoRA one with adapter/ (a paddleformers adapter folder that
+    `compile --lora-adapter` and paddleformers' LoRAModel.from_pretrained read); --resume
+    continues the newest as a new run, bit for bit."""
     import json
 
+    from ernie_ir.finetune import fine_tune
     from ernie_ir.ir import ErnieIRError
-    from ernie_ir.runtime.training import read_config, resolve_options, split_run_keys, train_artifact
+    from ernie_ir.runtime.training import read_config, resolve_options, split_run_keys
 
     flags = {"lr": lr, "batch_size": batch_size, "grad_accum": grad_accum, "clip_norm": clip_norm,
              "weight_decay": weight_decay, "beta1": beta1, "beta2": beta2, "eps": eps,
@@ -312,8 +328,9 @@ def train(
     start: str | bool | None = resume_from if resume_from is not None else (True if resume else config_resume)
     draw = err.is_terminal if progress is None else progress
     with _rank_log_on_error(), _train_progress(draw, steps) as on_progress:
-        result = train_artifact(artifact, steps, data, options=options, on_progress=on_progress,
-                                timeout_s=timeout, resume=start)
+        result = fine_tune(artifact, steps, data, eval_data=eval_data, max_seq_len=max_seq_len,
+                           packing=packing, options=options, on_progress=on_progress, timeout_s=timeout,
+                           resume=start)
     if json_out:
         from ernie_ir.runtime.training import read_training_artifact
 

@@ -147,13 +147,18 @@ def _onnx_emitter(graph: Graph, numerics: str, kv_cache_dtype: str | None = None
     from ernie_ir.ir.storage import clone_graph
     from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
 
-    from .emit_onnx import emit_onnx, unsupported_ops
+    from .emit_onnx import emit_onnx, first_refusal, unsupported_ops
     from .genai_config import GenaiConfigError, missing_token_ids, write_genai_config
 
     missing = unsupported_ops(graph)
     if missing:
         raise TargetError(f"--emit onnx: {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} "
-                          "no ONNX lowering (e.g. QAT fake-quant, fp8): drop onnx from --emit")
+                          "no ONNX lowering (e.g. fp8): drop onnx from --emit")
+    refused = first_refusal(graph)  # an op that lowers, but not with these attrs
+    if refused is not None:
+        node, why = refused
+        raise TargetError(f"--emit onnx: {node.op} at {node.scope or '<root>'} cannot be lowered: {why}; "
+                          "or drop onnx from --emit")
     decoder = clone_graph(graph)
     try:
         layout = add_kv_cache(decoder, kv_cache_dtype)

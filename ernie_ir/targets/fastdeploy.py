@@ -63,7 +63,10 @@ from .capabilities import HardwareTarget
 
 FD_WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
-ARCHITECTURES = ("Ernie4_5_ForCausalLM", "Ernie4_5_MoeForCausalLM")
+ARCHITECTURES = ("Ernie4_5_ForCausalLM", "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM",
+                 "Ernie4_5MoeForCausalLM")
+"""ERNIE 4.5 as the published Paddle checkpoints, transformers and paddleformers spell it (FastDeploy
+accepts each: its `ErnieArchitectures`)."""
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "generation_config.json", "vocab.json", "vocab.txt", "merges.txt",
                    "chat_template.json", "chat_template.jinja")
@@ -394,7 +397,7 @@ def published_tensors(graph: Graph) -> list[tuple[str, WeightSource]]:
     FastDeployError (one line) for another model family, a graph without weights, or params the
     published checkpoint has no key for (quantized weights and scales, LoRA adapters, QAT or FP8
     state)."""
-    if graph.metadata.get("architecture") not in (*ARCHITECTURES, "Ernie4_5ForCausalLM"):  # + paddleformers'
+    if graph.metadata.get("architecture") not in ARCHITECTURES:
         raise FastDeployError(f"{graph.metadata.get('architecture') or 'the model'} is not ERNIE 4.5 "
                               f"({' or '.join(ARCHITECTURES)}): the published checkpoint layout is "
                               "written for ERNIE 4.5 only")
