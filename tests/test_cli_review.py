@@ -283,7 +283,8 @@ def test_train_refuses_a_sequence_longer_than_the_positions(training_artifact: P
     data.write_text(json.dumps({"input_ids": list(range(1, 300))}) + "\n")
     before = tree(training_artifact)
     line = user_error(capsys, "train", str(training_artifact), "--steps", "1", "--data", str(data))
-    assert line == f"error: {data}:1: 299 tokens, but the model has 128 positions: split the sequence"
+    assert line == (f"error: {data}:1: 299 tokens, but the model has 128 positions: give --max-seq-len 128 "
+                    "to truncate it, or split the example")
     assert tree(training_artifact) == before
 
 
@@ -342,7 +343,8 @@ def test_binary_training_data(training_artifact: Path, tmp_path: Path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_bytes(b'{"input_ids": [1, 2]}\n\xff\xfe\n')
     line = user_error(capsys, "train", str(training_artifact), "--steps", "1", "--data", str(data))
-    assert line == f'error: {data}: not UTF-8 text: training data is JSON lines {{"input_ids": [...]}}'
+    assert line == (f"error: {data}:2: not UTF-8 text (byte 22): fine-tuning data is JSON Lines in UTF-8; "
+                    "re-export the file as UTF-8")
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -243,7 +243,8 @@ def train(
     ] = None,
     max_seq_len: Annotated[int | None, typer.Option(
         "--max-seq-len", help="Tokens per example: older turns are dropped first (ERNIEKit's rule), text "
-        "is cut at the tail (default: the model's positions).")] = None,
+        "and token ids are cut at the tail (default: no truncation; a row longer than the model's positions "
+        "is refused).")] = None,
     packing: Annotated[bool, typer.Option(
         "--packing/--no-packing", help="Pack several examples into one row (refused: see the message).")
     ] = False,

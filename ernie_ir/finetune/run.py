@@ -7,8 +7,10 @@ carry paddleformers adapter folders; what `ernie-ir train` calls.
 
 The artifact's tokenizer (the folder the manifest's `"tokenizer"` names, copied from the
 checkpoint at compile time) turns text and ERNIEKit SFT lines into (input_ids, labels) rows
-(`read_sft_data`); token-id lines need none. `max_seq_len` defaults to the model's positions
-(a longer example is truncated by ERNIEKit's rule instead of refused). The rows go to
+(`read_sft_data`); token-id lines need none. Examples are truncated only when `max_seq_len` is
+given (ERNIEKit's rule: the oldest turns first; text and token ids at the tail); without it an
+example longer than the model's positions is refused with its line number, as the runtime
+refuses any over-long row. The rows go to
 `ernie_ir.runtime.training.train_artifact`, whose `on_checkpoint` hook writes each published
 checkpoint's `adapter/` (`export_adapter`) as soon as it is published. Packing is refused
 (`PACKING_REFUSED` says why).
@@ -42,13 +44,19 @@ def artifact_tokenizer(artifact: Path) -> Tokenizer | None:
 
 
 def model_positions(artifact: Path) -> int | None:
-    """The positions the artifact's model has (its position_ids limit), None when unbounded."""
+    """The positions the artifact's model has: its position_ids limit (learned positions), else
+    its config's `max_position_embeddings` (RoPE models such as ERNIE 4.5 have no position_ids
+    node); None when neither is known."""
     from ernie_ir.ir.storage import load_graph
 
     graph = load_graph(Path(artifact) / "rank0")
     limits = [n.attrs.limit for n in graph.nodes
               if n.op == "position_ids" and getattr(n.attrs, "limit", None) is not None]
-    return min(limits) if limits else None
+    if limits:
+        return min(limits)
+    config = graph.metadata.get("config")
+    n = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return n if type(n) is int and n > 0 else None
 
 
 def fine_tune(artifact: Path, steps: int, data: Path | None = None, *, eval_data: Path | None = None,
@@ -69,18 +77,21 @@ def fine_tune(artifact: Path, steps: int, data: Path | None = None, *, eval_data
     from ernie_ir.runtime.training import IGNORE, read_training_artifact, resolve_options
 
     _, recipe, _ = read_training_artifact(root)
-    ignore_index = resolve_options(recipe, options or {}).ignore_index
+    resolved = resolve_options(recipe, options or {})
+    ignore_index = resolved.ignore_index
+    if resolved.eval_steps is not None and eval_data is None:
+        raise FineTuneError(f"--eval-steps {resolved.eval_steps} needs evaluation data: give --eval-data "
+                            "FILE (JSON Lines, as --data) or drop --eval-steps")
     positions = model_positions(root)
     if max_seq_len is not None and positions is not None and max_seq_len > positions:
-        raise FineTuneError(f"--max-seq-len {max_seq_len} exceeds the model's {positions} positions: "
-                            f"give at most {positions}")
-    length = max_seq_len if max_seq_len is not None else positions
+        raise FineTuneError(f"--max-seq-len {max_seq_len} exceeds the model's {positions} positions "
+                            f"(max_position_embeddings): give at most {positions}")
     tokenizer = artifact_tokenizer(root) if data is not None or eval_data is not None else None
 
     def rows(path: Path | None) -> list[tuple[list[int], list[int]]] | None:
         if path is None:
             return None
-        return read_sft_data(Path(path), tokenizer, max_seq_len=length,
+        return read_sft_data(Path(path), tokenizer, max_seq_len=max_seq_len, positions=positions,
                              ignore_index=ignore_index if ignore_index is not None else IGNORE)
 
     from ernie_ir.runtime.training import train_artifact

@@ -373,13 +373,16 @@ def _parse(line: str) -> dict[str, Any]:
 
 
 def read_sft_data(path: Path, tokenizer: Tokenizer | None, *, max_seq_len: int | None = None,
-                  ignore_index: int = -100) -> list[tuple[list[int], list[int]]]:
+                  ignore_index: int = -100,
+                  positions: int | None = None) -> list[tuple[list[int], list[int]]]:
     """The (input_ids, labels) rows of a fine-tuning JSON Lines file, one per example, in file order.
 
     `tokenizer`: the model's (None: only `{"input_ids": ...}` lines can be read). `max_seq_len`:
     the longest row (None: no limit); chats keep their newest turns, text and ids lines are cut.
-    `ignore_index`: the label of every token that is not learned. The module docstring gives the
-    formats and the label rule. Raises `SftDataError` (one line, `path:line`) for anything wrong.
+    `ignore_index`: the label of every token that is not learned. `positions`: the model's (None:
+    unbounded); without `max_seq_len` a longer row is refused (nothing is truncated unasked). The
+    module docstring gives the formats and the label rule. Raises `SftDataError` (one line,
+    `path:line`) for anything wrong.
     """
     p = Path(path)
     if max_seq_len is not None and (type(max_seq_len) is not int or max_seq_len < 2):
@@ -406,16 +409,18 @@ def read_sft_data(path: Path, tokenizer: Tokenizer | None, *, max_seq_len: int |
             kind = _format_of(row)
             if kind == "input_ids":
                 rows.append(_ids_row(row, max_seq_len, ignore_index))
-                continue
-            if tokenizer is None or encoder is None:
+            elif tokenizer is None or encoder is None:
                 raise _LineError(f"a {kind} line needs a tokenizer: the artifact has none; give "
                                  'pre-tokenized {"input_ids": [...], "labels": [...]} lines, or use a '
                                  "model whose folder has its tokenizer files")
-            if kind == "text":
+            elif kind == "text":
                 rows.append(_text_row(tokenizer, row, max_seq_len))
             else:
                 chat = _sft_chat(row) if kind == "ERNIEKit SFT" else _alpaca_chat(row)
                 rows.append(_chat_row(encoder, chat, max_seq_len, ignore_index))
+            if max_seq_len is None and positions is not None and len(rows[-1][0]) > positions:
+                raise _LineError(f"{len(rows[-1][0])} tokens, but the model has {positions} positions: "
+                                 f"give --max-seq-len {positions} to truncate it, or split the example")
         except (_LineError, ErnieIRError) as e:
             raise SftDataError(f"{p}:{n}: {_one_line(str(e))}") from None
     if not rows:
