@@ -39,7 +39,6 @@ class FakeQuant(OpDef):
     """
 
     name = "fake_quant"
-    no_onnx = "QAT fake quantization is a training op (compile --quant wint8 for ONNX)"
     inputs = (Input("x"),)
     Attrs = FakeQuantAttrs
 

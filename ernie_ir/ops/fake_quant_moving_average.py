@@ -47,7 +47,6 @@ class FakeQuantMovingAverage(OpDef):
     """
 
     name = "fake_quant_moving_average"
-    no_onnx = "QAT fake quantization is a training op (compile --quant wint8 for ONNX)"
     inputs = (Input("x"), Input("scale"), Input("accum"), Input("state"))
     Attrs = MovingAverageAttrs
 

@@ -21,7 +21,6 @@ class Pact(OpDef):
     """
 
     name = "pact"
-    no_onnx = "PACT clipping is a QAT training op (compile --quant wint8 for ONNX)"
     inputs = (Input("x"), Input("alpha"))
 
     def infer(self, types: Sequence[TensorType | None], attrs: OpAttrs) -> list[TensorType]:

@@ -65,15 +65,15 @@ pad's), as the interpreter does; without a mask it is lowered as before.
 QAT quantizers (what a converted QAT graph keeps, `qat-convert`): `pact`,
 `fake_quant_moving_average` in its inference form (is_test: the learned scale, a constant)
 and `fake_quant` (abs-max from x; a constant input is folded by its kernel) are their numpy
-kernels (`ernie_ir.ops.quant_numerics.fake_quant_dequant`) one ONNX op per numpy operation,
-in float32, so the results are the interpreter's bit for bit (tests/onnx/test_onnx_qat.py;
-onnxruntime's CPU EP): Add/Sub/Mul/Div are IEEE float32 as numpy's; Max/Min keep the operand
-np.maximum/np.minimum keep (signed zeros, NaN); Round is np.rint (half to even); round half
-away from zero is the kernel's trunc(t + copysign(0.49999997, t)) as Where(sign bit of t,
-Ceil(t - h), Floor(t + h)); a constant scale's multiplier b * inverse(s) is computed here by
-the kernel's numpy. Not QuantizeLinear/DequantizeLinear: they divide by the scale where the
-kernel multiplies by b * (1 / s), and round half to even. The training form (it updates its
-state) is refused (`refusal`).
+kernels (`ernie_ir.ops.quant_numerics.fake_quant_dequant`), one float32 ONNX op per numpy
+operation, so the results are the interpreter's bit for bit, signed zeros included
+(tests/onnx/test_onnx_qat.py; onnxruntime's CPU EP): Add/Sub/Mul/Div are IEEE float32 as
+numpy's, Max/Min keep the operand np.maximum/np.minimum keep, Round is np.rint (half to
+even), and round half away from zero is the kernel's trunc(t + copysign(0.49999997, t)),
+exactly sign(t) * Floor(|t| + 0.49999997). A constant scale's multiplier b * inverse(s) is
+computed here by the kernel's numpy. Not QuantizeLinear/DequantizeLinear: they divide by the
+scale where the kernel multiplies by b * (1 / s), and round half to even. The training form
+of the moving average (it updates its state) is refused (`refusal`).
 """
 
 from __future__ import annotations
@@ -90,7 +90,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ernie_ir.ir import DType, ErnieIRError, Graph, Node, OpDef, Param, Value, all_ops
 from ernie_ir.ir.weights import write_buffer
-from ernie_ir.ops.quant_numerics import _PREV_HALF as HALF_BELOW
 from ernie_ir.ops.quant_numerics import num_groups, paddle_inverse
 
 OPSET = 21
@@ -131,14 +130,19 @@ _CACHED_BYTES = 1 << 20  # params up to this size stay cached while emitting (sc
 _NARROW_MIN = 4096  # bf16/f16 params of at least this many elements stay bf16/f16 in the file
 
 
+HALF_BELOW = np.nextafter(np.float32(0.5), np.float32(0))
+"""0.49999997, the float32 below 0.5: quant_numerics.round_half_away adds it (copysigned)."""
+
+
 def _fq_bound(bits: int) -> np.float32:
     """b = 2^(bits-1) - 1, the fake quantizers' bound, as the kernels hold it (float32)."""
     return np.float32(2 ** (bits - 1) - 1)
 
 
 TRAINING_FORM = ("the training form (is_test=false) updates its moving-average scale on every call, "
-                 "which an inference model does not keep: train the QAT artifact (`ernie-ir train`) "
-                 "and compile it (its quantizers then read their learned scale)")
+                 "which an inference model does not keep: compile the model with --mode training, "
+                 "train it (`ernie-ir train`) and compile that artifact (its quantizers then read "
+                 "their learned scale)")
 
 
 def refusal(node: Node) -> str | None:
@@ -526,26 +530,25 @@ class _Emitter:
     # -- QAT quantizers (inference forms) --------------------------------------------------------
     def op_fake_quant_moving_average(self, node: Node) -> list[str]:
         """The inference form (is_test): fake_quant_dequant(x, scale) with the stored (learned)
-        scale; the state passes through. A constant scale is folded here by the kernel's numpy."""
+        scale; the state passes through. A constant scale's multiplier b * inverse(s) is
+        computed here by the kernel's numpy."""
         why = refusal(node)
         if why is not None:
             raise self.fail(why)
         xv, sv, accv, statev = node.inputs
         a = node.attrs
+        s = self.name(sv)  # f32[1]: the kernel's scale[0], broadcast alike
         if isinstance(sv, Param) or sv in self.consts:
-            s0 = np.asarray(self.array(sv), np.float32).reshape(1)  # the kernel's scale[0], as [1]
-            s = self.name(sv)
-            neg_s = self.init(self.derived(sv, "neg"), -s0)
+            s0 = np.asarray(self.array(sv), np.float32).reshape(1)
             k = self.init(self.derived(sv, f"fake_quant_k{a.bits}"), _fq_bound(a.bits) * paddle_inverse(s0))
         else:
-            s = self.name(sv)
-            neg_s, k = self.op("Neg", [s]), self._fq_multiplier(s, a.bits)
-        y = self._fake_quant_dequant(self.name(xv), s, neg_s, k, a.bits, a.round_type, scalar=True)
+            k = self._fq_multiplier(s, a.bits)
+        y = self._fake_quant_dequant(self.name(xv), s, k, a.bits, a.round_type, one_scale=True)
         return [y, *(self._passed(node, i, v) for i, v in ((1, sv), (2, statev), (3, accv)))]
 
     def op_fake_quant(self, node: Node) -> list[str] | None:
-        """abs-max fake quantization, its scale computed from x (exact: ReduceMax of |x|). A constant
-        x (a weight qat-convert kept) is folded at export by the kernel itself."""
+        """abs-max fake quantization, its scale computed from x (ReduceMax of |x|, exact); a
+        constant x (a weight qat-convert kept) is folded at export by the kernel itself."""
         xv = node.inputs[0]
         if isinstance(xv, Param) or xv in self.consts:
             self._fold(node)
@@ -553,22 +556,23 @@ class _Emitter:
         a = node.attrs
         rank = xv.type.rank
         keep = sorted({ax % rank for ax in a.axes}) if rank else []
+        reduce = [i for i in range(rank) if i not in keep]
         x = self.name(xv)
         absx = self.op("Abs", [x])
         if not keep:
-            s, scalar = self.op("ReduceMax", [absx], keepdims=0), True
+            s, one_scale = self.op("ReduceMax", [absx], keepdims=0), True
         else:
-            reduce = [i for i in range(rank) if i not in keep]
             s = self.op("ReduceMax", [absx, self.const(reduce)], keepdims=1) if reduce else absx
+            # np.clip's path for one scale: a scale of one element against a larger x (a symbolic
+            # dim counts as > 1)
             dims = xv.type.shape
-            one_scale = all(dims[i] == 1 for i in keep)
-            one_x = all(dims[i] == 1 for i in range(rank))  # a symbolic dim counts as > 1
-            scalar = one_scale and not one_x
-        return [self._fake_quant_dequant(x, s, self.op("Neg", [s]), self._fq_multiplier(s, a.bits),
-                                         a.bits, a.round_type, scalar=scalar)]
+            one_scale = all(dims[i] == 1 for i in keep) and not all(dims[i] == 1 for i in reduce)
+        return [self._fake_quant_dequant(x, s, self._fq_multiplier(s, a.bits), a.bits, a.round_type,
+                                         one_scale=one_scale)]
 
     def op_pact(self, node: Node) -> list[str]:
-        """y = (x - max(x - alpha, 0)) + max(-alpha - x, 0), the kernel's operations in its order."""
+        """y = (x - max(x - alpha, 0)) + max(-alpha - x, 0), the kernel's operations in its order
+        (onnxruntime's Max against a scalar 0 keeps the same operand as np.maximum)."""
         x = self.name(node.inputs[0])
         alpha = self.name(node.inputs[1])
         zero = self.f32(0.0)
@@ -585,40 +589,52 @@ class _Emitter:
         return self.fresh("unread")
 
     def _fq_multiplier(self, s: str, bits: int) -> str:
-        """k = b * paddle_inverse(s) in the graph: Where(s <= 1e-30, 1 / (s + 1e-6), 1 / s)."""
+        """k = b * paddle_inverse(s) in the graph: b * Where(s <= 1e-30, 1 / (s + 1e-6), 1 / s)."""
         one = self.f32(1.0)
         inv = self.op("Where", [self.op("LessOrEqual", [s, self.f32(1e-30)]),
                                 self.op("Div", [one, self.op("Add", [s, self.f32(1e-6)])]),
                                 self.op("Div", [one, s])])
         return self.op("Mul", [self.f32(_fq_bound(bits)), inv])
 
-    def _fake_quant_dequant(self, x: str, s: str, neg_s: str, k: str, bits: int, round_type: int, *,
-                            scalar: bool) -> str:
-        """quant_numerics.fake_quant_dequant(x, s) from s, -s and k = b * inverse(s), one ONNX op per
-        numpy operation (module docstring, "QAT quantizers"):
+    def _fake_quant_dequant(self, x: str, s: str, k: str, bits: int, round_type: int, *,
+                            one_scale: bool) -> str:
+        """quant_numerics.fake_quant_dequant(x, s) from s and k = b * inverse(s): the numpy
+        kernel's operations, each one IEEE float32 ONNX op, with the signs of zeros carried by
+        products (onnxruntime's Where turns a selected -0 into +0, and its Max/Min against a
+        broadcast scalar keep the scalar on a tie of signed zeros, where numpy keeps the other):
 
-          round_type 0: q = Min(b, Max(-b - 1, Round(k * x)))       np.clip(np.rint(k * x), -b - 1, b)
-          round_type 1: t = k * clip(x, -s, s)
-                        q = Where(signbit(t), Ceil(t + -h), Floor(t + h))   trunc(t + copysign(h, t))
-          y = (q * s) / b                                            h = 0.49999997 (round_half_away)
+          round_type 0: q = Min(b, Max(-b - 1, Round(k * x)))   np.clip(np.rint(k * x), -b - 1, b)
+          round_type 1: c = sign(x) * Min(|x|, s)                np.clip(x, -s, s)
+                        t = k * c
+                        q = sign(t) * Floor(|t| + h)             trunc(t + copysign(h, t)), exactly
+          y = (q * s) / b                                        (h = 0.49999997, round_half_away)
 
-        np.clip keeps a different operand on a tie of signed zeros (s = 0) for one scale
-        (`scalar`: Min(hi, Max(lo, x))) than for a scale per element (Min(Max(x, lo), hi))."""
+        sign(v) = -1 where v's sign bit is set (-0 included), else 1. Where s = 0, np.clip gives
+        x's signed zero for one scale (`one_scale`) but +0 against a scale per element: there
+        sign(x) is 1 where s = 0."""
         b = _fq_bound(bits)
         if round_type == 0:
             r = self.op("Round", [self.op("Mul", [k, x])])  # half to even, as np.rint
             q = self.op("Min", [self.f32(b), self.op("Max", [self.f32(-b - np.float32(1)), r])])
         else:
-            c = (self.op("Min", [s, self.op("Max", [neg_s, x])]) if scalar
-                 else self.op("Min", [self.op("Max", [x, neg_s]), s]))
+            neg_x = self._sign_bit(x)
+            if not one_scale:
+                neg_x = self.op("And", [neg_x, self.op("Greater", [s, self.f32(0.0)])])
+            c = self.op("Mul", [self._unit(neg_x), self.op("Min", [self.op("Abs", [x]), s])])
             t = self.op("Mul", [k, c])
-            zero = self.f32(0.0)
-            # the sign bit of t, -0 included (1 / -0 = -inf): copysign has no ONNX op
-            neg = self.op("Or", [self.op("Less", [t, zero]),
-                                 self.op("Less", [self.op("Div", [self.f32(1.0), t]), zero])])
-            q = self.op("Where", [neg, self.op("Ceil", [self.op("Add", [t, self.f32(-HALF_BELOW)])]),
-                                  self.op("Floor", [self.op("Add", [t, self.f32(HALF_BELOW)])])])
+            mag = self.op("Floor", [self.op("Add", [self.op("Abs", [t]), self.f32(HALF_BELOW)])])
+            q = self.op("Mul", [self._unit(self._sign_bit(t)), mag])
         return self.op("Div", [self.op("Mul", [q, s]), self.f32(b)])
+
+    def _sign_bit(self, v: str) -> str:
+        """bool: v's sign bit is set, -0 included (1 / -0 = -inf); false for NaN."""
+        zero = self.f32(0.0)
+        return self.op("Or", [self.op("Less", [v, zero]),
+                              self.op("Less", [self.op("Div", [self.f32(1.0), v]), zero])])
+
+    def _unit(self, neg: str) -> str:
+        """-1 where `neg`, else 1 (float32): a factor that gives a product the sign bit."""
+        return self.op("Where", [neg, self.f32(-1.0), self.f32(1.0)])
 
     def op_rms_norm(self, node: Node) -> list[str]:
         x, w = self.name(node.inputs[0]), self.name(node.inputs[1])
