@@ -417,6 +417,8 @@ def build_manifest(*, ernie_ir_version: str, source: dict[str, Any], pipeline: s
         "weights": weights,
         "parallel": {"tp": mapping.tp, "ep": mapping.ep, "world_size": mapping.world_size,
                      "ranks": [f"rank{r}" for r in range(mapping.world_size)],
+                     **({"dp": mapping.dp, "processes": mapping.processes, "sharding": mapping.sharding}
+                        if mapping.dp > 1 else {}),
                      "mapping": mapping.model_dump(mode="json")},
         "kernel_plan": {"kernels": dict(sorted(kernels.items())),
                         "fallbacks": kernel_plan.get("fallbacks", [])},

@@ -120,6 +120,12 @@ CheckpointOpt = Annotated[
 ]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (attention heads, FFN, vocab).")]
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (whole routed experts per group).")]
+DpOpt = Annotated[int | None, typer.Option(
+    "--dp", help="Training: data-parallel replicas of the tp x ep ranks (dp x tp processes; each takes "
+    "batch_size / dp rows of every batch).")]
+ShardingOpt = Annotated[str | None, typer.Option(
+    "--sharding", help="Training with --dp N: stage1 (optimizer states split over the replicas) or stage2 "
+    "(also the gradients); none: off.")]
 DisablePassOpt = Annotated[
     list[str] | None,
     typer.Option("--disable-pass", help="Skip pass NAME wherever the pipeline has it (repeatable, or "

@@ -12,6 +12,7 @@ import typer
 from .common import (
     CheckpointOpt,
     DisablePassOpt,
+    DpOpt,
     EpOpt,
     LoraAdapterOpt,
     LoraAlphaOpt,
@@ -23,6 +24,7 @@ from .common import (
     PipelineOpt,
     QuantConfigOpt,
     QuantOpt,
+    ShardingOpt,
     TpOpt,
     TrustOpt,
     err,
@@ -44,6 +46,8 @@ def compile(
     quant_config: QuantConfigOpt = None,
     tp: TpOpt = 1,
     ep: EpOpt = 1,
+    dp: DpOpt = None,
+    sharding: ShardingOpt = None,
     pipeline: PipelineOpt = None,
     cuda_arch: Annotated[
         int | None, typer.Option("--cuda-arch", help="--target cuda only: 70, 75, 80, 86, 89 or 90 "
@@ -102,7 +106,9 @@ def compile(
         report = compile_model(model, target, quant=quant, mode=mode, pipeline=pipeline,
                                lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
                                lora_adapter=lora_adapter, quant_config=quant_config,
-                               cuda_arch=cuda_arch, tp=tp, ep=ep, out=out_dir, force=force,
+                               cuda_arch=cuda_arch, tp=tp, ep=ep, dp=1 if dp is None else dp,
+                               sharding=None if sharding in (None, "none") else sharding,
+                               out=out_dir, force=force,
                                trust_pickle=trust_pickle, meta=meta, progress=progress,
                                onnx_numerics=onnx_numerics, emit=emit,
                                disabled_passes=split_names(disable_pass), stop_after=stop_after,

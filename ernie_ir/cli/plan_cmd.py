@@ -10,6 +10,15 @@ import typer
 
 from .common import LoraRankOpt, ModelArg, QuantOpt, out
 
+PlanDpOpt = Annotated[int | None, typer.Option(
+    "--dp", help="Training: data-parallel replicas (default 1); --batch stays per replica.")]
+PlanShardingOpt = Annotated[str | None, typer.Option(
+    "--sharding", help="Training, with --dp > 1 or --devices: ZeRO stage1 (optimizer states / dp) or "
+    "stage2 (gradients too); ERNIEKit's `sharding:`.")]
+PlanDevicesOpt = Annotated[int | None, typer.Option(
+    "--devices", help="Training: lay out this many devices (max(tp, ep) x dp), smallest model-parallel "
+    "group that fits first, dp filling the rest.")]
+
 
 def plan(
     model: ModelArg,
@@ -40,6 +49,9 @@ def plan(
         bool, typer.Option("--offload-optimizer", help="Optimizer states in host memory.")
     ] = False,
     recompute: Annotated[bool, typer.Option("--recompute", help="Full recompute per decoder layer.")] = False,
+    dp: PlanDpOpt = None,
+    sharding: PlanShardingOpt = None,
+    devices: PlanDevicesOpt = None,
     device_memory: Annotated[str | None, typer.Option(
         "--device-memory", help="Per device: 80GiB, 80G or 80GB (all binary). Without --tp/--ep: "
         "search the smallest device count that fits.")] = None,
@@ -73,7 +85,8 @@ def plan(
                          moment_dtype=moment_dtype, kv_cache_dtype=kv_cache_dtype, reserve=reserve,
                          engine=engine, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                          gpu_memory_utilization=gpu_memory_utilization,
-                         max_num_batched_tokens=max_num_batched_tokens)
+                         max_num_batched_tokens=max_num_batched_tokens, dp=dp, sharding=sharding,
+                         devices=devices)
     if plot is not None:
         from ernie_ir.planning.svg import plan_svg
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from ernie_ir.planning import CATEGORIES, MemoryPlan, format_bytes
+from ernie_ir.planning import CATEGORIES, MemoryPlan, RankMemory, format_bytes
+from ernie_ir.planning.plan import SHARDED
 
 
 def _groups(plan: MemoryPlan) -> list[tuple[str, int]]:
@@ -38,7 +39,10 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
              + (f", LoRA rank {plan.lora_rank}" if plan.lora_rank else "")
              + (f", seq_len {plan.seq_len} x batch {plan.batch}" if eng is None else ""),
              f"pipeline: {plan.pipeline}",
-             f"layout: {plan.devices} device(s), tp {plan.tp}, ep {plan.ep}"]
+             f"layout: {plan.devices} device(s), tp {plan.tp}, ep {plan.ep}"
+             + (f", dp {plan.dp}, sharding {plan.sharding}" if plan.mode == "training" else "")
+             + (f" (per rank: replica 0's {_ranks(len(plan.per_rank))}; every replica holds the same)"
+                if plan.dp > 1 else "")]
     if eng is not None:
         lines.insert(1, f"engine: fastdeploy, --max-model-len {eng.max_model_len} --max-num-seqs "
                      f"{eng.max_num_seqs} --gpu-memory-utilization {eng.gpu_memory_utilization:g} "
@@ -60,7 +64,11 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
                      f"(the engine needs {kv['blocks_needed']}: {need} of max_model_len {eng.max_model_len} "
                      f"+ 2 blocks); they hold {kv['sequences']} sequences of max_model_len, --max-num-seqs "
                      f"{eng.max_num_seqs}")
-    if plan.searched:
+    if plan.searched and plan.search_devices is not None:
+        lines.append(f"layout search over {plan.search_devices} devices: "
+                     + (f"tp {plan.tp}, ep {plan.ep}, dp {plan.dp} fits (smallest model-parallel group "
+                        "first)" if plan.fits else "none of the layouts tried fits"))
+    elif plan.searched:
         lines.append(f"min_devices: {plan.min_devices}" if plan.min_devices is not None
                      else "min_devices: none of the layouts tried fits")
     if plan.mode == "training":
@@ -70,7 +78,31 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
         lines.append(f"trainable: {plan.trainable} ({plan.trainable_params} params per rank)"
                      + (f"; host memory (offloaded optimizer states): {format_bytes(plan.host_total_bytes)} "
                         "over all ranks" if plan.host_total_bytes else ""))
+        if plan.sharding != "none":
+            lines.append(sharding_line(plan))
     return lines
+
+
+def _sharded(rank: RankMemory, cat: str) -> int:
+    """A category's bytes on this rank after the sharding division, device and host together."""
+    return rank.by_category[cat] + rank.host_by_category.get(cat, 0)
+
+
+def _ranks(n: int) -> str:
+    return "rank 0" if n == 1 else f"ranks 0-{n - 1}"
+
+
+def sharding_line(plan: MemoryPlan) -> str:
+    """What ZeRO sharding divides on the largest rank: each category before -> after."""
+    r = max(plan.per_rank, key=lambda m: m.total_bytes)
+    divided = SHARDED[plan.sharding]
+    parts = [f"{c} {format_bytes(r.unsharded_bytes[c])} -> {format_bytes(_sharded(r, c))}"
+             for c in divided if r.unsharded_bytes.get(c)]
+    kept = [f"{c} {format_bytes(r.unsharded_bytes[c])} not divided (stage2 divides them)"
+            for c in ("gradients",) if c not in divided and r.unsharded_bytes.get(c)]
+    where = " (offloaded: host memory)" if plan.host_total_bytes else ""
+    return (f"sharding {plan.sharding} over dp {plan.dp}, largest rank: " + ", ".join([*parts, *kept])
+            + f"; saves {format_bytes(r.sharding_saved_bytes)} per rank{where}")
 
 
 def plan_table(plan: MemoryPlan) -> Table:
@@ -81,15 +113,31 @@ def plan_table(plan: MemoryPlan) -> Table:
     for label, _ in groups:
         t.add_column(label, justify="right")
     ranks = plan.per_rank
+    divided = SHARDED[plan.sharding] if plan.dp > 1 else ()
     for cat in CATEGORIES:
         if any(ranks[i].by_category.get(cat, 0) for _, i in groups):
             label = "kv_cache (to start)" if cat == "kv_cache" and plan.engine_settings else cat
+            label += f" (/{plan.dp} {plan.sharding})" if cat in divided else ""
             t.add_row(label, *(format_bytes(ranks[i].by_category[cat]) for _, i in groups))
     t.add_row("total", *(format_bytes(ranks[i].total_bytes) for _, i in groups), style="bold")
     t.add_row("headroom", *(format_bytes(ranks[i].headroom_bytes) for _, i in groups))
+    if divided and any(_without_sharding(ranks[i], divided, False) != ranks[i].total_bytes
+                       for _, i in groups):
+        t.add_row("total without sharding",
+                  *(format_bytes(_without_sharding(ranks[i], divided, False)) for _, i in groups))
     if any(ranks[i].host_bytes for _, i in groups):
         t.add_row("host (offloaded)", *(format_bytes(ranks[i].host_bytes) for _, i in groups))
+        if divided:
+            t.add_row("host without sharding",
+                      *(format_bytes(_without_sharding(ranks[i], divided, True)) for _, i in groups))
     return t
+
+
+def _without_sharding(r: RankMemory, divided: tuple[str, ...], host: bool) -> int:
+    """Rank r's device total (host: its host bytes) without the sharding division."""
+    extra = sum(r.unsharded_bytes[c] - _sharded(r, c) for c in divided
+                if (r.host_by_category.get(c, 0) > 0) == host)
+    return (r.host_bytes if host else r.total_bytes) + extra
 
 
 def search_table(plan: MemoryPlan) -> Table:
@@ -97,10 +145,11 @@ def search_table(plan: MemoryPlan) -> Table:
     t.add_column("devices", justify="right")
     t.add_column("tp", justify="right")
     t.add_column("ep", justify="right")
+    t.add_column("dp", justify="right")
     t.add_column("largest rank", justify="right")
     t.add_column("fits")
     for s in plan.search:
-        t.add_row(str(s.devices), str(s.tp), str(s.ep),
+        t.add_row(str(s.devices), str(s.tp), str(s.ep), str(s.dp),
                   format_bytes(s.max_rank_bytes) if s.max_rank_bytes is not None else "-",
                   "yes" if s.fits else ("no" if s.fits is False else f"cannot build: {s.error}"))
     return t

@@ -13,6 +13,7 @@ import typer
 
 from .common import (
     DisablePassOpt,
+    DpOpt,
     LoraAdapterOpt,
     LoraAlphaOpt,
     LoraRankOpt,
@@ -22,6 +23,7 @@ from .common import (
     PipelineOpt,
     QuantConfigOpt,
     QuantOpt,
+    ShardingOpt,
     StopAfterOpt,
     TrustOpt,
     err,
@@ -290,6 +292,8 @@ def train(
         "--save-total-limit", help="Keep the artifact's newest N checkpoints, deleting older ones.")] = None,
     eval_steps: Annotated[int | None, typer.Option(
         "--eval-steps", help="Evaluate the loss on the evaluation data every N steps too.")] = None,
+    dp: DpOpt = None,
+    sharding: ShardingOpt = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue from the artifact's newest checkpoint (optimizer, RNG, data position); "
         "--steps is the run's total.")] = False,
@@ -319,7 +323,7 @@ def train(
              "weight_decay": weight_decay, "beta1": beta1, "beta2": beta2, "eps": eps,
              "warmup_steps": warmup_steps, "schedule": schedule, "seed": seed, "pad_id": pad_id,
              "ignore_index": ignore_index, "save_steps": save_steps, "save_total_limit": save_total_limit,
-             "eval_steps": eval_steps}
+             "eval_steps": eval_steps, "dp": dp, "sharding": sharding}
     given, config_resume = split_run_keys(read_config(config) if config is not None else {})
     options = {**given, **{k: v for k, v in flags.items() if v is not None}}
     resolve_options({}, options)  # a bad value is refused before the artifact is read

@@ -16,13 +16,21 @@ between is EP groups with TP inside each expert), or tp == 1 with ep = world
 attention data parallelism (different tokens per group), which an SPMD
 forward pass over one batch cannot express: it is refused with the layouts
 that work.
+
+Data parallelism (training only) replicates that model-parallel world `dp` times:
+`processes = dp x world_size` processes, ordered as Paddle's hybrid topology (dp
+outermost, model parallel innermost): process g is replica `g // world_size` and runs
+rank graph `g % world_size`. Replicas share the rank graphs (an artifact stores
+rank0..world_size-1 once); `sharding` (stage1 / stage2) splits the optimizer states
+(and, stage 2, the gradients) over each dp group. `world_size` stays the model-parallel
+world: the ranks a graph's collectives span.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from .errors import ErnieIRError
 
@@ -30,6 +38,13 @@ SHARD = "shard"
 """Param annotation of a rank graph's param that holds a slice of a global tensor:
 {global_shape: [...], cuts: [{axis, ranges: [[start, stop], ...]}]} (absent: the whole tensor).
 Written by the split pass; read by training (gradient sums, merged checkpoints) and planning."""
+
+
+Sharding = Literal["stage1", "stage2"]
+SHARDING_STAGES: tuple[str, ...] = ("stage1", "stage2")
+MAX_PROCESSES = 4096
+"""The most processes a layout may ask for: the manifest's bound on ranks, which the launch
+recipes (`--nproc_per_node`, the device list) are written for."""
 
 
 def shard_of(annotations: dict[str, Any]) -> dict[str, Any] | None:
@@ -73,6 +88,10 @@ class Mapping(BaseModel):
     num_experts: int | None = None
     vocab_size: int | None = None
     ranks: tuple[RankLayout, ...]
+    dp: int = Field(1, ge=1)
+    """Data-parallel replicas of the model-parallel world (training): processes = dp x world_size."""
+    sharding: Sharding | None = None
+    """ZeRO sharding over each dp group: stage1 (optimizer states), stage2 (+ gradients)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Mapping:
@@ -81,12 +100,27 @@ class Mapping(BaseModel):
         if (self.world_size, self.moe_tp, self.ranks) != (expected.world_size, expected.moe_tp,
                                                           expected.ranks):
             raise ValueError("world_size, moe_tp and ranks must be what tp and ep imply")
+        if self.sharding is not None and self.dp == 1:
+            raise ValueError("sharding needs data parallelism (dp > 1)")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        """dp and sharding only where set: a model-parallel layout (and every rank graph's
+        metadata, which never records dp) dumps as it did before data parallelism."""
+        data = handler(self)
+        if self.dp == 1:
+            data.pop("dp", None)
+        if self.sharding is None:
+            data.pop("sharding", None)
+        return data
 
     @classmethod
     def create(cls, tp: int = 1, ep: int = 1, *, num_experts: int | None = None,
-               vocab_size: int | None = None, _validate: bool = True) -> Mapping:
-        """The layout for `tp` x `ep`; MappingError (one line) when it cannot be built."""
+               vocab_size: int | None = None, dp: int = 1, sharding: Sharding | None = None,
+               _validate: bool = True) -> Mapping:
+        """The layout for `tp` x `ep` (times `dp` replicas); MappingError (one line) when it
+        cannot be built."""
         check_degrees(tp, ep, num_experts=num_experts)
         world = max(tp, ep)
         moe_tp = world // ep
@@ -107,14 +141,33 @@ class Mapping(BaseModel):
             ranks.append(RankLayout(rank=r, tp_rank=r % tp, ep_rank=ep_rank,
                                     moe_tp_rank=r % moe_tp, experts=experts, vocab=vocab))
         values = {"world_size": world, "tp": tp, "ep": ep, "moe_tp": moe_tp,
-                  "num_experts": num_experts, "vocab_size": vocab_size, "ranks": tuple(ranks)}
+                  "num_experts": num_experts, "vocab_size": vocab_size, "ranks": tuple(ranks),
+                  "dp": dp, "sharding": sharding}
         if not _validate:
             return cls.model_construct(**values)
+        check_data_parallel(dp, sharding, world)
         return cls(**values)
+
+    def with_data_parallel(self, dp: int = 1, sharding: Sharding | None = None) -> Mapping:
+        """This model-parallel layout replicated `dp` times (MappingError, one line, when it
+        cannot be)."""
+        check_data_parallel(dp, sharding, self.world_size)
+        return self.model_copy(update={"dp": dp, "sharding": sharding})
 
     @property
     def is_single(self) -> bool:
+        """One rank graph (dp replicas may still run it on several processes)."""
         return self.world_size == 1
+
+    @property
+    def processes(self) -> int:
+        """Processes (devices) a training launch starts: dp x world_size."""
+        return self.dp * self.world_size
+
+    def process(self, g: int) -> tuple[int, int]:
+        """(dp index, model-parallel rank) of process `g`: dp outermost, as Paddle's hybrid
+        topology orders them; the process runs rank graph `g % world_size`."""
+        return g // self.world_size, g % self.world_size
 
     def rank(self, r: int) -> RankLayout:
         return self.ranks[r]
@@ -123,7 +176,31 @@ class Mapping(BaseModel):
         parts = [f"world {self.world_size}", f"tp {self.tp}"]
         if self.ep > 1:
             parts.append(f"ep {self.ep} (moe_tp {self.moe_tp})")
+        if self.dp > 1:
+            parts.append(f"dp {self.dp}{f' (sharding {self.sharding})' if self.sharding else ''}: "
+                         f"{self.processes} processes")
         return ", ".join(parts)
+
+
+def layout_name(dp: int, sharding: str | None, world: int) -> str:
+    """A data-parallel layout in words: "dp 2 x mp 2, sharding stage1" (as messages name it)."""
+    return f"dp {dp} x mp {world}, {f'sharding {sharding}' if sharding else 'no sharding'}"
+
+
+def check_data_parallel(dp: int, sharding: str | None, world: int = 1) -> None:
+    """Refuse (MappingError, one line) a data-parallel layout that cannot run: dp < 1, an
+    unknown sharding stage, sharding without dp > 1, more processes than MAX_PROCESSES."""
+    if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
+        raise MappingError(f"--dp {dp}: the data-parallel degree must be an integer >= 1")
+    if sharding is not None and sharding not in SHARDING_STAGES:
+        raise MappingError(f"--sharding {sharding}: unknown stage; use stage1 (optimizer states split over "
+                           "the dp group) or stage2 (also the gradients)")
+    if sharding is not None and dp == 1:
+        raise MappingError(f"--sharding {sharding} splits the optimizer states over data-parallel replicas, "
+                           "and there is one: add --dp N (N > 1) or drop --sharding")
+    if dp > 1 and dp * world > MAX_PROCESSES:  # dp 1: the model-parallel checks judge the world
+        raise MappingError(f"--dp {dp} x {world} model-parallel rank(s) = {dp * world} processes, more than "
+                           f"the {MAX_PROCESSES} a launch recipe starts: lower --dp")
 
 
 def check_degrees(tp: int, ep: int, *, num_experts: int | None = None) -> None:

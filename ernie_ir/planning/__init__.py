@@ -4,6 +4,8 @@
     plan = plan_memory("ernie-4.5-300b-a47b", "cuda", quant="wint4", device_memory="80GiB",
                        seq_len=32768)
     plan.min_devices, plan.tp, plan.ep, plan.per_rank[0].by_category, plan.per_rank[0].kv_detail
+    plan_memory("ernie-4.5-300b-a47b", "cuda", quant="fp8", mode="training", devices=32,
+                sharding="stage1")   # tp x ep x dp layouts of 32 devices, ZeRO-1 over dp
 
 A cuda inference plan models FastDeploy serving it (`engine="fastdeploy"`; `engine="none"`: the
 bare model); see docs/planning.md.
@@ -21,6 +23,7 @@ from .plan import (
     MemoryPlan,
     RankMemory,
     candidate_layouts,
+    device_layouts,
     plan_memory,
 )
 from .units import MemorySizeError, format_bytes, parse_memory
@@ -35,6 +38,7 @@ __all__ = [
     "PlanError",
     "RankMemory",
     "candidate_layouts",
+    "device_layouts",
     "format_bytes",
     "parse_memory",
     "plan_memory",

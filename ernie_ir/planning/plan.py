@@ -16,6 +16,10 @@ from a parameter-count formula. Per rank, by category:
     reserve            a stated constant: CUDA context, library workspaces, communication buffers
 
 With `offload_optimizer`, moments and master weights move to host memory (`host_by_category`).
+Training with data parallelism (`dp`): every replica holds the model-parallel ranks' weights,
+gradients and activations unchanged (`batch` is per replica, ERNIEKit's
+`per_device_train_batch_size`); ZeRO `sharding` stage1 divides the optimizer states (moments,
+master weights) by dp, stage2 the gradients too (docs/planning.md section 5).
 A cuda inference plan models the engine that serves it, FastDeploy, by default (`engine`): only
 `gpu_memory_utilization` of the device is its to use, activations are those of its profile run
 over `max_num_batched_tokens` tokens, and it starts only when the KV blocks left hold one
@@ -81,6 +85,14 @@ FASTDEPLOY_BLOCK_SIZE = 64
 FASTDEPLOY_MAX_BLOCKS = 40000
 """KV blocks: 64 tokens each, at most 40000 of them per rank."""
 DEFAULT_SEQ_LEN = 4096
+SHARDING = ("none", "stage1", "stage2")
+"""ZeRO stages a training plan can model (ERNIEKit's `sharding:` values): none, stage1 (AdamW
+moments and f32 master weights divided over the data-parallel ranks), stage2 (gradients too)."""
+SHARDED = {"none": (), "stage1": ("optimizer_moments", "master_weights"),
+           "stage2": ("optimizer_moments", "master_weights", "gradients")}
+MAX_WORLD = 1 << 16
+"""The largest `devices` a plan takes (data parallelism fills it; model-parallel groups stay within
+`max_devices`)."""
 _MOMENT = {"fp32": DType.F32, "f32": DType.F32, "bf16": DType.BF16}
 _KV = {"bf16": DType.BF16, "f16": DType.F16, "fp16": DType.F16, "fp8": DType.F8E4M3,
        "f8e4m3": DType.F8E4M3, "int8": DType.I8, "i8": DType.I8}
@@ -99,6 +111,12 @@ class RankMemory(BaseModel):
     """`weights` + `lora` split by stored dtype (i4 two per byte)."""
     host_bytes: int
     host_by_category: dict[str, int]
+    unsharded_bytes: dict[str, int] = {}
+    """Training: gradients, optimizer_moments and master_weights of this rank before the sharding
+    division (wherever they live, device or host); equal to the planned ones without sharding or
+    at dp 1. Empty in inference."""
+    sharding_saved_bytes: int = 0
+    """unsharded - sharded over those three categories (device and host together)."""
     headroom_bytes: int
     """device memory - total_bytes (negative: does not fit); with the serving engine, its usable
     memory (device x gpu_memory_utilization) - total_bytes."""
@@ -140,6 +158,7 @@ class LayoutTry(BaseModel):
     devices: int
     tp: int
     ep: int
+    dp: int = 1
     fits: bool | None
     max_rank_bytes: int | None
     error: str | None = None
@@ -166,7 +185,13 @@ class MemoryPlan(BaseModel):
     pipeline: str
     tp: int
     ep: int
+    dp: int = 1
+    """Data-parallel replicas (training): devices = max(tp, ep) x dp; `per_rank` lists the ranks of
+    one replica (ranks 0 .. max(tp, ep) - 1), every other replica repeats them."""
+    sharding: Literal["none", "stage1", "stage2"] = "none"
     devices: int
+    search_devices: int | None = None
+    """The device count a `devices` search laid out (None: no such search)."""
     device_memory_bytes: int
     device_memory_given: bool
     fits: bool
@@ -175,7 +200,7 @@ class MemoryPlan(BaseModel):
     max_rank_bytes: int
     min_devices: int | None
     """With device memory given and no tp/ep: the smallest device count that fits (None: none up
-    to `max_devices`). Without a search: None."""
+    to `max_devices`). Without a search, and in a `devices` search: None."""
     searched: bool
     search: list[LayoutTry]
     trainable: Literal["none", "graph", "full"]
@@ -185,7 +210,7 @@ class MemoryPlan(BaseModel):
     assumptions: dict[str, Any]
     per_rank: list[RankMemory]
     host_total_bytes: int
-    """Host memory of every rank together (offloaded optimizer states)."""
+    """Host memory of every rank together, all dp replicas (offloaded optimizer states)."""
     notes: list[str]
 
 
@@ -201,12 +226,14 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
                 max_devices: int = MAX_DEVICES, engine: str | None = None,
                 max_model_len: int | None = None, max_num_seqs: int | None = None,
                 gpu_memory_utilization: float | None = None,
-                max_num_batched_tokens: int | None = None) -> MemoryPlan:
+                max_num_batched_tokens: int | None = None, dp: int | None = None,
+                sharding: str | None = None, devices: int | None = None) -> MemoryPlan:
     """Plan the per-rank memory of `model` compiled for `target` (see the module docstring).
 
     model: a checkpoint folder (config.json only is read), a built-in name (`NAME`, `NAME@meta`,
     `NAME@tiny`), an .ir file / graph folder, or a compiled artifact (its rank graphs; then
-    quant, LoRA and tp/ep come from the artifact and must not be given). device_memory: bytes or
+    quant, LoRA and tp/ep come from the artifact and must not be given; so do dp and sharding
+    where its layout records them). device_memory: bytes or
     a string (`80GiB`); with it and neither tp nor ep, layouts are searched from 1 device up
     (docs/planning.md section 5) and the plan is that of the smallest one that fits (or of the
     largest tried, with min_devices None). Errors are ErnieIRError subclasses (one line).
@@ -216,12 +243,18 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
     gpu_memory_utilization (0.9) and max_num_batched_tokens (8192) are its flags; batch, where
     given, is the number of max_model_len sequences the KV blocks must hold (default 1, the
     engine's own start check). seq_len and batch default to 4096 and 1.
+
+    Training only (docs/planning.md section 5): dp, data-parallel replicas (default 1; batch is
+    per replica); sharding, ZeRO "none" (default), "stage1" (optimizer states / dp) or "stage2"
+    (gradients too), which needs dp > 1 or devices; devices, a device count to lay out: layouts
+    with max(tp, ep) x dp = devices are tried, the smallest model-parallel group first, dp filling
+    the rest (tp, ep, dp where given fix that degree), and the plan is the first that fits.
     """
     opts = _Options.make(mode=mode, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len,
                          batch=1 if batch is None else batch, offload_optimizer=offload_optimizer,
                          recompute=recompute, moment_dtype=moment_dtype, master_weights=master_weights,
                          kv_cache_dtype=kv_cache_dtype, prefill_tokens=prefill_tokens, reserve=reserve,
-                         capacity_factor=capacity_factor)
+                         capacity_factor=capacity_factor, sharding=sharding)
     serving = dict(engine=engine, seq_len=seq_len, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                    gpu_memory_utilization=gpu_memory_utilization,
                    max_num_batched_tokens=max_num_batched_tokens, prefill_tokens=prefill_tokens)
@@ -232,14 +265,15 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
         raise PlanError(f"--device-memory {device_memory}: must be at least one byte")
     if max_devices < 1:
         raise PlanError(f"max_devices must be >= 1, not {max_devices}")
+    for flag, degree in (("--tp", tp), ("--ep", ep)):
+        if degree is not None and degree < 1:
+            raise PlanError(f"{flag} {degree}: a parallel degree is a positive integer")
     if _is_artifact(model):
         if any(x is not None for x in (quant, tp, ep, lora_rank, quant_config)):
             raise PlanError(f"{model} is a compiled artifact: its quantization, LoRA and layout are fixed; "
                             "drop --quant/--lora-rank/--tp/--ep (or plan its source model)")
-        return _plan_artifact(model, target, opts, memory, given, serving)
-    for flag, degree in (("--tp", tp), ("--ep", ep)):
-        if degree is not None and degree < 1:
-            raise PlanError(f"{flag} {degree}: a parallel degree is a positive integer")
+        return _plan_artifact(model, target, opts, memory, given, serving, dp, devices)
+    _check_data_parallel(opts, dp, devices, tp, ep)
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp or 1, ep or 1)
     opts = _with_engine(opts, tgt.name, **serving)
     targets = list(lora_targets) if lora_targets else None
@@ -251,33 +285,46 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
     def build(t: int, e: int) -> tuple[list[Graph], str, list[str]]:
         return _compile_ranks(model, tgt, arch, quant_text, t, e)
 
-    search = given and tp is None and ep is None
-    if not search:
+    replicas = 1 if dp is None else dp
+    if devices is None and not (given and tp is None and ep is None):
         ranks, pipeline, notes = build(tp or 1, ep or 1)
-        return _assemble(head, ranks, pipeline, notes, tp or 1, ep or 1, opts, memory, given)
+        return _assemble(head, ranks, pipeline, notes, tp or 1, ep or 1, opts, memory, given, dp=replicas)
+    probe = _load(model)
+    if devices is not None:
+        layouts = device_layouts(probe, mode, devices, tp, ep, dp, max_devices)
+        if not layouts:
+            raise PlanError(f"--devices {devices}: no layout max(tp, ep) x dp = {devices} with "
+                            + ", ".join(f"{f} {v}" for f, v in (("--tp", tp), ("--ep", ep), ("--dp", dp))
+                                        if v is not None)
+                            + f" (model-parallel groups of at most {max_devices}): change one of them")
+    else:
+        layouts = [(w * replicas, t, e, replicas) for w, t, e in candidate_layouts(probe, mode, max_devices)]
     tries: list[LayoutTry] = []
     last: MemoryPlan | None = None
-    probe = _load(model)
-    for devices, t, e in candidate_layouts(probe, mode, max_devices):
+    for count, t, e, d in layouts:
         try:
             ranks, pipeline, notes = build(t, e)
         except ErnieIRError as err:
-            tries.append(LayoutTry(devices=devices, tp=t, ep=e, fits=None, max_rank_bytes=None,
+            tries.append(LayoutTry(devices=count, tp=t, ep=e, dp=d, fits=None, max_rank_bytes=None,
                                    error=str(err)))
             continue
-        plan = _assemble(head, ranks, pipeline, notes, t, e, opts, memory, given)
-        tries.append(LayoutTry(devices=devices, tp=t, ep=e, fits=plan.fits,
+        plan = _assemble(head, ranks, pipeline, notes, t, e, opts, memory, given, dp=d)
+        tries.append(LayoutTry(devices=count, tp=t, ep=e, dp=d, fits=plan.fits,
                                max_rank_bytes=plan.max_rank_bytes))
-        last = plan
+        # over a fixed device count, keep the layout nearest to fitting; else the largest tried
+        if last is None or devices is None or plan.max_rank_bytes < last.max_rank_bytes:
+            last = plan
         if plan.fits:
-            return plan.model_copy(update={"min_devices": devices, "searched": True, "search": tries})
+            return plan.model_copy(update={"min_devices": None if devices is not None else count,
+                                           "searched": True, "search": tries, "search_devices": devices})
+    where = f"of {devices} devices" if devices is not None else f"up to {max_devices} devices"
     if last is None:
-        raise PlanError(f"no layout of {model} up to {max_devices} devices could be compiled: "
+        raise PlanError(f"no layout of {model} {where} could be compiled: "
                         f"{tries[-1].error if tries else 'no candidate layouts'}")
-    why = (f"nothing fits on up to {max_devices} devices of {memory} bytes; this is the plan of the "
-           "largest layout tried")
+    why = (f"nothing fits on {where.removeprefix('of ')} of {memory} bytes; this is the plan of the "
+           + ("layout with the smallest largest rank" if devices is not None else "largest layout tried"))
     return last.model_copy(update={"min_devices": None, "searched": True, "search": tries,
-                                   "notes": [*last.notes, why]})
+                                   "search_devices": devices, "notes": [*last.notes, why]})
 
 
 def candidate_layouts(graph: Graph, mode: str, max_devices: int = MAX_DEVICES) -> list[tuple[int, int, int]]:
@@ -290,15 +337,67 @@ def candidate_layouts(graph: Graph, mode: str, max_devices: int = MAX_DEVICES) -
     out: list[tuple[int, int, int]] = []
     w = 1
     while w <= max_devices:
-        if w == 1 or experts is None:
-            layouts = [(w, 1)]
-        else:
-            first = [(w, w), (w, 1)] if mode == "training" else [(w, 1), (w, w)]
-            middle = [(w, d) for d in range(w - 1, 1, -1) if w % d == 0]
-            layouts = [*first, *middle, (1, w)]
-        out.extend((w, t, e) for t, e in dict.fromkeys(layouts))
+        out.extend((w, t, e) for t, e in _layouts_of(w, experts is not None, mode))
         w *= 2
     return out
+
+
+def device_layouts(graph: Graph, mode: str, devices: int, tp: int | None = None, ep: int | None = None,
+                   dp: int | None = None, max_devices: int = MAX_DEVICES) -> list[tuple[int, int, int, int]]:
+    """(devices, tp, ep, dp) with max(tp, ep) x dp = `devices`, in search order (`plan --devices`):
+    the model-parallel group W = max(tp, ep) runs over the divisors of `devices` from the smallest
+    up (at most `max_devices`), dp = devices / W fills the rest; within one W, the order of
+    `candidate_layouts`. The first that fits wins: the smallest model-parallel group that fits,
+    because tensor parallelism communicates activations in every layer while data parallelism
+    reduces gradients once a step (and ZeRO sharding then divides by the largest dp). tp, ep, dp
+    where given fix that degree."""
+    moe = _num_experts(graph) is not None
+    out: list[tuple[int, int, int, int]] = []
+    for w in range(1, min(devices, max_devices) + 1):
+        if devices % w or (dp is not None and devices // w != dp):
+            continue
+        out.extend((devices, t, e, devices // w) for t, e in _layouts_of(w, moe, mode)
+                   if (tp is None or t == tp) and (ep is None or e == ep))
+    return out
+
+
+def _layouts_of(w: int, moe: bool, mode: str) -> list[tuple[int, int]]:
+    """(tp, ep) over a model-parallel group of `w` ranks, in `candidate_layouts`' order."""
+    if w == 1 or not moe:
+        return [(w, 1)]
+    first = [(w, w), (w, 1)] if mode == "training" else [(w, 1), (w, w)]
+    middle = [(w, d) for d in range(w - 1, 1, -1) if w % d == 0]
+    return list(dict.fromkeys([*first, *middle, (1, w)]))
+
+
+def _check_data_parallel(opts: _Options, dp: int | None, devices: int | None, tp: int | None,
+                         ep: int | None) -> None:
+    """dp, sharding and devices: training only, consistent with each other and with tp/ep."""
+    if dp is not None and not 1 <= dp <= MAX_WORLD:
+        raise PlanError(f"--dp {dp}: a parallel degree is a positive integer (at most {MAX_WORLD})")
+    if devices is not None and not 1 <= devices <= MAX_WORLD:
+        raise PlanError(f"--devices {devices}: a device count from 1 to {MAX_WORLD}")
+    if opts.mode != "training":
+        flag = ("--devices" if devices is not None else f"--dp {dp}" if dp is not None and dp > 1
+                else f"--sharding {opts.sharding}" if opts.sharding != "none" else None)
+        if flag is not None:
+            raise PlanError(f"{flag} applies to --mode training (a serving replica's memory does not depend "
+                            "on how many replicas run); --device-memory alone searches the smallest serving "
+                            "layout")
+        return
+    if opts.sharding != "none" and devices is None and (dp is None or dp == 1):
+        raise PlanError(f"--sharding {opts.sharding} divides optimizer states over data-parallel ranks: give "
+                        "--dp 2 or more (or --devices N to search layouts with data parallelism)")
+    if devices is None:
+        return
+    for flag, degree in (("--dp", dp), ("--tp", tp), ("--ep", ep)):
+        if degree is not None and devices % degree:
+            raise PlanError(f"{flag} {degree} does not divide --devices {devices}: devices = max(tp, ep) "
+                            "x dp")
+    group = max(tp or 1, ep or 1) if (tp is not None and tp > 1) or (tp and ep) else None
+    if group is not None and dp is not None and group * dp != devices:
+        raise PlanError(f"max(tp, ep) {group} x --dp {dp} = {group * dp} devices, not --devices {devices}: "
+                        "drop --dp or --devices")
 
 
 # -- internals ----------------------------------------------------------------------------------------
@@ -318,12 +417,14 @@ class _Options(BaseModel):
     prefill_tokens: int
     reserve: int
     capacity_factor: float
+    sharding: str = "none"
     engine: EngineSettings | None = None
 
     @classmethod
     def make(cls, *, mode: str, seq_len: int, batch: int, offload_optimizer: bool, recompute: bool,
              moment_dtype: str, master_weights: bool, kv_cache_dtype: str | None,
-             prefill_tokens: int | None, reserve: int | str, capacity_factor: float) -> _Options:
+             prefill_tokens: int | None, reserve: int | str, capacity_factor: float,
+             sharding: str | None = None) -> _Options:
         if mode not in ("inference", "training"):
             raise PlanError(f"unknown --mode {mode!r}: choose inference or training")
         if seq_len < 1 or batch < 1:
@@ -350,9 +451,17 @@ class _Options(BaseModel):
         res = parse_memory(reserve, option="--reserve") if isinstance(reserve, str) else int(reserve)
         if res < 0:
             raise PlanError(f"--reserve must not be negative, not {reserve}")
+        stage = "none" if sharding is None else sharding.strip().lower()
+        if stage == "stage3":
+            raise PlanError("--sharding stage3 (ZeRO-3: the parameters sharded too, gathered layer by layer) "
+                            "is not modelled: give stage1 (optimizer states / dp) or stage2 (gradients too)")
+        if stage not in SHARDING:
+            raise PlanError(f"--sharding {sharding!r}: choose none, stage1 (optimizer states / dp) or stage2 "
+                            "(gradients too)")
         return cls(mode=mode, seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer,
                    recompute=recompute, moment=moment, master_weights=master_weights, kv_dtype=kv,
-                   prefill_tokens=prefill_tokens or seq_len, reserve=res, capacity_factor=capacity_factor)
+                   prefill_tokens=prefill_tokens or seq_len, reserve=res, capacity_factor=capacity_factor,
+                   sharding=stage)
 
 
 def _with_engine(opts: _Options, target: str, engine: str | None, seq_len: int | None,
@@ -477,7 +586,7 @@ def _type_key(g: Graph) -> tuple[Any, ...]:
 
 
 def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: bool,
-                   serving: dict[str, Any]) -> MemoryPlan:
+                   serving: dict[str, Any], dp: int | None, devices: int | None) -> MemoryPlan:
     from ernie_ir.artifacts import artifact_mapping, verify_artifact
 
     manifest = verify_artifact(model)
@@ -485,22 +594,37 @@ def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: 
         raise PlanError(f"{model} was compiled for --target {manifest.get('target')}, not {target}: "
                         f"drop --target or give --target {manifest.get('target')}")
     mapping = artifact_mapping(manifest)
-    ranks = [load_graph(Path(model) / f"rank{r}") for r in range(mapping.world_size)]
     if manifest.get("mode") != opts.mode:
         raise PlanError(f"{model} is a {manifest.get('mode')} artifact: plan it with --mode "
                         f"{manifest.get('mode')} (or plan its source model)")
+    # the rank graphs are one replica's (rank0 .. world_size-1, stored once: ir/mapping.py); dp and
+    # sharding as the layout records them, or, for a layout without dp, as the caller gives them
+    recorded, stage = mapping.dp, mapping.sharding or "none"
+    replicas = (dp if dp is not None else devices // mapping.world_size
+                if recorded == 1 and devices is not None and devices % mapping.world_size == 0 else recorded)
+    if recorded > 1 and (replicas != recorded or opts.sharding not in ("none", stage)):
+        raise PlanError(f"{model} is laid out for dp {recorded}, sharding {stage}: drop --dp/--devices/"
+                        "--sharding or give those (or plan its source model)")
+    if recorded > 1:
+        opts = opts.model_copy(update={"sharding": stage})
+    if devices is not None and devices % mapping.world_size:
+        raise PlanError(f"{model} has {mapping.world_size} model-parallel rank(s): --devices {devices} is "
+                        "not a multiple of that (devices = ranks x dp)")
+    _check_data_parallel(opts, replicas, devices, mapping.tp, mapping.ep)
+    ranks = [load_graph(Path(model) / f"rank{r}") for r in range(mapping.world_size)]
     opts = _with_engine(opts, str(manifest.get("target")), **serving)
     plan_meta = ranks[0].metadata.get("kernel_plan", {}) or {}
     head = dict(model=model, target=str(manifest.get("target")), cuda_arch=plan_meta.get("cuda_arch"),
                 quant=(ranks[0].metadata.get("quantization") or {}).get("name"), mode=opts.mode,
                 lora_rank=None)
     return _assemble(head, ranks, str(manifest.get("pipeline", "")), [], mapping.tp, mapping.ep, opts,
-                     memory, given)
+                     memory, given, dp=replicas)
 
 
 def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: list[str], tp: int, ep: int,
-              opts: _Options, memory: int, given: bool) -> MemoryPlan:
-    """The plan of one layout (no search: `min_devices` None; the search fills it in)."""
+              opts: _Options, memory: int, given: bool, *, dp: int = 1) -> MemoryPlan:
+    """The plan of one layout, `ranks` being one data-parallel replica's (no search: `min_devices`
+    None; the search fills it in)."""
     training = opts.mode == "training"
     per_rank: list[RankMemory] = []
     kind: Literal["none", "graph", "full"] = "none"
@@ -516,7 +640,7 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
             if r == 0:
                 trainable_count = len(trainable)
         if id(g) not in measured:  # type-identical ranks share one graph (see run_ranks)
-            measured[id(g)] = _rank_memory(r, g, trainable, opts, memory)
+            measured[id(g)] = _rank_memory(r, g, trainable, opts, memory, dp)
         per_rank.append(measured[id(g)].model_copy(update={"rank": r}))
     worst = max(per_rank, key=lambda m: m.total_bytes)
     assumptions: dict[str, Any] = {
@@ -533,7 +657,17 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
             if opts.recompute else "none", "loss": "cross-entropy over the graph's f32 logits",
             "sequence_parallel": "none: activations between tensor-parallel ops are whole on every rank",
             "tokens_per_step": opts.batch * opts.seq_len,
+            "data_parallel": f"dp {dp}: every replica holds these ranks' weights, gradients and "
+                             "activations; --batch is per replica (ERNIEKit's per_device_train_batch_size)",
+            "sharding": {"none": "none", "stage1": f"stage1: AdamW moments and f32 master weights / dp {dp}",
+                         "stage2": f"stage2: AdamW moments, f32 master weights and gradients / dp {dp}"
+                         }[opts.sharding] + ("" if opts.sharding == "none" else
+                                             " (even split, rounded up; no bucket buffers)"),
+            "global_tokens_per_step": opts.batch * opts.seq_len * dp,
         })
+        if opts.sharding != "none" and dp == 1:
+            notes = [*notes, f"--sharding {opts.sharding} over dp 1 divides nothing: every rank keeps all "
+                     "of its optimizer states"]
         if kind == "full" and any(p.type.dtype in (DType.F8E4M3, DType.F8E5M2)
                                   for p in ranks[0].params.values()):
             notes = [*notes, "full-parameter training of FP8 params as ERNIEKit's FP8 QAT stores them "
@@ -560,16 +694,17 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
               if opts.engine is not None else None)
     return MemoryPlan(
         **head, seq_len=opts.seq_len, batch=opts.batch, engine="fastdeploy" if engine else "none",
-        engine_settings=engine, pipeline=pipeline, tp=tp, ep=ep,
-        devices=len(ranks), device_memory_bytes=memory, device_memory_given=given,
+        engine_settings=engine, pipeline=pipeline, tp=tp, ep=ep, dp=dp, sharding=opts.sharding,
+        devices=len(ranks) * dp, device_memory_bytes=memory, device_memory_given=given,
         fits=all(m.fits for m in per_rank), headroom_bytes=min(m.headroom_bytes for m in per_rank),
         max_rank_bytes=worst.total_bytes, min_devices=None, searched=False, search=[],
         trainable=kind, trainable_params=trainable_count, assumptions=assumptions, per_rank=per_rank,
-        host_total_bytes=sum(m.host_bytes for m in per_rank), notes=notes,
+        host_total_bytes=sum(m.host_bytes for m in per_rank) * dp, notes=notes,
     )
 
 
-def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memory: int) -> RankMemory:
+def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memory: int,
+                 dp: int = 1) -> RankMemory:
     lora = lora_params(g)
     cats = dict.fromkeys(CATEGORIES, 0)
     by_dtype: dict[str, int] = {}
@@ -579,6 +714,7 @@ def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memor
         by_dtype[str(p.type.dtype)] = by_dtype.get(str(p.type.dtype), 0) + b
     detail: dict[str, int | bool] = {}
     kv_detail: dict[str, int] = {}
+    unsharded: dict[str, int] = {}
     facts = GraphFacts(g, trainable)
     if opts.mode == "training":
         for name in trainable:
@@ -589,6 +725,9 @@ def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memor
             cats["optimizer_moments"] += 2 * n * opts.moment.bits // 8
             if opts.master_weights and p.type.dtype != DType.F32:
                 cats["master_weights"] += n * 4
+        unsharded = {c: cats[c] for c in ("gradients", "optimizer_moments", "master_weights")}
+        for c in SHARDED[opts.sharding]:  # ZeRO: each data-parallel rank keeps 1/dp (even split)
+            cats[c] = -(-cats[c] // dp)
         env = {"B": opts.batch, "S": opts.seq_len}
         both = {rc: training_activations(g, facts, env, recompute=rc, capacity_factor=opts.capacity_factor)
                 for rc in (False, True)}
@@ -629,7 +768,10 @@ def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memor
         fits = fits and kv_detail["blocks_needed"] <= opts.engine.max_blocks
     return RankMemory(rank=rank, total_bytes=total, by_category=cats,
                       weights_by_dtype=dict(sorted(by_dtype.items())), host_bytes=sum(host.values()),
-                      host_by_category=host, headroom_bytes=budget - total, fits=fits,
+                      host_by_category=host, unsharded_bytes=unsharded,
+                      sharding_saved_bytes=sum(unsharded.values()) - sum(
+                          cats[c] + host.get(c, 0) for c in unsharded),
+                      headroom_bytes=budget - total, fits=fits,
                       activation_detail=detail, kv_detail=kv_detail)
 
 

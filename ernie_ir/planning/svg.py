@@ -36,7 +36,8 @@ def plan_svg(plan: MemoryPlan, *, width: int = 760, height: int = 420) -> str:
         return top + plot_h - v / scale_max * plot_h
 
     verdict = "fits" if plan.fits else "does not fit"
-    title = (f"{plan.model} on {plan.target}, {plan.mode}: tp {plan.tp}, ep {plan.ep}, {plan.devices} "
+    dp = f", dp {plan.dp}" + (f" ({plan.sharding})" if plan.sharding != "none" else "") if plan.dp > 1 else ""
+    title = (f"{plan.model} on {plan.target}, {plan.mode}: tp {plan.tp}, ep {plan.ep}{dp}, {plan.devices} "
              f"device(s), {verdict} in {format_bytes(plan.device_memory_bytes)}")
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',

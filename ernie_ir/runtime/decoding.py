@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ernie_ir.ir import ErnieIRError
+from ernie_ir.ir import DType, ErnieIRError, Graph
 
 StepFn = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 PAST = "past_key_values.{i}.{kind}"
@@ -135,6 +135,13 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray,
         mask[r, width - len(p):] = 1
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     return ids, mask, positions
+
+
+def cache_dtype_of(graph: Graph) -> type:
+    """The numpy dtype of a decoder graph's empty first past: uint8 for a C8 (int8) cache, float32
+    otherwise (a float cache of any width is fed as float32)."""
+    past = [v for v in graph.inputs if v.name == PAST.format(i=0, kind="key")]
+    return np.uint8 if past and past[0].type.dtype == DType.U8 else np.float32
 
 
 def empty_cache(cache_layers: Sequence[tuple[int, int]], batch: int,

@@ -319,7 +319,9 @@ def train_distributed(artifact: Path, world: int, steps: int, batches: list[tupl
                       resume: Path | None = None, start: int = 0,
                       on_checkpoint: Callable[[Path], Any] | None = None,
                       timeout_s: float = TRAIN_TIMEOUT_S) -> TrainResult:
-    """Train a multi-rank training artifact on `world` gloo processes; a TrainResult.
+    """Train a multi-rank training artifact on `world` gloo processes (data parallel: dp x the
+    artifact's ranks, the options' dp); a TrainResult, with what each process held at the end
+    (`rank_stats`).
 
     Every rank takes `batches` (cycled) and the same `options` (a TrainOptions, or a dict of
     its names; None: the recipe's), evaluates on `eval_batches` every eval_steps and at the end,
@@ -355,7 +357,7 @@ def train_distributed(artifact: Path, world: int, steps: int, batches: list[tupl
             key, ours = checkpoint_order(name), checkpoint_order(published[0].name)
             return key is not None and ours is not None and key[0] == ours[0] and name not in handled
         args = ["--steps", str(steps), "--batches", str(workdir / "batches.npz"),
-                "--losses", str(losses_file)]
+                "--losses", str(losses_file), "--stats", str(workdir / "stats.rank{rank}.json")]
         if options is not None:
             values["save_total_limit"] = None  # removed here, after on_checkpoint
             (workdir / "options.json").write_text(json.dumps(values), encoding="utf-8")
@@ -400,7 +402,11 @@ def train_distributed(artifact: Path, world: int, steps: int, batches: list[tupl
         if len(losses) != steps - start:
             raise DistributedRunError(f"rank 0 reported {len(losses)} of {steps - start} steps",
                                       _tail(ranks.logs / "workerlog.0"))
-        return TrainResult(losses, evals, [p for p in published if p.exists()], start + 1)
+        stats = []
+        for r in range(world):
+            with contextlib.suppress(OSError, ValueError):
+                stats.append(json.loads((workdir / f"stats.rank{r}.json").read_text(encoding="utf-8")))
+        return TrainResult(losses, evals, [p for p in published if p.exists()], start + 1, stats)
     except BaseException:
         if ranks is not None:
             shutil.rmtree(staging_dir(root, ranks.master), ignore_errors=True)

@@ -22,7 +22,10 @@ trainable params, optimizer and RNG state and rank 0 merges the params back to g
 shapes: `training/checkpoints/run-K-step-N/` holding `params.safetensors`, `rank{r}.safetensors`,
 `optimizer.rank{r}.safetensors` and `trainer_state.json` (ernie_ir.runtime.train_state), listed
 in the manifest; `--resume [CHECKPOINT]` continues such a run, `--eval-data` / `--eval-steps`
-evaluate the loss.
+evaluate the loss. Data parallel (`--dp N`, `--sharding`; default: the artifact's), dp x ranks
+processes: process g is replica g // ranks of rank graph g % ranks, takes its replica's rows of
+each batch and sums gradients over its dp group (ernie_ir.runtime.data_parallel); one
+checkpoint (replica 0's params; the optimizer shards of every process when sharded).
 
 `ernie-ir run/train ARTIFACT` start this file through `ernie_ir.runtime.launcher`; the
 artifact's launch recipe (`launch.sh`) starts it on devices. `main` is the script entry (it
@@ -133,21 +136,25 @@ def device_for(kind: str) -> str:
 # -- loading -----------------------------------------------------------------------------------
 
 
-def load_rank_graph(root: Path, rank: int, world: int) -> tuple[dict[str, Any], Graph]:
-    """(manifest, rank graph) with this rank's files checked against the manifest's sha256."""
+def load_rank_graph(root: Path, rank: int, world: int, dp: int = 1) -> tuple[dict[str, Any], Graph]:
+    """(manifest, rank graph) with this rank's files checked against the manifest's sha256.
+    `world`: the processes started; `dp`: data-parallel replicas (process `rank` runs rank graph
+    `rank % ranks`, dp x ranks processes)."""
     from ernie_ir.artifacts import artifact_mapping, check_files, read_manifest
     from ernie_ir.ir.storage import load_graph
 
     manifest = read_manifest(root)
     mapping = artifact_mapping(manifest)
-    if mapping.world_size != world:
-        raise WorkerError(f"{root} has {mapping.world_size} rank(s) but {world} process(es) were started: "
-                          f"launch {mapping.world_size} (--nproc_per_node {mapping.world_size} or as many "
-                          "devices)")
+    want = mapping.world_size * dp
+    if want != world:
+        layout = f" x dp {dp}" if dp > 1 else ""
+        raise WorkerError(f"{root} has {mapping.world_size} rank(s){layout} but {world} process(es) were "
+                          f"started: launch {want} (--nproc_per_node {want} or as many devices)")
+    rank = rank % mapping.world_size
     check_files(root, manifest, [f"rank{rank}/graph.ir", f"rank{rank}/weights.safetensors"])
     graph = load_graph(root / f"rank{rank}")
     meta = graph.metadata.get("parallel") or {}
-    if world > 1 and (not isinstance(meta, dict) or meta.get("rank") != rank):
+    if mapping.world_size > 1 and (not isinstance(meta, dict) or meta.get("rank") != rank):
         raise WorkerError(f"artifact {root}: rank{rank}/graph.ir is not rank {rank}'s graph")
     return manifest, graph
 
@@ -263,7 +270,7 @@ def generate_rank(root: Path, decoder: Path, prompts: list[list[int]], options: 
                   ) -> Any:
     """This rank's part of generation: the whole loop (ernie_ir.runtime.decoding.decode) over its
     decoder Layer; every rank runs it in lockstep and returns the same DecodeResult."""
-    from ernie_ir.runtime.decoding import decode
+    from ernie_ir.runtime.decoding import cache_dtype_of, decode
     from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
 
     paddle = require_paddle()
@@ -276,7 +283,8 @@ def generate_rank(root: Path, decoder: Path, prompts: list[list[int]], options: 
     layer = build_layer(graph, device=device_for(device))
     layer.eval()
     init_process_group(rank, world)
-    return decode(decoder_step(paddle, layer, graph, world), layers, prompts, options, on_tokens=on_tokens)
+    return decode(decoder_step(paddle, layer, graph, world), layers, prompts, options,
+                  cache_dtype=cache_dtype_of(graph), on_tokens=on_tokens)
 
 
 def _generate_main(args: argparse.Namespace, rank: int) -> None:
@@ -316,44 +324,27 @@ def _generate_main(args: argparse.Namespace, rank: int) -> None:
 
 def _cut_index(shard: dict[str, Any]) -> tuple[list[int], tuple[np.ndarray, ...]]:
     """(global shape, np.ix_ index of a rank's slice) from a `shard` annotation."""
-    shape = [int(d) for d in shard["global_shape"]]
-    axes = [np.arange(d) for d in shape]
-    for cut in shard["cuts"]:
-        axes[int(cut["axis"]) % len(shape)] = np.concatenate(
-            [np.arange(int(a), int(b)) for a, b in cut["ranges"]])
-    return shape, np.ix_(*axes)
+    from ernie_ir.runtime.data_parallel import cut_index
+
+    return cut_index(shard)
 
 
-def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float | None) -> Any:
+def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float | None,
+                         group: Any = None) -> Any:
     """A Paddle gradient clip (AdamW's `grad_clip`) that makes the rank's gradients the whole
     model's and clips them by the global norm over the whole model.
 
     Params several ranks hold a slice of (KV heads replicated in groups) get the sum of those
     ranks' gradients (each reader contributes only its heads' part). The norm counts every
     element once: sharded slices summed over ranks, replicated params once, shared slices
-    divided by how many ranks hold them. `clip_norm` None: no clipping, the sums only.
+    divided by how many ranks hold them (`data_parallel.GradientNorm`, over `group`: the
+    model-parallel group, None for the default one). `clip_norm` None: no clipping, the sums only.
     """
-    import paddle.distributed as dist
     from paddle.nn.clip import ClipGradBase
 
-    kinds: dict[str, str] = {}  # Paddle param name -> "replicated" | "sharded" | "shared"
-    shared: dict[str, tuple[list[int], Any, Any]] = {}  # Paddle name -> (global shape, index, count)
-    # Every rank walks the params in the same (IR) order, so their collectives pair up.
-    for name in sorted(layer.trainable_names):
-        tensor = layer.tensor(name)
-        shard = graph.params[name].annotations.get(SHARD)
-        if shard is None:
-            kinds[tensor.name] = "replicated"
-            continue
-        shape, index = _cut_index(shard)
-        cover = np.zeros(shape, np.float32)
-        cover[index] = 1.0
-        held = paddle.to_tensor(cover)
-        dist.all_reduce(held)  # how many ranks hold each element
-        count = held.numpy()[index]
-        kinds[tensor.name] = "shared" if count.max() > 1 else "sharded"
-        if count.max() > 1:
-            shared[tensor.name] = (shape, index, paddle.to_tensor(count))
+    from ernie_ir.runtime.data_parallel import GradientNorm, clip_scale
+
+    norm_of = GradientNorm(paddle, layer, graph, group)
 
     class TensorParallelClip(ClipGradBase):  # type: ignore[misc, name-defined]
         last_norm: float | None = None
@@ -365,31 +356,13 @@ def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float
         def _dygraph_clip(self, params_grads: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
             with paddle.no_grad():
                 grads = {p.name: g for p, g in params_grads}
-                for pname, (shape, index, _) in shared.items():  # setup order: the same on every rank
-                    g = grads.get(pname)
-                    whole = np.zeros(shape, np.float32)
-                    if g is not None:
-                        whole[index] = g.numpy()
-                    buf = paddle.to_tensor(whole)
-                    dist.all_reduce(buf)  # the sum of every holder's part
-                    grads[pname] = paddle.to_tensor(buf.numpy()[index])
-                squares = []
-                for pname, g in grads.items():
-                    kind = kinds.get(pname, "replicated")
-                    if g is None or (kind == "replicated" and layer.rank != 0):
-                        continue  # a replicated gradient is the same on every rank: count it once
-                    sq = paddle.square(g)
-                    squares.append(paddle.sum(sq / shared[pname][2] if kind == "shared" else sq))
-                total = paddle.stack(squares).sum() if squares else paddle.zeros([], "float32")
-                total = total.reshape([1])
-                dist.all_reduce(total)
-                norm = paddle.sqrt(total)
+                norm_of.sum_shared(grads)
+                norm = norm_of.norm(norm_of.terms(grads))
                 self.last_norm = float(norm.numpy()[0])
                 out = [(p, grads[p.name]) for p, _ in params_grads]
                 if clip_norm is None:
                     return out
-                top = paddle.full([1], clip_norm, "float32")
-                scale = top / paddle.maximum(norm, top)  # what ClipGradByGlobalNorm applies
+                scale = clip_scale(paddle, norm, clip_norm)  # what ClipGradByGlobalNorm applies
                 return [(p, g if g is None else g * scale) for p, g in out]
 
     return TensorParallelClip()
@@ -401,7 +374,7 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
                losses_file: Path | None = None, device: str = "cpu",
                on_step: Callable[[int, float], Any] | None = None,
                eval_batches: list[tuple[np.ndarray, np.ndarray]] | None = None, eval_data: Path | None = None,
-               resume: str | Path | bool | None = None) -> Any:
+               resume: str | Path | bool | None = None, stats_file: Path | None = None) -> Any:
     """This rank's part of training: the same session as the one-rank `train_artifact`
     (`training.train_session`: evaluation every eval_steps, checkpoints every save_steps and at
     the end), with exact tensor-parallel gradients; returns the TrainResult (the losses are
@@ -411,10 +384,25 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     params, optimizer and RNG state from it. Rank 0 appends each step's loss, each evaluation
     and each published checkpoint to `losses_file` (launch_files.EVENT_*); with
     save_total_limit it removes older checkpoints itself (the launcher passes none and removes
-    them after its on_checkpoint)."""
-    from ernie_ir.artifacts import check_files
+    them after its on_checkpoint).
+
+    Data parallel (options dp > 1; ernie_ir.runtime.data_parallel): this process is replica
+    `rank // world` running rank graph `rank % world`; the graph's collectives span its
+    replica's model-parallel group, the gradients are summed over its dp group and, with
+    sharding, its AdamW holds its share of the params. `stats_file`: what it held at the end
+    (JSON, data_parallel.rank_stats)."""
+    from ernie_ir.artifacts import artifact_mapping, check_files, read_manifest
+    from ernie_ir.runtime.data_parallel import (
+        DataParallelOptimizer,
+        GradientNorm,
+        Replica,
+        new_groups,
+        partition,
+        rank_stats,
+        refuse_qat_state,
+    )
     from ernie_ir.runtime.launch_files import EVENT_CHECKPOINT, EVENT_EVAL
-    from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
+    from ernie_ir.runtime.paddle_layer import build_layer, require_paddle, set_model_parallel_group
     from ernie_ir.runtime.train_state import (
         CheckpointRun,
         artifact_fingerprint,
@@ -427,6 +415,7 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     )
     from ernie_ir.runtime.training import (
         RECIPE,
+        check_layout,
         make_optimizer,
         resolve_options,
         split_run_keys,
@@ -435,8 +424,8 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     )
 
     paddle = require_paddle()
-    rank, world = world_from_env()
-    manifest, graph = load_rank_graph(root, rank, world)
+    rank, processes = world_from_env()
+    manifest = read_manifest(root)
     if manifest.get("mode") != "training" or not (root / RECIPE).is_file():
         raise WorkerError(f"{root} is not a training artifact: compile it with --mode training --lora-rank R")
     check_files(root, manifest, [RECIPE.as_posix()])
@@ -444,6 +433,11 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     given = {k: v for k, v in (("lr", lr), ("seed", seed)) if v is not None}
     values, config_resume = split_run_keys(options or {})
     opts = resolve_options(recipe, {**values, **given})  # an absent flag keeps the file's value
+    world = artifact_mapping(manifest).world_size  # the model-parallel ranks
+    check_layout(opts, world)
+    refuse_qat_state(recipe, opts.dp)
+    dp_index, mp_rank = divmod(rank, world)
+    manifest, graph = load_rank_graph(root, rank, processes, dp=opts.dp)
     resume = config_resume if resume is None else resume
     if batches is None:
         batches = training_batches(recipe, graph, data, options=opts)
@@ -457,20 +451,36 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
         point = read_resume_point(root, find_checkpoint(root, resume), world=world, fingerprint=fingerprint,
                                   steps=steps, options=opts.model_dump(), batches=batches)
     start = point.step if point is not None else 0
-    paddle.seed(opts.seed)
+    # Each replica draws its own dropout; the ranks of one replica draw alike (replica 0: the seed).
+    paddle.seed(opts.seed + dp_index * 2**32)
     layer = build_layer(graph, device=device_for(device), grad_sync=True)
     layer.train()
     layer.track_state = True
     params = layer.trainable_parameters()
     if not params:
-        raise WorkerError(f"{root}: rank {rank}'s graph has no trainable params")
-    init_process_group(rank, world)
+        raise WorkerError(f"{root}: rank {mp_rank}'s graph has no trainable params")
+    init_process_group(rank, processes)
     clip = opts.clip()
-    if world > 1:
-        grad_clip = tensor_parallel_clip(paddle, layer, graph, clip)
+    replica = None
+    if opts.dp > 1:
+        mp_group, dp_group = new_groups(rank, opts.dp, world)
+        set_model_parallel_group(mp_group)
+        replica = Replica(opts.dp, dp_index, dp_group)
+        owners = None
+        if opts.sharding is not None:
+            owners = partition({n: int(layer.tensor(n).size) for n in layer.trainable_names}, opts.dp)
+        mine = [layer.tensor(n) for n in layer.trainable_names if owners is None or owners[n] == dp_index]
+        inner = make_optimizer(paddle, mine, opts, None) if mine else None  # more replicas than params
+        optimizer = DataParallelOptimizer(paddle, layer, inner, GradientNorm(paddle, layer, graph, mp_group),
+                                          clip_norm=clip, replica=replica, world_rank=rank, world=world,
+                                          sharding=opts.sharding, owners=owners)
+        grad_clip: Any = optimizer
     else:
-        grad_clip = paddle.nn.ClipGradByGlobalNorm(clip) if clip else None
-    optimizer = make_optimizer(paddle, params, opts, grad_clip)
+        if world > 1:
+            grad_clip = tensor_parallel_clip(paddle, layer, graph, clip)
+        else:
+            grad_clip = paddle.nn.ClipGradByGlobalNorm(clip) if clip else None
+        optimizer = make_optimizer(paddle, params, opts, grad_clip)
 
     def event(record: dict[str, Any]) -> None:
         if rank == 0 and losses_file is not None:
@@ -492,8 +502,9 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
         expected = checkpoint_expected(manifest)
 
         def checkpoint(step: int, loss: float, eval_loss: float | None) -> Path | None:
-            out = save_rank_checkpoint(root, paddle, layer, optimizer, names, step, rank, world, base=base,
-                                       loss=loss, eval_loss=eval_loss, run=run, expected=expected)
+            out = save_rank_checkpoint(root, paddle, layer, optimizer, names, step, mp_rank, world, base=base,
+                                       loss=loss, eval_loss=eval_loss, run=run, expected=expected,
+                                       process=rank, processes=processes, sharded=opts.sharding is not None)
             if out is not None:
                 event({"event": EVENT_CHECKPOINT, "step": step, "path": str(out)})
                 if opts.save_total_limit is not None:
@@ -501,32 +512,46 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
             return out
 
     if point is not None:
-        restore_rank(paddle, layer, optimizer, point, names, rank, world)
-    return train_session(paddle, layer, optimizer, batches, steps, options=opts, start=start, report=report,
-                         eval_batches=eval_batches, checkpoint=checkpoint,
-                         on_eval=lambda step, loss: event({"event": EVENT_EVAL, "step": step, "loss": loss}))
+        restore_rank(paddle, layer, optimizer, point, names, mp_rank, world, process=rank)
+    result = train_session(paddle, layer, optimizer, batches, steps, options=opts, start=start, report=report,
+                           eval_batches=eval_batches, checkpoint=checkpoint,
+                           on_eval=lambda step, loss: event({"event": EVENT_EVAL, "step": step,
+                                                             "loss": loss}),
+                           replica=replica)
+    if stats_file is not None:
+        tmp = stats_file.with_name(f".{stats_file.name}.tmp")
+        tmp.write_text(json.dumps(rank_stats(layer, optimizer, dp_index, mp_rank)), encoding="utf-8")
+        os.replace(tmp, stats_file)
+    return result
 
 
 def save_rank_checkpoint(root: Path, paddle: Any, layer: Any, optimizer: Any, names: list[str], step: int,
                          rank: int, world: int, *, base: dict[str, Any], loss: float,
                          eval_loss: float | None, run: Any,
-                         expected: dict[str, Any] | None = None) -> Path | None:
+                         expected: dict[str, Any] | None = None, process: int | None = None,
+                         processes: int | None = None, sharded: bool = False) -> Path | None:
     """Every rank stages its params, optimizer state and RNG state; rank 0 then merges the
     params (global names and shapes), writes trainer_state.json, names the folder
     `run-K-step-N` (`run`: a train_state.CheckpointRun, K chosen by the run's first checkpoint)
     and lists its files in the manifest; every rank waits for that. Returns the folder on rank
-    0 (None elsewhere)."""
+    0 (None elsewhere). Data parallel (`process` of `processes`; `rank` is the model-parallel
+    rank of `world`): one checkpoint: the params from replica 0 (the replicas hold the same),
+    the optimizer state of replica 0's ranks, or of every process when `sharded`."""
     from ernie_ir.runtime.train_state import publish_checkpoint, stage_rank_state, write_trainer_state
 
+    g = rank if process is None else process
+    total = world if processes is None else processes
+    first = g < world  # replica 0
     stage = staging_dir(root, os.environ.get("PADDLE_MASTER", "local"))
     stage.mkdir(parents=True, exist_ok=True)
-    stage_rank_state(stage, paddle, layer, optimizer, names, rank, world, step)
-    if world > 1:
+    stage_rank_state(stage, paddle, layer, optimizer, names, rank, world, step, process=g, params=first,
+                     optimizer_state=first or sharded)
+    if total > 1:
         import paddle.distributed as dist
 
         dist.barrier()  # every rank's files are complete before rank 0 reads them
     out = None
-    if rank == 0:
+    if g == 0:
         try:
             if world > 1:
                 _merge_ranks(root, stage, names, step, world)
@@ -535,7 +560,7 @@ def save_rank_checkpoint(root: Path, paddle: Any, layer: Any, optimizer: Any, na
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
-    if world > 1:
+    if total > 1:
         import paddle.distributed as dist
 
         dist.barrier()  # the staging folder is free again before any rank stages the next checkpoint
@@ -650,6 +675,11 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--eval-batches", type=Path, default=None,
                        help=".npz of ids{i}/labels{i} to evaluate on (the launcher's)")
     train.add_argument("--eval-steps", type=int, default=None, help="evaluate every N steps too")
+    train.add_argument("--dp", type=int, default=None,
+                       help="data-parallel replicas (default: the artifact's); dp x ranks processes")
+    train.add_argument("--sharding", default=None, help="stage1, stage2 or none (default: the artifact's)")
+    train.add_argument("--stats", default=None,
+                       help="each rank writes what it held at the end (JSON) here; {rank} is its rank")
     for p in (run, gen, train):
         p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "npu", "xpu"])
     args = parser.parse_args(argv)
@@ -679,12 +709,13 @@ def main(argv: list[str] | None = None) -> int:
 
                 options = read_config(args.options)
             flags = {"save_steps": args.save_steps, "save_total_limit": args.save_total_limit,
-                     "eval_steps": args.eval_steps}
+                     "eval_steps": args.eval_steps, "dp": args.dp, "sharding": args.sharding}
             options = {**options, **{k: v for k, v in flags.items() if v is not None}}
             train_rank(args.artifact, args.steps, batches=batches, data=args.data, lr=args.lr,
                        seed=args.seed, options=options, save=args.save, losses_file=args.losses,
                        device=args.device, on_step=report, eval_batches=eval_batches,
-                       eval_data=args.eval_data, resume=args.resume)
+                       eval_data=args.eval_data, resume=args.resume,
+                       stats_file=None if args.stats is None else Path(str(args.stats).format(rank=rank)))
     except ErnieIRError as e:
         _write_error(rank, str(e))
         print(f"error: rank {rank}: {e}", file=sys.stderr, flush=True)

@@ -169,19 +169,30 @@ def _copy_to_parallel(L: Any, n: Node, a: list[Any]) -> list[Any]:
 
 
 _COLLECTIVES: dict[str, Any] = {}
+_MODEL_PARALLEL: list[Any] = [None]
+"""The group a rank graph's collectives span: None for the default (whole-world) group."""
+
+
+def set_model_parallel_group(group: Any) -> None:
+    """Make the rank graphs' collectives span `group` (a paddle.distributed group: this data-
+    parallel replica's model-parallel ranks); None: the default group (no data parallelism)."""
+    _MODEL_PARALLEL[0] = group
 
 
 def collective_functions(op: str, world: int) -> dict[str, Any]:
-    """The autograd functions behind the collectives (PyLayers over paddle.distributed).
+    """The autograd functions behind the collectives (PyLayers over paddle.distributed), over the
+    model-parallel group (`set_model_parallel_group`; the default group unless data parallel).
 
-    PaddleEmitError when paddle.distributed is not running with `world` ranks (a rank graph
-    built into a Layer outside `paddle.distributed.launch`).
+    PaddleEmitError when paddle.distributed is not running with `world` ranks in that group (a
+    rank graph built into a Layer outside `paddle.distributed.launch`).
     """
     paddle = require_paddle()
     import paddle.distributed as dist
 
-    if not dist.is_initialized() or dist.get_world_size() != world:
-        have = dist.get_world_size() if dist.is_initialized() else 1
+    group = _MODEL_PARALLEL[0]
+    size = group.nranks if group is not None else dist.get_world_size() if dist.is_initialized() else 1
+    if not dist.is_initialized() or size != world:
+        have = size
         raise PaddleEmitError(
             f"{op} over {world} ranks needs {world} paddle.distributed processes, but this process "
             f"runs in a world of {have}: run the artifact with `ernie-ir run ARTIFACT --backend paddle` "
@@ -196,7 +207,7 @@ def collective_functions(op: str, world: int) -> dict[str, Any]:
         @staticmethod
         def forward(ctx: Any, x: Any) -> Any:
             y = x.clone()  # all_reduce works in place; the input may be read again
-            dist.all_reduce(y)
+            dist.all_reduce(y, group=_MODEL_PARALLEL[0])
             return y
 
         @staticmethod
@@ -210,12 +221,14 @@ def collective_functions(op: str, world: int) -> dict[str, Any]:
         def forward(ctx: Any, x: Any, axis: int, world: int) -> Any:
             ctx.axis, ctx.world = axis, world
             parts: list[Any] = []
-            dist.all_gather(parts, x)
+            dist.all_gather(parts, x, group=_MODEL_PARALLEL[0])
             return paddle.concat(parts, axis=axis)
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
-            return paddle.split(grad, ctx.world, axis=ctx.axis)[dist.get_rank()]
+            group = _MODEL_PARALLEL[0]
+            index = dist.get_rank() if group is None else group.rank
+            return paddle.split(grad, ctx.world, axis=ctx.axis)[index]
 
     class CopyToParallel(PyLayer):  # type: ignore[misc]
         """Identity forward; backward: the sum over ranks of the gradient (each rank's sharded
@@ -228,7 +241,7 @@ def collective_functions(op: str, world: int) -> dict[str, Any]:
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
             g = grad.clone()
-            dist.all_reduce(g)
+            dist.all_reduce(g, group=_MODEL_PARALLEL[0])
             return g
 
     _COLLECTIVES.update(all_reduce=AllReduceSum, all_gather=AllGather, copy_to_parallel=CopyToParallel)

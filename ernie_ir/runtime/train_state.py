@@ -8,7 +8,10 @@ with its sha256 in the manifest under the artifact's lock):
     training/checkpoints/run-K-step-N/
       params.safetensors              every trained param + QAT state at global names and shapes
       rank{r}.safetensors             several ranks only: rank r's slices, as its graph holds them
-      optimizer.rank{r}.safetensors   rank r's AdamW state, keyed `<param>/moment1`, `/moment2`,
+                                      (data parallel: replica 0's; the replicas hold the same)
+      optimizer.rank{r}.safetensors   rank r's AdamW state (data parallel: replica 0's ranks, or
+                                      with sharding every process g's own share), keyed
+                                      `<param>/moment1`, `/moment2`,
                                       `/beta1_pow_acc`, `/beta2_pow_acc` (`/master_weight` with
                                       master weights): the IR param names, so the keys do not
                                       depend on the names Paddle gave a Layer's tensors
@@ -20,17 +23,20 @@ are run-K'-step-N with a new K' and `resumed_from` naming the checkpoint it star
 never collides with what the run it resumed wrote. "Newest" is the largest (K, N).
 
 `trainer_state.json`: format tag and version, `step` reached, `steps` (the run's total, which
-the learning-rate schedule decays to), `run_id` (random, per run), `world_size`, `artifact`
+the learning-rate schedule decays to), `run_id` (random, per run), `world_size` (the
+model-parallel ranks), `dp` and `sharding` (the data-parallel layout), `artifact`
 (sha256 over the manifest's digests of every rank's graph.ir and weights.safetensors),
 `options` (the resolved TrainOptions), `data` (batch count, sha256 of the batch arrays, the
 position: batches taken = step x grad_accum), `loss` and `eval_loss` at that step,
-`resumed_from`, and `rng_state` (each rank's Paddle generator states, CPU and device).
+`resumed_from`, and `rng_state` (each process's Paddle generator states, CPU and device: rank{g}
+for every one of the dp x world processes).
 
 Resuming (`find_checkpoint`, `read_resume_point`, `restore_rank`) restores the trained params,
 the optimizer state, the RNG state and the step; the batches and the learning rate follow from
 the step (both are functions of the step index), so a resumed run continues the run it resumed
 bit for bit when given the checkpoint's `steps`. Refused, one line each: no checkpoint, another
-artifact, another world size, other data, `steps` not above the checkpoint's step, and another
+artifact, another world size, another data-parallel layout (dp, sharding: named both), other
+data, `steps` not above the checkpoint's step, and another
 value of an option that fixes the schedule or the data position (`MATCHED_OPTIONS`).
 """
 
@@ -82,6 +88,10 @@ class TrainResult:
     older ones), oldest first."""
     first_step: int = 1
     """The step number of losses[0]: 1, or the resumed checkpoint's step + 1."""
+    rank_stats: list[dict[str, Any]] = field(default_factory=list)
+    """Per process (rank order), measured at the end of the run: `optimizer_state_bytes` (the
+    optimizer's state tensors held), `gradient_bytes` (the gradients held at the last step,
+    after the data-parallel reduce), `peak_rss_bytes`, `dp_index`, `mp_rank`."""
 
 
 # -- names -------------------------------------------------------------------------------------
@@ -236,7 +246,8 @@ def load_optimizer_arrays(paddle: Any, optimizer: Any, layer: Any, arrays: dict[
                                f"{list(tensor.shape)}")
         base = f"{tensor.name}_{acc}"
         state[f"{base}_{ids.get(base, 0)}"] = arr
-    missing = sorted(n for n in trained if f"{n}/moment1" not in arrays)
+    held = getattr(optimizer, "param_names", trained)  # a sharded optimizer holds its own params only
+    missing = sorted(n for n in held if f"{n}/moment1" not in arrays)
     if missing:
         raise ErnieIRError(f"{where}: the optimizer state lacks trained param {missing[0]}")
     if masters:
@@ -248,26 +259,35 @@ def load_optimizer_arrays(paddle: Any, optimizer: Any, layer: Any, arrays: dict[
 
 
 def stage_rank_state(stage: Path, paddle: Any, layer: Any, optimizer: Any, names: list[str], rank: int,
-                     world: int, step: int) -> None:
+                     world: int, step: int, *, process: int | None = None, params: bool = True,
+                     optimizer_state: bool = True) -> None:
     """Write rank `rank`'s part of a checkpoint into `stage`: its params (params.safetensors on
-    one rank, rank{r}.safetensors on several), its optimizer state and its RNG state."""
+    one rank, rank{r}.safetensors on several), its optimizer state and its RNG state. Data
+    parallel: `process` is the process's global rank (its optimizer and RNG files are named by
+    it; default `rank`); `params` / `optimizer_state` False where replica 0 writes them."""
     from safetensors.numpy import save_file
 
-    meta = {"format": FILE_FORMAT, "step": str(step), "rank": str(rank), "world_size": str(world)}
-    held = [n for n in names if n in layer.param_attrs]
-    params = PARAMS if world == 1 else RANK_PARAMS.format(rank=rank)
-    save_file({n: np.ascontiguousarray(a) for n, a in layer.state_numpy(held).items()}, str(stage / params),
-              metadata={**meta, **({"layout": "global"} if world == 1 else {})})
-    save_file(optimizer_arrays(optimizer, layer), str(stage / OPTIMIZER.format(rank=rank)), metadata=meta)
-    (stage / _RNG_STAGED.format(rank=rank)).write_text(json.dumps(rng_state(paddle)), encoding="utf-8")
+    g = rank if process is None else process
+    meta = {"format": FILE_FORMAT, "step": str(step), "rank": str(rank), "world_size": str(world),
+            **({"process": str(g)} if g != rank else {})}
+    if params:
+        held = [n for n in names if n in layer.param_attrs]
+        file = PARAMS if world == 1 else RANK_PARAMS.format(rank=rank)
+        save_file({n: np.ascontiguousarray(a) for n, a in layer.state_numpy(held).items()}, str(stage / file),
+                  metadata={**meta, **({"layout": "global"} if world == 1 else {})})
+    if optimizer_state:
+        save_file(optimizer_arrays(optimizer, layer), str(stage / OPTIMIZER.format(rank=g)), metadata=meta)
+    (stage / _RNG_STAGED.format(rank=g)).write_text(json.dumps(rng_state(paddle)), encoding="utf-8")
 
 
 def trainer_state_base(*, steps: int, world: int, fingerprint: str, options: dict[str, Any],
                        batches: list[tuple[np.ndarray, np.ndarray]],
                        resumed_from: str | None) -> dict[str, Any]:
-    """The part of trainer_state.json that every checkpoint of a run shares."""
+    """The part of trainer_state.json that every checkpoint of a run shares (the data-parallel
+    layout from `options`: dp, sharding)."""
     return {"format": STATE_FORMAT, "version": STATE_VERSION, "steps": steps, "run_id": uuid.uuid4().hex,
-            "world_size": world, "artifact": fingerprint, "options": options,
+            "world_size": world, "dp": int(options.get("dp", 1)), "sharding": options.get("sharding"),
+            "artifact": fingerprint, "options": options,
             "data": {"batches": len(batches), "fingerprint": batches_fingerprint(batches)},
             "resumed_from": resumed_from}
 
@@ -275,9 +295,9 @@ def trainer_state_base(*, steps: int, world: int, fingerprint: str, options: dic
 def write_trainer_state(stage: Path, base: dict[str, Any], step: int, loss: float,
                         eval_loss: float | None) -> None:
     """trainer_state.json in `stage`, with every rank's staged RNG state folded in."""
-    world = int(base["world_size"])
+    processes = int(base["world_size"]) * int(base.get("dp", 1))
     rng = {}
-    for r in range(world):
+    for r in range(processes):
         staged = stage / _RNG_STAGED.format(rank=r)
         rng[f"rank{r}"] = json.loads(staged.read_text(encoding="utf-8"))
         staged.unlink()
@@ -375,6 +395,11 @@ class ResumePoint:
 
         return load_file(str(self.folder / (PARAMS if world == 1 else RANK_PARAMS.format(rank=rank))))
 
+    @property
+    def layout(self) -> tuple[int, str | None]:
+        """(dp, sharding) of the run that wrote it (older checkpoints: one replica)."""
+        return int(self.state.get("dp", 1) or 1), self.state.get("sharding")
+
     def optimizer(self, rank: int) -> dict[str, np.ndarray]:
         from safetensors.numpy import load_file
 
@@ -397,12 +422,16 @@ def read_resume_point(root: Path, folder: Path, *, world: int, fingerprint: str,
         raise ErnieIRError(f"{where}: not a training checkpoint folder (no {TRAINER_STATE}); an earlier "
                            "layout's run-K-step-N.safetensors cannot be resumed")
     try:
-        ckpt_world = json.loads(state_file.read_text(encoding="utf-8")).get("world_size")
+        head = json.loads(state_file.read_text(encoding="utf-8"))
+        ckpt_world, ckpt_dp, ckpt_sharding = head.get("world_size"), head.get("dp", 1), head.get("sharding")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, AttributeError):
-        ckpt_world = None
-    ranks = range(ckpt_world if isinstance(ckpt_world, int) and 0 < ckpt_world <= 4096 else 0)
+        ckpt_world, ckpt_dp, ckpt_sharding = None, 1, None
+    ok_world = isinstance(ckpt_world, int) and 0 < ckpt_world <= 4096
+    ranks = range(ckpt_world if ok_world else 0)
+    ok_dp = isinstance(ckpt_dp, int) and ckpt_dp > 0 and ok_world and ckpt_dp * ckpt_world <= 4096
+    shards = range(ckpt_dp * ckpt_world if ok_dp and ckpt_sharding else len(ranks))
     files = [TRAINER_STATE, *((PARAMS,) if ckpt_world == 1 else (RANK_PARAMS.format(rank=r) for r in ranks)),
-             *(OPTIMIZER.format(rank=r) for r in ranks)]
+             *(OPTIMIZER.format(rank=r) for r in shards)]
     if folder.resolve().parent == (root / CHECKPOINTS).resolve():
         from ernie_ir.artifacts import check_files, read_manifest
 
@@ -423,6 +452,15 @@ def read_resume_point(root: Path, folder: Path, *, world: int, fingerprint: str,
     if state.get("world_size") != world:
         raise ErnieIRError(f"{where}: the checkpoint was trained on {state.get('world_size')} rank(s), "
                            f"{root} has {world}: resume on the artifact it was trained on")
+    then = (state.get("dp", 1), state.get("sharding"))
+    now = (int(options.get("dp", 1)), options.get("sharding"))
+    if then != now:
+        from ernie_ir.ir.mapping import layout_name
+
+        raise ErnieIRError(f"{where}: the checkpoint was trained on {layout_name(then[0], then[1], world)}, "
+                           f"this run is {layout_name(now[0], now[1], world)}: its optimizer state and RNG "
+                           f"streams are laid out per process; resume with --dp {then[0]} "
+                           f"--sharding {then[1] or 'none'}")
     if state.get("artifact") != fingerprint:
         raise ErnieIRError(f"{where}: the checkpoint belongs to another artifact (its rank graphs and "
                            f"weights are not {root}'s): resume on the artifact it was trained on")
@@ -447,9 +485,13 @@ def read_resume_point(root: Path, folder: Path, *, world: int, fingerprint: str,
 
 
 def restore_rank(paddle: Any, layer: Any, optimizer: Any, point: ResumePoint, names: list[str], rank: int,
-                 world: int) -> None:
+                 world: int, *, process: int | None = None) -> None:
     """Rank `rank`'s trained params, optimizer state and RNG state from `point`; call it right
-    before the first step (nothing in between may draw random numbers)."""
+    before the first step (nothing in between may draw random numbers). Data parallel:
+    `process` is the global rank (its RNG stream, and with sharding its optimizer file; the
+    params and an unsharded optimizer state are replica 0's, which every replica holds)."""
+    g = rank if process is None else process
+    _, sharding = point.layout
     where = f"--resume {point.folder}"
     arrays = point.params(rank, world)
     for n in (n for n in names if n in layer.param_attrs):
@@ -460,5 +502,5 @@ def restore_rank(paddle: Any, layer: Any, optimizer: Any, point: ResumePoint, na
             raise ErnieIRError(f"{where}: param {n} is {list(arrays[n].shape)} in the checkpoint, "
                                f"{list(tensor.shape)} in rank {rank}'s graph")
         tensor.set_value(np.ascontiguousarray(arrays[n], dtype=np.float32))
-    load_optimizer_arrays(paddle, optimizer, layer, point.optimizer(rank), where)
-    set_rng_state(paddle, point.rng(rank))
+    load_optimizer_arrays(paddle, optimizer, layer, point.optimizer(g if sharding else rank), where)
+    set_rng_state(paddle, point.rng(g))

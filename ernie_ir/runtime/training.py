@@ -42,7 +42,9 @@ continues a checkpoint's run bit for bit (optimizer, RNG, data position and sche
 A multi-rank artifact (`--tp`/`--ep`) trains on one paddle.distributed gloo process per rank
 (ernie_ir.runtime.launcher, ernie_ir.runtime.paddle_dist) with the same batches, optimizer and
 loss as here, and exact tensor-parallel gradients, so its losses are the one-rank losses; its
-checkpoints hold each rank's params (`rank{r}.safetensors`) beside their merge.
+checkpoints hold each rank's params (`rank{r}.safetensors`) beside their merge. Data
+parallelism (`dp`, `sharding`: TrainOptions, the artifact's layout by default) runs dp x ranks
+processes, each replica on its rows of every batch (ernie_ir.runtime.data_parallel).
 """
 
 from __future__ import annotations
@@ -56,10 +58,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.inputs import MAX_JSON_BYTES, read_bytes
+from ernie_ir.ir.mapping import MAX_PROCESSES, Sharding, check_data_parallel
 
 from .paddle_layer import require_paddle
 from .train_state import TrainResult as TrainResult  # re-exported: what train_artifact returns
@@ -226,6 +237,16 @@ class TrainOptions(BaseModel):
     """Keep the artifact's newest N checkpoints, deleting older ones; None: keep all."""
     eval_steps: int | None = Field(None, ge=1, le=MAX_STEPS, validation_alias=_alias("eval_steps"))
     """The evaluation loss every N steps (and at the end); None: at the end only."""
+    dp: int = Field(1, ge=1, le=MAX_PROCESSES, validation_alias=_alias("dp"))
+    """Data-parallel replicas (the artifact's layout unless given): each takes batch_size / dp rows
+    of every batch; dp x the artifact's ranks processes."""
+    sharding: Sharding | None = Field(None, validation_alias=_alias("sharding"))
+    """ZeRO over the dp group: stage1 (optimizer states), stage2 (also gradients); None: none."""
+
+    @field_validator("sharding", mode="before")
+    @classmethod
+    def _no_sharding(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() in ("none", "") else value
 
     @model_validator(mode="after")
     def _no_collision(self) -> TrainOptions:
@@ -263,7 +284,9 @@ def _recipe_values(recipe: dict[str, Any]) -> dict[str, Any]:
     batch = recipe.get("batch", {})
     sched = recipe.get("schedule", {})
     pad = recipe.get("padding", {})
-    pairs = {"lr": opt.get("learning_rate"), "beta1": opt.get("beta1"), "beta2": opt.get("beta2"),
+    dpar = recipe.get("data_parallel", {})
+    pairs = {"dp": dpar.get("dp"), "sharding": dpar.get("sharding"),
+             "lr": opt.get("learning_rate"), "beta1": opt.get("beta1"), "beta2": opt.get("beta2"),
              "eps": opt.get("epsilon"), "weight_decay": opt.get("weight_decay"),
              "clip_norm": opt.get("grad_clip_norm"), "batch_size": batch.get("batch_size"),
              "grad_accum": batch.get("gradient_accumulation_steps"), "seed": batch.get("synthetic_seed"),
@@ -300,6 +323,18 @@ def resolve_options(recipe: dict[str, Any], overrides: dict[str, Any] | None = N
         where = f"{_flag(field)}{f' ({kit[0]})' if kit else ''}" if field else "training options"
         msg = str(first["msg"]).removeprefix("Value error, ")
         raise ErnieIRError(f"{where}: {msg}, got {shown!r}" if field else f"{where}: {msg}") from None
+
+
+def check_layout(options: TrainOptions, world: int) -> int:
+    """The processes a run of `options` on an artifact of `world` model-parallel ranks starts
+    (dp x world); ErnieIRError, one line, for sharding without dp > 1, a batch size dp does
+    not divide and more processes than a launch starts."""
+    check_data_parallel(options.dp, options.sharding, world)
+    if options.batch_size % options.dp:
+        raise ErnieIRError(f"--batch-size {options.batch_size} does not split into --dp {options.dp} "
+                           f"replicas: use a multiple of {options.dp} (each replica takes batch_size / dp "
+                           "rows of every batch)")
+    return options.dp * world
 
 
 def split_run_keys(values: dict[str, Any]) -> tuple[dict[str, Any], str | bool | None]:
@@ -446,12 +481,15 @@ def make_optimizer(paddle: Any, params: list[Any], options: TrainOptions, grad_c
 def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.ndarray, np.ndarray]],
               steps: int, on_step: Callable[[int, float], Any] | None = None, *,
               options: TrainOptions | None = None, start: int = 0,
-              after_step: Callable[[int, float], Any] | None = None) -> list[float]:
+              after_step: Callable[[int, float], Any] | None = None, replica: Any = None) -> list[float]:
     """Optimizer steps start+1 .. `steps` over `batches` (cycled, `grad_accum` batches a step,
     step k taking batches k x grad_accum ..., learning rate by the schedule of `steps` steps);
     the loss of each step, the mean over the step's real target tokens. `on_step(step, loss)`,
     then `after_step(step, loss)` (evaluation, checkpoints) after each step.
-    The one training loop of every rank count: one process here, or each paddle.distributed rank."""
+    The one training loop of every rank count: one process here, or each paddle.distributed rank.
+    `replica` (a data_parallel.Replica): this process takes its replica's rows of each batch
+    (none: it skips the forward) and the loss is summed over the replicas; the count of real
+    target tokens is always the whole batch's."""
     opts = options if options is not None else TrainOptions()
     losses: list[float] = []
     for step in range(start, steps):
@@ -460,9 +498,16 @@ def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.nd
         optimizer.set_lr(opts.lr_at(step, steps))
         total = 0.0
         for ids, labels in micro:
+            if replica is not None:
+                part = replica.rows(ids, labels)
+                if part is None:
+                    continue  # a short final batch: no rows for this replica; zeros in the sums
+                ids, labels = part
             loss_sum, _ = token_loss_sum(paddle, layer, ids, labels, opts.ignore_index)
             (loss_sum / max(count, 1)).backward()
             total += float(loss_sum.numpy())
+        if replica is not None:
+            total = replica.sum(total)  # every replica raises alike below
         if not math.isfinite(total):
             raise ErnieIRError(f"training step {step + 1}: the loss is {total} (NaN or Inf): stopped, "
                                "no checkpoint written; lower --lr, set --clip-norm or check the weights "
@@ -506,12 +551,14 @@ def train_session(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[n
                   report: Callable[[int, float], Any] | None = None,
                   eval_batches: list[tuple[np.ndarray, np.ndarray]] | None = None,
                   on_eval: Callable[[int, float], Any] | None = None,
-                  checkpoint: Callable[[int, float, float | None], Path | None] | None = None) -> TrainResult:
+                  checkpoint: Callable[[int, float, float | None], Path | None] | None = None,
+                  replica: Any = None) -> TrainResult:
     """`run_steps` from step `start` with the evaluation loss (`evaluate`, over `eval_batches`)
     every options.eval_steps steps and at the end, reported to `on_eval(step, loss)`, then
     `checkpoint(step, loss, eval_loss)` every options.save_steps steps and at the end (it returns
     the published folder, or None on ranks that publish nothing). Shared by one-rank training and
-    each rank of a multi-rank run."""
+    each rank of a multi-rank run (`replica`: run_steps'; evaluation is not split: every replica
+    evaluates all of `eval_batches`, the same loss)."""
     evals: list[tuple[int, float]] = []
     saved: list[Path] = []
 
@@ -531,7 +578,7 @@ def train_session(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[n
                 saved.append(path)
 
     losses = run_steps(paddle, layer, optimizer, batches, steps, report, options=options, start=start,
-                       after_step=after)
+                       after_step=after, replica=replica)
     return TrainResult(losses, evals, [p for p in saved if p.exists()], start + 1)
 
 
@@ -616,7 +663,9 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
     `resume_from_checkpoint` instead.
     `on_step(step, loss)` and `on_progress(StepProgress)` are called after each step.
     A multi-rank artifact runs on one paddle.distributed process per rank (gloo on this CPU,
-    ernie_ir.runtime.launcher), bounded by `timeout_s` (default 3600 s).
+    ernie_ir.runtime.launcher), bounded by `timeout_s` (default 3600 s). Data parallelism (the
+    options' `dp` and `sharding`: the artifact's layout unless given) runs dp x ranks processes
+    (ernie_ir.runtime.data_parallel).
     """
     from .train_state import (
         artifact_fingerprint,
@@ -643,6 +692,10 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
         raise ErnieIRError("--eval-steps needs evaluation data (eval_data or eval_sequences)")
     if not save and (opts.save_steps is not None or opts.save_total_limit is not None):
         raise ErnieIRError("--save-steps and --save-total-limit need checkpoints: train with save=True")
+    processes = check_layout(opts, world)
+    from .data_parallel import refuse_qat_state
+
+    refuse_qat_state(recipe, opts.dp)
 
     from ernie_ir.ir.storage import load_graph
 
@@ -661,10 +714,10 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
                                   steps=steps, options=opts.model_dump(), batches=batches)
     start = point.step if point is not None else 0
     report = _progress_reporter(batches, steps, opts, on_step, on_progress, start)
-    if world > 1:
+    if processes > 1:
         from .launcher import TRAIN_TIMEOUT_S, train_distributed
 
-        return train_distributed(root, world, steps, batches, options=opts, save=save, on_step=report,
+        return train_distributed(root, processes, steps, batches, options=opts, save=save, on_step=report,
                                  eval_batches=evals, resume=None if point is None else point.folder,
                                  start=start, on_checkpoint=on_checkpoint,
                                  timeout_s=TRAIN_TIMEOUT_S if timeout_s is None else timeout_s)
@@ -687,8 +740,13 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
         from .train_state import restore_rank
 
         restore_rank(paddle, layer, optimizer, point, names, 0, 1)
-    return train_session(paddle, layer, optimizer, batches, steps, options=opts, start=start, report=report,
-                         eval_batches=evals, checkpoint=checkpoint)
+    result = train_session(paddle, layer, optimizer, batches, steps, options=opts, start=start, report=report,
+                           eval_batches=evals, checkpoint=checkpoint)
+    from dataclasses import replace
+
+    from .data_parallel import rank_stats
+
+    return replace(result, rank_stats=[rank_stats(layer, optimizer, 0, 0)])
 
 
 def _one_rank_checkpoints(root: Path, expected: dict[str, Any], layer: Any, optimizer: Any,

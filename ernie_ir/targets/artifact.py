@@ -217,7 +217,7 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Hardwar
         test_pause("weights")
         exe = tmp / mode
         exe.mkdir()
-        recipe = launch_recipe(target, mode, layout.world_size)
+        recipe = launch_recipe(target, mode, layout.processes)  # dp replicas: dp x world processes
         (exe / "launch.json").write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
         (exe / "launch.sh").write_text(launch_script(recipe), encoding="utf-8")
         (exe / "launch.sh").chmod(0o777 & ~_umask())  # executable, as far as the user's umask allows

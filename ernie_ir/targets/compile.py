@@ -15,7 +15,7 @@ from typing import Any
 from ernie_ir.artifacts.publish import artifact_lock
 from ernie_ir.artifacts.source_digests import source_sha256
 from ernie_ir.ir import ErnieIRError, Graph
-from ernie_ir.ir.mapping import Mapping, check_degrees
+from ernie_ir.ir.mapping import Mapping, check_data_parallel, check_degrees
 from ernie_ir.load import load_input, load_trained
 from ernie_ir.passes import Pass, PassContext, PassInstrument
 from ernie_ir.passes.infra.base import graph_properties
@@ -214,6 +214,18 @@ def check_compile_options(target: str, mode: str, quant: str | None, cuda_arch: 
     return tgt, arch
 
 
+def check_compile_dp(mode: str, dp: int, sharding: str | None, world: int = 1) -> None:
+    """Refuse, in one line, data parallelism outside training and a layout that cannot run
+    (`ernie_ir.ir.mapping.check_data_parallel`)."""
+    if dp != 1 and mode != "training":
+        raise TargetError(f"--dp {dp}: data parallelism is a training layout (--mode training); to serve "
+                          "replicas, start several inference engines (drop --dp)")
+    if sharding is not None and mode != "training":
+        raise TargetError(f"--sharding {sharding} shards optimizer states: a training layout "
+                          "(--mode training)")
+    check_data_parallel(dp, sharding, world)
+
+
 def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_text: str,
                      pipeline: str | None = None, tp: int = 1, ep: int = 1) -> tuple[Pipeline, Mapping]:
     """The pipeline compile runs on `graph` and the layout it makes: the user's `pipeline`, then
@@ -266,8 +278,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   pipeline: str | None = None, lora_rank: int | None = None,
                   lora_alpha: float | None = None, lora_targets: Sequence[str] | None = None,
                   lora_adapter: Path | None = None, quant_config: Path | None = None,
-                  cuda_arch: int | None = None, tp: int = 1, ep: int = 1,
-                  out: str | Path | None = None, force: bool = False,
+                  cuda_arch: int | None = None, tp: int = 1, ep: int = 1, dp: int = 1,
+                  sharding: str | None = None, out: str | Path | None = None, force: bool = False,
                   trust_pickle: bool = False, meta: bool = False,
                   progress: Callable[[str, int, int], None] | None = None,
                   onnx_numerics: str | None = None,
@@ -303,8 +315,12 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     weights before quantizing: `lora-import{path},lora-merge,<quant passes>` (inference only).
     An imported adapter is recorded in the manifest (`"lora_adapter"`: folder, sha256 of its
     files, merged or not).
+    `dp` / `sharding` (training only): data-parallel replicas of the tp x ep world and ZeRO
+    stage1/stage2 over them; no rank graph more (replicas share them), recorded in the
+    manifest's mapping and the launch recipe (dp x world processes). docs/parallel.md.
     """
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
+    check_compile_dp(mode, dp, sharding, max(tp, ep))
     if kv_cache_dtype is not None:
         kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype, mode)
     chosen = parse_emit(emit)
@@ -366,6 +382,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
             stopped=stopped)
     if len(ranks) != mapping.world_size:
         mapping = Mapping.create()  # the split left one rank (tp = ep = 1)
+    if dp > 1:
+        mapping = mapping.with_data_parallel(dp, sharding)
     first = ranks[0]
     if mode == "training":
         from .emit_paddle import check_trainable
@@ -408,7 +426,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(path),
         passes_run=[p.spec() for p in resolved.passes], params_before=before, params_after=after,
         kernel_plan=list(plan.get("kernels", [])), fallbacks=list(plan.get("fallbacks", [])),
-        warnings=warnings, cuda_arch=arch, parallel=mapping.describe() if not mapping.is_single else "",
+        warnings=warnings, cuda_arch=arch, parallel=mapping.describe() if mapping.processes > 1 else "",
         onnx_numerics=numerics, emit=written,
     )
 

@@ -105,20 +105,23 @@ def training_recipe(graph: Graph, target: HardwareTarget, mapping: Mapping | Non
     frozen = sorted(p.name for p in graph.params.values() if not p.trainable and p.name not in state)
     vocab = graph.outputs[0].type.shape[-1] if graph.outputs else None
     world = 1 if mapping is None else mapping.world_size
-    devices = ",".join(str(i) for i in range(world))
+    processes = 1 if mapping is None else mapping.processes  # dp replicas share the rank graphs
+    devices = ",".join(str(i) for i in range(processes))
     from .artifact import WORKER_LOOKUP
 
     # On the device, the rank worker trains each rank's Layer with the device's kernels (one
     # rank too): never the CPU path of `ernie-ir train`.
     kind = target.device_kind
     device_cmd = (f'{target.visible_devices_env}={devices} python -m paddle.distributed.launch '
-                  f'--nproc_per_node {world} {target.launch_flag} {devices} "$({WORKER_LOOKUP})" train '
+                  f'--nproc_per_node {processes} {target.launch_flag} {devices} "$({WORKER_LOOKUP})" train '
                   f"<artifact> --device {kind} --save --steps N [--data FILE.jsonl] "
                   "[--config train.yaml|json]")
-    if world > 1:
+    if processes > 1:
+        replicas = mapping is not None and mapping.dp > 1
+        dp = f", {mapping.dp} data-parallel replicas of {world}" if mapping is not None and replicas else ""
         cpu_cmd = (f"ernie-ir train <artifact> --steps N [--data FILE.jsonl] [--config train.yaml] "
-                   f"[--lr X ...]   ({world} gloo "
-                   "processes, one per rank)")
+                   f"[--lr X ...]   ({processes} gloo "
+                   f"processes, one per rank{dp})")
         checkpoints = ("training/checkpoints/run-K-step-N/ (at the end and every --save-steps): "
                        "params.safetensors (trainable params + QAT state at global names and shapes, "
                        "merged by the shard annotations), rank{r}.safetensors (each rank's slices), "
@@ -151,7 +154,9 @@ def training_recipe(graph: Graph, target: HardwareTarget, mapping: Mapping | Non
         "launch": {"cpu": cpu_cmd, target.name: device_cmd},
         "env": {target.visible_devices_env: devices, **target.extra_env},
         "collective_backend": target.collective_backend,
-        **({"cpu_collective_backend": "gloo"} if world > 1 else {}),
+        **({"cpu_collective_backend": "gloo"} if processes > 1 else {}),
+        **({"data_parallel": {"dp": mapping.dp, "sharding": mapping.sharding, "processes": processes}}
+           if mapping is not None and mapping.dp > 1 else {}),
     }
 
 

@@ -201,5 +201,6 @@ def _paddle_emitter(target: HardwareTarget, mode: str, mapping: Mapping) -> Emit
     if mode == "training":
         from .emit_paddle import emit_paddle_training
 
-        return lambda g, exe: emit_paddle_training(g, exe, target, None if mapping.is_single else mapping)
+        layout = None if mapping.processes == 1 else mapping  # dp replicas of one rank: a layout too
+        return lambda g, exe: emit_paddle_training(g, exe, target, layout)
     return lambda g, exe: None
