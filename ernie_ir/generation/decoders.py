@@ -29,7 +29,14 @@ import numpy as np
 
 from ernie_ir.ir import Graph
 from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
-from ernie_ir.runtime.decoding import DecodeError, DecodeOptions, DecodeResult, StepFn, decode
+from ernie_ir.runtime.decoding import (
+    DecodeError,
+    DecodeOptions,
+    DecodeResult,
+    StepFn,
+    cache_dtype_of,
+    decode,
+)
 
 BACKENDS = ("interpreter", "onnxruntime", "paddle")
 ONNX_MODEL = Path("inference") / "onnx" / "model.onnx"
@@ -54,13 +61,16 @@ class Decoder:
     """The decoder graphs (rank order); empty for the ONNX backend."""
     run: RunFn | None = None
     """Runs the whole loop elsewhere (several Paddle ranks); None: `decode` over `step`, here."""
+    cache_dtype: type = np.float32
+    """The numpy dtype of the empty first past (uint8 for a C8 cache)."""
 
     def generate(self, prompts: list[list[int]], options: DecodeOptions, *, stop: StopFn | None = None,
                  on_tokens: TokensFn | None = None) -> DecodeResult:
         """The generation loop (ernie_ir.runtime.decoding.decode) over this decoder."""
         if self.run is not None:
             return self.run(prompts, options, stop, on_tokens)
-        return decode(self.step, self.cache_layers, prompts, options, stop=stop, on_tokens=on_tokens)
+        return decode(self.step, self.cache_layers, prompts, options, cache_dtype=self.cache_dtype,
+                      stop=stop, on_tokens=on_tokens)
 
     @property
     def context_length(self) -> int | None:
@@ -214,7 +224,8 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
         vocab = _vocab(graph)
         layers = _decoder_graphs([graph], kv_cache_dtype)
         return Decoder(_interpreter_step([graph]), layers, config, backend, vocab,
-                       folder=root if root.is_dir() else None, graphs=[graph])
+                       folder=root if root.is_dir() else None, graphs=[graph],
+                       cache_dtype=cache_dtype_of(graph))
 
     from ernie_ir.artifacts import artifact_mapping, load_rank_graphs, verify_artifact
 
@@ -241,7 +252,7 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
     layers = _decoder_graphs(graphs, dtype)
     if backend == "interpreter":
         return Decoder(_interpreter_step(graphs), layers, config, backend, vocab, folder=folder,
-                       graphs=graphs)
+                       graphs=graphs, cache_dtype=cache_dtype_of(graphs[0]))
     if artifact_mapping(manifest).world_size > 1:
         from ernie_ir.artifacts import require_weights
 
@@ -251,4 +262,4 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
     from ernie_ir.runtime.paddle_backend import paddle_device_for
 
     return Decoder(_paddle_step(graphs[0], paddle_device_for(root)), layers, config, backend, vocab,
-                   folder=folder, graphs=graphs)
+                   folder=folder, graphs=graphs, cache_dtype=cache_dtype_of(graphs[0]))

@@ -26,8 +26,8 @@ class KvCacheAppendAttrs(OpAttrs):
 class KvCacheAppend(OpDef):
     """present = concat(past, transpose(new, [0, 2, 1, 3]), axis=2)
 
-    past: float [B, KV, P, D]; new: [B, S, KV, D] of past's dtype (the keys or values one
-    attention computes for this step's S tokens); attention_mask: integer [B, T], only its shape
+    past: float or u8 (a C8 cache) [B, KV, P, D]; new: [B, S, KV, D] of past's dtype (the keys
+    or values one attention computes for this step's S tokens); attention_mask: integer [B, T], only its shape
     is read: T = P + S (checked at run time), so present is [B, KV, T, D], typed with the
     mask's length. The dtype is the cache's: a graph that keeps its cache in another dtype than
     the attention computes casts `new` first.
@@ -41,7 +41,8 @@ class KvCacheAppend(OpDef):
         past = need(types[0], self.name, "past")
         new = need(types[1], self.name, "new")
         mask = need(types[2], self.name, "attention_mask")
-        need_float(past, self.name, "past")
+        if past.dtype != DType.U8:  # u8: a C8 cache (ernie_ir/ops/kv_cache_int8.py)
+            need_float(past, self.name, "past")
         need_rank(past, 4, self.name, "past")
         need_rank(new, 4, self.name, "new")
         need_int(mask, self.name, "attention_mask")

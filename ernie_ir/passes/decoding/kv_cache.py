@@ -19,6 +19,12 @@ pads (left, right or holes), which no query attends to; `position_ids` is each t
 its own sequence (the caller's, so a padded row's positions follow its real tokens).
 `dtype` stores the cache in another float dtype than the attention computes (a cast before the
 append); the default keeps the keys' dtype, so the decoder computes what the graph did.
+
+C8 (int8 cache): where an attention reads `kv_cache_dequantize(kv_cache_quantize(k, a), a)` (the
+`w4a8c8` pass puts that pair in, with calibrated per-channel abs-maxes a), the cache holds the
+u8 values: past/present are u8 [B, KV, P, D], the append takes the quantized step and the
+attention reads `kv_cache_dequantize(transpose(present))`. `dtype=int8` asserts it (an error
+on a graph without calibrated scales); a float `dtype` is refused on such a graph.
 """
 
 from __future__ import annotations
@@ -51,8 +57,9 @@ CACHE_DTYPES = ("f32", "bf16", "f16")
 
 
 class KvCacheOptions(PassOptions):
-    dtype: Literal["f32", "bf16", "f16"] | None = None
-    """The cache's element type; None: the attention's key dtype."""
+    dtype: Literal["f32", "bf16", "f16", "int8"] | None = None
+    """The cache's element type; None: the attention's key dtype (u8 where the graph quantizes
+    its keys/values to C8); int8: require the C8 cache."""
 
 
 @dataclass(frozen=True)
@@ -105,9 +112,17 @@ def add_kv_cache(graph: Graph, dtype: str | DType | None = None) -> CacheLayout:
     attentions = graph.nodes_by_op("attention")
     if not attentions:
         raise KvCacheError(f"graph {graph.name} has no attention, so it has no KV cache to keep")
-    cache = DType.parse(dtype) if isinstance(dtype, str) else dtype
+    want_c8 = dtype in ("int8", "u8", DType.U8)
+    c8 = any(_c8_pair(n.inputs[i]) is not None for n in attentions for i in (1, 2))
+    if want_c8 and not c8:
+        raise KvCacheError(f"graph {graph.name} has no calibrated C8 scales, so it cannot keep an int8 KV "
+                           "cache: run the w4a8c8 pass first (it inserts kv_cache_quantize/dequantize)")
+    cache = None if want_c8 else DType.parse(dtype) if isinstance(dtype, str) else dtype
     if cache is not None and cache.value not in CACHE_DTYPES:
         raise KvCacheError(f"a KV cache holds {', '.join(CACHE_DTYPES)}; not {cache}")
+    if cache is not None and c8:
+        raise KvCacheError(f"graph {graph.name} quantizes its KV cache to int8 (C8, calibrated): it "
+                           f"cannot keep a {cache} cache (leave the cache dtype unset)")
     for n in attentions:
         if len(n.inputs) > 3 and n.inputs[3] is not None:
             raise KvCacheError(f"the attention at {n.scope or '<root>'} already has a mask; the kv-cache "
@@ -145,6 +160,11 @@ def add_kv_cache(graph: Graph, dtype: str | DType | None = None) -> CacheLayout:
         for slot, kind in zip((1, 2), CACHE_KINDS, strict=True):
             new = n.inputs[slot]
             assert new is not None and not isinstance(new, Param)
+            pair = _c8_pair(new)
+            if pair is not None:
+                presents.append(_c8_cache(graph, n, slot, pair, PAST.format(i=i, kind=kind), mask))
+                dtypes.append(DType.U8)
+                continue
             b, _, kv, d = new.type.shape
             dt = cache or new.type.dtype
             dtypes.append(dt)
@@ -163,6 +183,35 @@ def add_kv_cache(graph: Graph, dtype: str | DType | None = None) -> CacheLayout:
     layout = CacheLayout(tuple(layers), str(dtypes[0]))
     graph.metadata["kv_cache"] = {"layers": [list(x) for x in layout.layers], "dtype": layout.dtype}
     return layout
+
+
+def _c8_pair(v: Value | None) -> tuple[Node, Node] | None:
+    """(kv_cache_quantize, kv_cache_dequantize) when `v` is dequantize(quantize(k)) of one scale."""
+    dq = v.producer if v is not None and not isinstance(v, Param) else None
+    if dq is None or dq.op != "kv_cache_dequantize":
+        return None
+    q = dq.inputs[0].producer if dq.inputs[0] is not None else None
+    if q is None or q.op != "kv_cache_quantize" or q.inputs[1] is not dq.inputs[1]:
+        return None
+    return q, dq
+
+
+def _c8_cache(graph: Graph, attention: Node, slot: int, pair: tuple[Node, Node], past_name: str,
+              mask: Value) -> Value:
+    """The u8 cache of one C8 key/value input: past u8 -> append(quantized step) -> present; the
+    attention reads the dequantized, transposed present. Returns the present."""
+    quant, dequant = pair
+    step = quant.output
+    b, _, kv, d = step.type.shape
+    past = graph.add_input(past_name, tensor(DType.U8, b, kv, PAST_DIM, d))
+    present = _node(graph, attention, "kv_cache_append", [past, step, mask])
+    full = _node(graph, attention, "transpose", [present], perm=(0, 2, 1, 3))
+    read = Node("kv_cache_dequantize", [full, dequant.inputs[1]], dequant.attrs, scope=dequant.scope)
+    graph.insert_before(attention, read)
+    attention.set_input(slot, read.output)
+    if not dequant.output.users:
+        graph.erase(dequant)
+    return present
 
 
 @register_pass

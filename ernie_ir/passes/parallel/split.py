@@ -689,6 +689,8 @@ class _RankBuilder:
             return [_Local(node.outputs[0], "R")]
         return self.generic(node)
 
+    op_wint2_dequantize = op_dequantize  # 2-bit expert stacks: cut by wint2_weight
+
     def op_moe_experts(self, node: Node) -> list[_Local]:
         if self.world == 1:
             return self.generic(node)
@@ -731,11 +733,61 @@ class _RankBuilder:
 
     op_moe_experts_lora = op_moe_experts
 
+    def op_moe_experts_w4a8(self, node: Node) -> list[_Local]:
+        """W4A8 experts (ernie_ir/ops/moe_w4a8.py): cut as moe_experts; each expert's weight scales
+        follow its output columns (down's stay whole: per output channel), its input scales
+        [E] follow the experts only (every rank quantizes its slice with the global scale)."""
+        if self.world == 1:
+            return self.generic(node)
+        x, weights, indices = (self.whole(v, node.scope) for v in node.inputs[:3])  # type: ignore[arg-type]
+        params = node.inputs[3:9]
+        if not all(isinstance(p, Param) for p in params):
+            raise self.fail(node, "its weights and scales are computed values; split before anything "
+                                  "computes them")
+        ug, ugs, ugi, dn, dns, dni = params  # type: ignore[misc]
+        experts, inter = ug.type.shape[0], dn.type.shape[1]
+        assert isinstance(experts, int) and isinstance(inter, int)
+        first, stop = self.info.experts or (0, experts)
+        if (first, stop) != (0, experts):
+            weights, indices = self.emit("moe_local_experts", [weights, indices],
+                                         {"first": first, "count": stop - first}, node.scope)
+        moe_tp, index = self.mapping.moe_tp, self.info.moe_tp_rank
+        block = node.attrs.hadamard_block  # type: ignore[attr-defined]
+        if inter % moe_tp or (block and (inter // moe_tp) % block):
+            raise self.fail(node, f"the expert intermediate size {inter} does not divide into {moe_tp} "
+                                  f"parts of whole Hadamard blocks of {block or 1}", DegreeError)
+        e_cut = (0, [(first, stop)])
+        gate_up = (-1, Sharded(-1, (Seg(inter, inter), Seg(inter, inter))).ranges(moe_tp, index))
+        rows = (-2, Sharded(-1, (Seg(inter, inter),)).ranges(moe_tp, index))
+        ins = [x, weights, indices, self.param(ug, [e_cut, gate_up]), self.param(ugs, [e_cut, gate_up]),
+               self.param(ugi, [e_cut]), self.param(dn, [e_cut, rows]), self.param(dns, [e_cut]),
+               self.param(dni, [e_cut])]
+        (y,) = self.emit(node.op, ins, node.attrs, node.scope)
+        return [_Local(y, Partial())]
+
+    # ---- C8 KV cache (ernie_ir/ops/kv_cache_int8.py)
+    def op_kv_cache_quantize(self, node: Node) -> list[_Local]:
+        """The per-channel abs-maxes [KV, D] are cut as the keys' heads: a rank holds the global
+        scales of its own heads (replicated heads: the same heads' scales)."""
+        x, absmax = self.local(node.inputs[0]), node.inputs[1]
+        assert x is not None
+        if not isinstance(x.layout, Sharded):
+            return self.generic(node)
+        if x.layout.axis != -2 or not isinstance(absmax, Param):
+            raise self.fail(node, "its keys/values are not sharded along the head axis")
+        cut = self.param(absmax, [(-2, x.layout.ranges(self.tp, self.info.tp_rank))])
+        (y,) = self.emit(node.op, [x.value, cut], node.attrs, node.scope)
+        return [_Local(y, x.layout)]
+
+    op_kv_cache_dequantize = op_kv_cache_quantize
+
     def expert_weight(self, v: Value, e_cut: tuple[int, list[tuple[int, int]]],
                       cut: tuple[int, list[tuple[int, int]]], *, column: bool) -> Value:
         if isinstance(v, Param):
             return self.param(v, [e_cut, cut])
         node = v.producer
+        if node is not None and node.op == "wint2_dequantize" and all(isinstance(i, Param) for i in node.inputs):
+            return self.wint2_weight(node, e_cut, cut, column=column)
         if node is None or node.op != "dequantize" or not all(isinstance(i, Param) for i in node.inputs):
             raise SplitError(f"split: expert weight {v} is neither a param nor a dequantized param")
         q, scale = node.inputs
@@ -754,6 +806,33 @@ class _RankBuilder:
             scale_cut = [e_cut, (-2, rows)]
         (w,) = self.emit("dequantize", [self.param(q, [e_cut, cut]), self.param(scale, scale_cut)],
                          node.attrs, node.scope)
+        return w
+
+
+    def wint2_weight(self, node: Node, e_cut: tuple[int, list[tuple[int, int]]],
+                     cut: tuple[int, list[tuple[int, int]]], *, column: bool) -> Value:
+        """A 2-bit expert stack (ernie_ir/ops/wint2.py): columns (up_gate) cut every param along N;
+        rows (down_proj) cut the codes in 4-row units and the scale bytes in 128-row units, the
+        per-column super_scales / code_scale / code_zp kept whole. A cut inside a code or a scale
+        byte is refused (DegreeError)."""
+        qw, ws, ss, cs, zp = node.inputs
+        assert all(isinstance(p, Param) for p in (qw, ws, ss, cs, zp))
+        if column:
+            cols = [e_cut, (-1, cut[1])]
+            ins = [self.param(p, cols) for p in (qw, ws, ss, cs, zp)]  # type: ignore[arg-type]
+        else:
+            k = 4 * int(qw.type.shape[-2])  # type: ignore[union-attr]
+            bad = [(a, b) for a, b in _merged(cut[1]) if a % 128 or b % 128]
+            if bad:
+                raise DegreeError(f"split: the WINT2 down_proj rows {bad[0]} of {k} at {node.scope or '<root>'} "
+                                  "cut a 128-row scale byte (two 64-row group scales) or a 4-row code: "
+                                  f"the expert intermediate size per rank must be a multiple of 128 (use a "
+                                  "tp that divides it so, or --ep)")
+            codes = [(a // 4, b // 4) for a, b in cut[1]]
+            scales = [(a // 128, b // 128) for a, b in cut[1]]
+            ins = [self.param(qw, [e_cut, (-2, codes)]), self.param(ws, [e_cut, (-2, scales)]),  # type: ignore[arg-type]
+                   *(self.param(p, [e_cut]) for p in (ss, cs, zp))]  # type: ignore[arg-type]
+        (w,) = self.emit("wint2_dequantize", ins, node.attrs, node.scope)
         return w
 
 
@@ -805,6 +884,6 @@ def _feeds_kv(v: Value) -> bool:
     for u in v.users:
         if u.op == "attention" and any(u.inputs[i] is v for i in (1, 2)):
             return True
-        if u.op in ("rope", "cast") and _feeds_kv(u.outputs[0]):
+        if u.op in ("rope", "cast", "kv_cache_quantize", "kv_cache_dequantize") and _feeds_kv(u.outputs[0]):
             return True
     return False
