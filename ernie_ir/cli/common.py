@@ -86,8 +86,13 @@ PipelineOpt = Annotated[
 ]
 QuantOpt = Annotated[
     str | None,
-    typer.Option("--quant", help="Quantization preset: none, wint8, wint4, wint8mix, qat-int8, fp8 "
-                 "(or an ERNIEKit/FastDeploy alias)."),
+    typer.Option("--quant", help="Quantization preset: none, wint8, wint4, wint8mix, qat-int8, fp8, "
+                 "w4a8c8, wint2 (or an ERNIEKit/FastDeploy alias); w4a8c8 and wint2 take their pass's "
+                 "options: 'wint2{w4_end_layer=6}'."),
+]
+CalibDataOpt = Annotated[
+    Path | None, typer.Option("--calib-data", help="--quant w4a8c8 or fp8: a .npy of token ids [batch, seq] "
+                              "to calibrate the static activation scales on (default: seeded random ids).")
 ]
 QuantConfigOpt = Annotated[
     Path | None, typer.Option("--quant-config", help="A YAML quantization config (rules by scope).")
@@ -140,7 +145,8 @@ StopAfterOpt = Annotated[
 
 def full_pipeline(pipeline: str | None, quant: str | None, quant_config: Path | None,
                    lora_rank: int | None, lora_alpha: float | None, lora_targets: str | None,
-                   lora_adapter: Path | None, merge_lora: bool = False) -> str | None:
+                   lora_adapter: Path | None, merge_lora: bool = False,
+                   calib_data: Path | None = None) -> str | None:
     """The user's --pipeline, then what the quantization and LoRA flags expand to."""
     from ernie_ir.ir import ErnieIRError
     from ernie_ir.passes.quant.cli_flags import pipeline_for
@@ -150,7 +156,8 @@ def full_pipeline(pipeline: str | None, quant: str | None, quant_config: Path | 
         raise ErnieIRError("--pipeline FILE.yaml cannot be combined with --quant/--lora-* flags: "
                            "put those passes in the YAML file")
     targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
-    extra = pipeline_for(quant, quant_config, lora_rank, lora_alpha, targets, lora_adapter, merge_lora)
+    extra = pipeline_for(quant, quant_config, lora_rank, lora_alpha, targets, lora_adapter, merge_lora,
+                         calib_data)
     parts = [p for p in (pipeline, extra) if p]
     return ",".join(parts) or None
 

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from .common import (
+    CalibDataOpt,
     CheckpointOpt,
     DisablePassOpt,
     DpOpt,
@@ -44,6 +45,7 @@ def compile(
     lora_adapter: LoraAdapterOpt = None,
     merge_lora: MergeLoraOpt = False,
     quant_config: QuantConfigOpt = None,
+    calib_data: CalibDataOpt = None,
     tp: TpOpt = 1,
     ep: EpOpt = 1,
     dp: DpOpt = None,
@@ -113,7 +115,7 @@ def compile(
                                onnx_numerics=onnx_numerics, emit=emit,
                                disabled_passes=split_names(disable_pass), stop_after=stop_after,
                                kv_cache_dtype=kv_cache_dtype, checkpoint=checkpoint,
-                               merge_lora=merge_lora)
+                               merge_lora=merge_lora, calib_data=calib_data)
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))

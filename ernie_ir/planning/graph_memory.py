@@ -464,7 +464,7 @@ def inference_peak(graph: Graph, facts: GraphFacts, prefill_tokens: int, batch: 
 def kv_cache_bytes(graph: Graph, seq_len: int, batch: int, dtype: DType | None = None) -> int:
     """KV cache of `batch` sequences of `seq_len` tokens: per attention op, its k and v inputs'
     per-token size on this rank ([B, T, KV_local, D]) times batch * seq_len, in `dtype` (default:
-    k's dtype, the activation dtype)."""
+    k's dtype, the activation dtype; a C8 cache's, u8, where k is `kv_cache_dequantize`d)."""
     total = 0
     for node in graph:
         if node.op != "attention":
@@ -472,6 +472,9 @@ def kv_cache_bytes(graph: Graph, seq_len: int, batch: int, dtype: DType | None =
         for v in node.inputs[1:3]:
             assert v is not None
             per_token = math.prod(eval_dim(d, {}) for d in v.shape[2:])
-            bits = (dtype or v.dtype).bits
+            stored = v
+            if v.producer is not None and v.producer.op == "kv_cache_dequantize":  # C8: the cache is u8
+                stored = v.producer.inputs[0]  # type: ignore[assignment]
+            bits = (dtype or stored.dtype).bits
             total += batch * seq_len * per_token * bits // 8
     return total

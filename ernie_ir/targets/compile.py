@@ -285,7 +285,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   onnx_numerics: str | None = None,
                   emit: str | Sequence[str] | None = None, disabled_passes: Sequence[str] = (),
                   stop_after: str | int | None = None, kv_cache_dtype: str | None = None,
-                  checkpoint: str | None = None, merge_lora: bool = False) -> CompileReport:
+                  checkpoint: str | None = None, merge_lora: bool = False,
+                  calib_data: str | Path | None = None) -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
@@ -313,6 +314,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     a QAT one converted to int8 weights with its learned scales (`qat-convert`, run first).
     `merge_lora`: fold the adapter (`lora_adapter`, or the model's own) into the float base
     weights before quantizing: `lora-import{path},lora-merge,<quant passes>` (inference only).
+    `calib_data`: a .npy of token ids [batch, seq] the calibrated quantizations (w4a8c8, fp8)
+    take their static activation scales from (`calibration_file` of their pass).
     An imported adapter is recorded in the manifest (`"lora_adapter"`: folder, sha256 of its
     files, merged or not).
     `dp` / `sharding` (training only): data-parallel replicas of the tp x ep world and ZeRO
@@ -334,7 +337,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     check_emit(emit_names, tgt, mode, max(tp, ep))
     dest = check_out(out if out is not None else default_out(model, tgt.name, quant), force)
     quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter,
-                              merge_lora)
+                              merge_lora, Path(calib_data) if calib_data is not None else None)
     if merge_lora and mode != "inference":
         raise QuantFlagError(f"--merge-lora folds the adapter into the base weights, leaving nothing to "
                              f"train: --mode {mode} keeps the adapter apart (drop --merge-lora)")

@@ -58,8 +58,12 @@ from ernie_ir.ir.mapping import Mapping
 from ernie_ir.ir.storage import WEIGHTS_FILE
 from ernie_ir.ir.weights import WeightSource
 from ernie_ir.ops.cuda_layout import DEFAULT_CUDA_ARCH, unpack
+from ernie_ir.ops.fastdeploy_experts import unpack_int4_rows_array, w4a8_float_weight
+from ernie_ir.ops.moe_w4a8 import FASTDEPLOY_INT4_FACTOR, hadamard_blocks
+from ernie_ir.ops.wint2 import wint2_dequantize
 
 from .capabilities import HardwareTarget
+from .legalize import FASTDEPLOY_KEY
 
 FD_WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -73,8 +77,11 @@ TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json",
 _LINEAR = re.compile(r".*\.(self_attn\.(qkv|o)_proj|mlp\.(up_gate|down)_proj|"
                      r"mlp\.shared_experts\.(up_gate|down)_proj|mlp\.experts\.\d+\.(up_gate|down)_proj)$")
 _EXPERT = re.compile(r".*\.mlp\.experts\.\d+\.")
+_KV_SCALE = re.compile(r".*\.self_attn\.cache[kv]_matmul\.activation_scale$")
 _QUANT_TYPE = {8: "wint8", 4: "wint4"}
 _BITS = {"wint8": 8, "wint4": 4}
+FASTDEPLOY_HADAMARD_BLOCK = 128
+"""FastDeploy's w4a8 `hadamard_block_size` (its default; the config records it)."""
 
 
 class FastDeployError(ErnieIRError):
@@ -87,17 +94,27 @@ def is_ernie45(graph: Graph) -> bool:
 
 def quantization_config(ranks: Sequence[Graph], mapping: Mapping | None = None) -> dict[str, Any]:
     """FastDeploy's `quantization_config` for these rank graphs; FastDeployError (one line) naming
-    the first thing FastDeploy would not load."""
+    the first thing FastDeploy would not load.
+
+    Weight-only (wint8 / wint4 / mix_quant), W4A8C8 (`mix_quant` with `moe_quant_type: w4a8` and
+    `kv_cache_quant_type: int8`, the w4a8c8 preset) and WINT2 (`quantization: wint2`, `moe_quant_type:
+    w4w2` with the w4 / w2 layer ranges, the wint2 preset); docs/quantization.md 4.5."""
     if mapping is not None and mapping.ep > 1:
         raise FastDeployError(f"expert parallelism (ep {mapping.ep}): FastDeploy's pre-sharded loader "
                               "reads TP-only rank folders (compile with --tp N alone)")
     dense: set[int] = set()
     moe: set[int] = set()
+    formats: set[str] = set()  # FastDeploy expert layouts: w4a8, wint2
+    kv = False
     floats: list[str] = []
     for g in ranks:
         for p in g.params.values():
             name = p.name
             if name.endswith(".quant_weight"):
+                fd = p.annotations.get(FASTDEPLOY_KEY)
+                if fd is not None:
+                    formats.add(str(fd["format"]))
+                    continue
                 layout = p.annotations.get("cuda_layout")
                 if layout is None:
                     raise FastDeployError(f"{name} {list(p.type.shape)} is not in Paddle's packed cuda "
@@ -109,25 +126,36 @@ def quantization_config(ranks: Sequence[Graph], mapping: Mapping | None = None) 
                     raise FastDeployError(f"{name}: group-wise scales (group {group}); FastDeploy's "
                                           "wint8/wint4 checkpoints are per output channel")
                 (moe if _EXPERT.match(name) else dense).add(int(layout["bits"]))
-            elif name.endswith(".weight_scale"):
+            elif name.endswith((".weight_scale", ".super_scales", ".code_scale", ".code_zp")):
                 continue
+            elif name.endswith(".activation_scale"):
+                if _KV_SCALE.match(name):
+                    kv = True
+                elif not _EXPERT.match(name):
+                    raise FastDeployError(f"{name}: an activation scale FastDeploy has no key for")
             elif name.endswith((".weight", ".bias", ".e_score_correction_bias")):
                 if name.endswith(".weight") and _LINEAR.match(name[: -len(".weight")]):
                     floats.append(name)
             else:
                 raise FastDeployError(f"{name} is not a weight FastDeploy loads (LoRA, QAT or FP8 "
-                                      "params): compile without them")
-    if not dense and not moe:
+                                      "params, or W4A8 / WINT2 experts without cuda's per-expert "
+                                      "layout): compile without them")
+    if not dense and not moe and not formats:
         raise FastDeployError("the model is not quantized: FastDeploy serves the source checkpoint "
                               "itself (quantizing and splitting at load)")
     if floats:
         raise FastDeployError(f"{floats[0]} stays float while FastDeploy quantizes every linear of a "
-                              "quantized model: use --quant wint8, wint4 or wint8mix")
+                              "quantized model: use --quant wint8, wint4, wint8mix, w4a8c8 or wint2")
     if len(dense) > 1 or len(moe) > 1:
         raise FastDeployError("mixed int4/int8 dense (or expert) weights: FastDeploy takes one type "
                               "for dense linears and one for experts")
     d = _QUANT_TYPE[next(iter(dense))] if dense else None
     m = _QUANT_TYPE[next(iter(moe))] if moe else None
+    if formats:
+        return _w4a8_or_wint2(ranks[0], formats, d, m, kv)
+    if kv:
+        raise FastDeployError("an int8 KV cache without W4A8 experts: FastDeploy's pre-quantized mix_quant "
+                              "checkpoints here are the w4a8c8 preset's")
     if m is None or (d == m and m == "wint8"):
         kind = d or m or ""
         return {"quantization": kind, "is_quantized": True, "is_permuted": True}
@@ -135,6 +163,51 @@ def quantization_config(ranks: Sequence[Graph], mapping: Mapping | None = None) 
     # into dense wint8 + experts wint4)
     return {"quantization": "mix_quant", "dense_quant_type": d or m, "moe_quant_type": m,
             "is_quantized": True, "is_permuted": True}
+
+
+def _w4a8_or_wint2(graph: Graph, formats: set[str], dense: str | None, w4: str | None,
+                   kv: bool) -> dict[str, Any]:
+    """The config of W4A8(C8) or WINT2 rank graphs (`formats`: the FastDeploy expert layouts seen)."""
+    if len(formats) > 1:
+        raise FastDeployError(f"both {' and '.join(sorted(formats))} experts: FastDeploy takes one")
+    if dense != "wint8":
+        raise FastDeployError(f"{next(iter(formats))} experts with {dense or 'float'} dense linears: "
+                              "FastDeploy's checkpoints of these presets have wint8 dense linears")
+    if "w4a8" in formats:
+        if w4 is not None:
+            raise FastDeployError("W4A8 experts beside weight-only experts: FastDeploy's mix_quant takes "
+                                  "one expert type")
+        meta = graph.metadata.get("w4a8c8") or {}
+        block = meta.get("hadamard_block_size", FASTDEPLOY_HADAMARD_BLOCK)
+        if block != FASTDEPLOY_HADAMARD_BLOCK:
+            raise FastDeployError(f"W4A8 experts with hadamard_block {block}: FastDeploy's w4a8 kernel "
+                                  f"rotates the down_proj input in blocks of {FASTDEPLOY_HADAMARD_BLOCK} "
+                                  "(the expert intermediate size must be a multiple of 128 per rank)")
+        out: dict[str, Any] = {"quantization": "mix_quant", "dense_quant_type": "wint8",
+                               "moe_quant_type": "w4a8"}
+        if kv:
+            out.update(kv_cache_quant_type="int8", is_channel_wise=True, has_zero_point=False)
+        out.update(hadamard_block_size=FASTDEPLOY_HADAMARD_BLOCK, is_quantized=True, is_permuted=True)
+        return out
+    meta = graph.metadata.get("wint2")
+    if not isinstance(meta, dict) or kv:
+        raise FastDeployError("2-bit experts without the wint2 pass's layer split (graph.metadata"
+                              "['wint2']), or with an int8 KV cache: compile with --quant wint2")
+    if w4 not in (None, "wint4"):
+        raise FastDeployError(f"WINT2 with {w4} experts in the early MoE layers: FastDeploy's w4 layers "
+                              "are wint4")
+    return {"quantization": "wint2", "dense_quant_type": "wint8", "dense_quant_config": "wint8",
+            "moe_quant_type": "w4w2",
+            "moe_quant_config": {
+                "quant_type": "w4w2",
+                "moe_w4_quant_config": {"quant_type": "wint4", "quant_granularity": "per_channel",
+                                        "quant_start_layer": int(meta["w4_start_layer"]),
+                                        "quant_end_layer": int(meta["w4_end_layer"])},
+                "moe_w2_quant_config": {"quant_type": "wint2", "quant_granularity": "pp_acc",
+                                        "quant_group_size": int(meta.get("group_size", 64)),
+                                        "quant_start_layer": int(meta["w2_start_layer"]),
+                                        "quant_end_layer": int(meta["w2_end_layer"])}},
+            "is_quantized": True}
 
 
 def source_config(model: str, graph: Graph) -> dict[str, Any]:
@@ -215,11 +288,16 @@ class FastDeployCheckpoint:
 
     `ranks[r]`: name -> array in the IR's logical layout: a quantized linear's `<layer>.weight`
     [in, out] float32 = unpacked int values x scale (exact in float32, as Paddle's dequantize);
+    a W4A8 expert's the float weight it stands for (`w4a8_float_weight`, a down_proj turned back
+    from the Hadamard basis); a 2-bit expert's its WINT2 decode (`wint2_dequantize`, float32);
     every other tensor as stored (bf16 as ml_dtypes.bfloat16, the router float32)."""
 
     config: dict[str, Any]
     quantization: dict[str, Any]
     ranks: list[dict[str, np.ndarray]] = field(default_factory=list)
+    scales: list[dict[str, np.ndarray]] = field(default_factory=list)
+    """Per rank, the static activation scales (`*.activation_scale`: W4A8 experts' input scales,
+    the C8 KV cache's per-channel abs-maxes) as float32, kept out of the float weights."""
 
     @property
     def tp(self) -> int:
@@ -259,14 +337,8 @@ def load_fastdeploy_checkpoint(folder: str | os.PathLike[str], *, cuda_arch: int
     quant = config.get("quantization_config") or {}
     if not quant.get("is_quantized"):
         raise FastDeployError(f"{cfg_path}: quantization_config.is_quantized is not true: not pre-quantized")
-    kind = quant.get("quantization")
-    if kind == "mix_quant":
-        dense, moe = quant.get("dense_quant_type"), quant.get("moe_quant_type")
-    else:
-        dense = moe = kind
-    if dense not in _BITS or moe not in _BITS:
-        raise FastDeployError(f"{cfg_path}: quantization {kind!r} ({dense}/{moe}) is not weight-only "
-                              "wint8/wint4: ernie-ir reads only those")
+    dense, moe = _reader_types(quant, cfg_path)
+    block = int(quant.get("hadamard_block_size", FASTDEPLOY_HADAMARD_BLOCK))
     arch = cuda_arch or int((config.get("ernie_ir") or {}).get("cuda_arch", DEFAULT_CUDA_ARCH))
     folders = rank_folders(root)
     if not folders:
@@ -277,17 +349,29 @@ def load_fastdeploy_checkpoint(folder: str | os.PathLike[str], *, cuda_arch: int
         if not path.is_file():
             raise FastDeployError(f"{rdir}/{FD_WEIGHTS} is missing")
         tensors: dict[str, np.ndarray] = {}
+        scales: dict[str, np.ndarray] = {}
         f = SafetensorsFile(path)
         keys = set(f.keys())
         for key in sorted(keys):
-            if key.endswith(".weight_scale"):
+            if key.endswith(_AUX_SUFFIXES):
                 continue
-            if key.endswith(".quant_weight"):
-                prefix = key[: -len(".quant_weight")]
-                scale_key = prefix + ".weight_scale"
-                if scale_key not in keys:
-                    raise FastDeployError(f"{path}: {key} has no {scale_key}")
-                bits = _BITS[moe if _EXPERT.match(key) else dense]
+            if key.endswith(".activation_scale"):
+                scales[key] = np.asarray(f.read(key), dtype=np.float32)
+                continue
+            if not key.endswith(".quant_weight"):
+                tensors[key] = np.asarray(f.read(key))
+                continue
+            prefix = key[: -len(".quant_weight")]
+            scale_key = prefix + ".weight_scale"
+            if scale_key not in keys:
+                raise FastDeployError(f"{path}: {key} has no {scale_key}")
+            expert = _EXPERT.match(key) is not None
+            if expert and moe == "w4a8":
+                w = _read_w4a8(f, path, prefix, keys, block)
+            elif expert and moe == "w4w2" and prefix + ".super_scales" in keys:
+                w = _read_wint2(f, path, prefix, keys)
+            else:
+                bits = _BITS["wint4" if expert and moe == "w4w2" else moe if expert else dense]
                 packed = f.read(key)
                 scale = np.asarray(f.read(scale_key), dtype=np.float32)
                 n = packed.shape[0] * (1 if bits == 8 else 2)
@@ -297,13 +381,70 @@ def load_fastdeploy_checkpoint(folder: str | os.PathLike[str], *, cuda_arch: int
                                           f"{scale_key} {list(scale.shape)} is not int8 [out(/2), in] "
                                           f"with [out] scales")
                 w = unpack(packed, k, n, bits, arch).astype(np.float32) * scale[None, :]
-                if expert_dtype == "bf16" and _EXPERT.match(key):
-                    w = w.astype(ml_dtypes.bfloat16).astype(np.float32)
-                tensors[prefix + ".weight"] = w
-            else:
-                tensors[key] = np.asarray(f.read(key))
+            if expert_dtype == "bf16" and expert:
+                w = w.astype(ml_dtypes.bfloat16).astype(np.float32)
+            tensors[prefix + ".weight"] = w
         out.ranks.append(tensors)
+        out.scales.append(scales)
     return out
+
+
+WINT2_SUFFIXES = (".quant_weight", ".weight_scale", ".super_scales", ".code_scale", ".code_zp")
+"""A 2-bit expert projection's keys (REFERENCE 14)."""
+_AUX_SUFFIXES = WINT2_SUFFIXES[1:]
+"""Keys read with their layer's quant_weight."""
+
+
+def _reader_types(quant: dict[str, Any], cfg_path: Path) -> tuple[str, str]:
+    """(dense type, expert type) of a quantization_config: wint8 / wint4, experts also w4a8
+    (mix_quant) or w4w2 (wint2: wint4 experts up to the w4 end layer, 2-bit after)."""
+    kind = quant.get("quantization")
+    if kind == "mix_quant":
+        dense, moe = quant.get("dense_quant_type"), quant.get("moe_quant_type")
+    elif kind == "wint2":
+        dense = quant.get("dense_quant_type") or quant.get("dense_quant_config") or "wint8"
+        moe = "w4w2"
+    else:
+        dense = moe = kind
+    if dense not in _BITS or (moe not in _BITS and moe not in ("w4a8", "w4w2")):
+        raise FastDeployError(f"{cfg_path}: quantization {kind!r} ({dense}/{moe}) is not weight-only "
+                              "wint8/wint4, W4A8 or WINT2: ernie-ir reads only those")
+    return str(dense), str(moe)
+
+
+def _read_w4a8(f: Any, path: Path, prefix: str, keys: set[str], block: int) -> np.ndarray:
+    """The float weight [K, N] a W4A8 expert projection stands for (`w4a8_float_weight` of its
+    int4 values, its accumulator scale = the stored in-memory weight_scale x 16 and its input
+    scale = activation_scale); a down_proj is turned back from the Hadamard basis it is stored in."""
+    act_key = prefix + ".activation_scale"
+    if act_key not in keys:
+        raise FastDeployError(f"{path}: W4A8 expert {prefix} has no {act_key}")
+    packed = np.asarray(f.read(prefix + ".quant_weight"))
+    scale = np.asarray(f.read(prefix + ".weight_scale"))
+    in_scale = np.asarray(f.read(act_key), dtype=np.float32)
+    if packed.dtype != np.int8 or packed.ndim != 2 or scale.shape != (packed.shape[1],) or in_scale.size != 1:
+        raise FastDeployError(f"{path}: W4A8 expert {prefix}: quant_weight {packed.dtype}"
+                              f"{list(packed.shape)}, weight_scale {list(scale.shape)}, activation_scale "
+                              f"{list(in_scale.shape)} are "
+                              "not int8 [K/2, N], [N] and one scalar")
+    acc = scale.astype(np.float32) * np.float32(FASTDEPLOY_INT4_FACTOR)
+    w = w4a8_float_weight(unpack_int4_rows_array(packed), acc, in_scale.reshape(()))
+    if prefix.endswith("down_proj") and block and w.shape[0] % block == 0:
+        w = hadamard_blocks(w, block, axis=-2)
+    return w
+
+
+def _read_wint2(f: Any, path: Path, prefix: str, keys: set[str]) -> np.ndarray:
+    """A 2-bit expert projection decoded (FastDeploy's WINT2 formula, ernie_ir/ops/wint2.py)."""
+    parts = [prefix + s for s in WINT2_SUFFIXES]
+    missing = [k for k in parts if k not in keys]
+    if missing:
+        raise FastDeployError(f"{path}: WINT2 expert {prefix} has no {missing[0]}")
+    qw, ws, ss, cs, zp = (np.asarray(f.read(k)) for k in parts)
+    try:
+        return wint2_dequantize(qw, ws, ss.astype(np.float32), cs, zp)
+    except ValueError as e:
+        raise FastDeployError(f"{path}: WINT2 expert {prefix}: {e}") from None
 
 
 def merge_ranks(ckpt: FastDeployCheckpoint) -> dict[str, np.ndarray]:

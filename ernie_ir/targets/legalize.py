@@ -15,6 +15,9 @@ The driver is generic: it asks the target (`HardwareTarget`) and never tests its
   param per expert, `<...>.experts.<e>.<proj>.quant_weight`; kunlun int8 one [N, K] int8 +
   float32 scale pair per expert; the default keeps the logical layout), else the portable
   dequantize + moe_experts, recorded as a fallback.
+- `moe_experts_w4a8` (W4A8 routed experts) and `wint2_dequantize` feeding `moe_experts` (2-bit
+  expert stacks): the rules lower them (`rules.w4a8_experts` / `rules.wint2_experts`: cuda one
+  param per expert and key in FastDeploy's layout; the default keeps the stacked params).
 - FP8 (`fp8_linear`, `fake_quant_fp8`, fp8 `dequantize`): only on a target with FP8 kernels,
   and, where it has an arch option, on one of the option's FP8 choices (cuda: --cuda-arch 89/90).
 
@@ -38,6 +41,9 @@ from .errors import TargetError
 
 PLAN_KEY = "kernel_plan"
 LAYOUT_KEY = "cuda_layout"
+FASTDEPLOY_KEY = "fastdeploy_layout"
+"""On a per-expert param in one of FastDeploy's routed-expert layouts (cuda's W4A8 and WINT2
+experts): {"format": "w4a8" | "wint2", "logical": [K, N]}."""
 DEVICE_LAYOUT_KEY = "device_layout"
 _FP8 = (DType.F8E4M3, DType.F8E5M2)
 
@@ -119,6 +125,11 @@ class Legalizer:
                 self.dequantize(node)
             elif node.op == "weight_only_linear_packed":
                 self.use(node, f"weight_only_linear(sm{node.attrs.arch}, int{node.attrs.bits})")
+            elif node.op == "moe_experts_w4a8" and all(isinstance(v, Param) for v in node.inputs[3:9]):
+                self.target.rules.w4a8_experts(self, node)
+            elif node.op == "wint2_dequantize" and all(isinstance(v, Param) for v in node.inputs) \
+                    and node.output.users and all(u.op == "moe_experts" for u in node.output.users):
+                self.target.rules.wint2_experts(self, node)
         self.placer.finish(removed=self.removed)
         plan: dict[str, Any] = {"target": self.target.name}
         if self.arch is not None and self.target.arch_option is not None:

@@ -69,6 +69,16 @@ class LegalizationRules:
         feeds `moe_experts` and that the target's confirmed fused MoE `kernel` takes."""
         lz.use(node, f"{kernel}(int{bits}, logical [K, N]: device packing not confirmed)")
 
+    def w4a8_experts(self, lz: Legalizing, node: Node) -> None:
+        """A `moe_experts_w4a8` (FastDeploy's W4A8 routed experts): the default keeps its stacked
+        logical params (i4 [E, K, N], scales [E, N], input scales [E])."""
+        lz.use(node, "moe_experts_w4a8(logical [E, K, N]: no device layout)")
+
+    def wint2_experts(self, lz: Legalizing, node: Node) -> None:
+        """A `wint2_dequantize` of stacked 2-bit expert weights feeding `moe_experts`: the default
+        keeps the stacked params and the portable decode."""
+        lz.use(node, "wint2_dequantize + moe_experts (portable)")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

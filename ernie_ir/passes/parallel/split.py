@@ -786,7 +786,8 @@ class _RankBuilder:
         if isinstance(v, Param):
             return self.param(v, [e_cut, cut])
         node = v.producer
-        if node is not None and node.op == "wint2_dequantize" and all(isinstance(i, Param) for i in node.inputs):
+        if node is not None and node.op == "wint2_dequantize" and \
+                all(isinstance(i, Param) for i in node.inputs):
             return self.wint2_weight(node, e_cut, cut, column=column)
         if node is None or node.op != "dequantize" or not all(isinstance(i, Param) for i in node.inputs):
             raise SplitError(f"split: expert weight {v} is neither a param nor a dequantized param")
@@ -808,7 +809,6 @@ class _RankBuilder:
                          node.attrs, node.scope)
         return w
 
-
     def wint2_weight(self, node: Node, e_cut: tuple[int, list[tuple[int, int]]],
                      cut: tuple[int, list[tuple[int, int]]], *, column: bool) -> Value:
         """A 2-bit expert stack (ernie_ir/ops/wint2.py): columns (up_gate) cut every param along N;
@@ -824,7 +824,8 @@ class _RankBuilder:
             k = 4 * int(qw.type.shape[-2])  # type: ignore[union-attr]
             bad = [(a, b) for a, b in _merged(cut[1]) if a % 128 or b % 128]
             if bad:
-                raise DegreeError(f"split: the WINT2 down_proj rows {bad[0]} of {k} at {node.scope or '<root>'} "
+                raise DegreeError(f"split: the WINT2 down_proj rows {bad[0]} of {k} at "
+                                  f"{node.scope or '<root>'} "
                                   "cut a 128-row scale byte (two 64-row group scales) or a 4-row code: "
                                   f"the expert intermediate size per rank must be a multiple of 128 (use a "
                                   "tp that divides it so, or --ep)")

@@ -112,6 +112,8 @@ class QuantAnnotate(Pass):
                 continue
             rule = cfg.rules[i]
             shadowed = any(match_path(rule.match, p) for t in targets for p in t.paths)
+            if "experts" in rule.match and not has_experts and graph.nodes_by_op("moe_experts"):
+                continue  # every routed expert stack is already in a pass's own form (wint2's 2-bit)
             if "experts" in rule.match and not has_experts and rule.algo != Algo.NONE:
                 ctx.warn(f"{cfg.name}: rule {i} ({rule.describe()}) matched nothing: the model has no "
                          "routed experts (no moe_experts node), so the other rules decide every linear"

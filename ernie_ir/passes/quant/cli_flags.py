@@ -29,8 +29,9 @@ from pathlib import Path
 
 from ernie_ir.ir import ErnieIRError
 
+from ..infra.pipeline import load_pipeline
 from ..infra.pipeline_syntax import format_value
-from .config import QuantConfig, resolve_quant_name
+from .config import PASS_PRESETS, QuantConfig, resolve_quant_name, split_quant_options
 from .presets import convert_passes
 
 NO_QUANT = ("none", "bf16", "fp16", "float", "")
@@ -40,18 +41,54 @@ class QuantFlagError(ErnieIRError):
     """Quantization / LoRA flags that cannot be combined or resolved."""
 
 
-def quant_pipeline(quant: str | None, quant_config: Path | None) -> list[str]:
-    """Pipeline elements for `--quant` / `--quant-config` (at most one of them)."""
+CALIBRATED = {"w4a8c8": "w4a8c8", "fp8": "fp8-quant"}
+"""Quantizations that calibrate on token ids, and the pass that takes `calibration_file`."""
+
+
+def quant_pipeline(quant: str | None, quant_config: Path | None, calib_data: Path | None = None) -> list[str]:
+    """Pipeline elements for `--quant` / `--quant-config` (at most one of them) and `--calib-data`
+    (a .npy of token ids, for the calibrated quantizations: `CALIBRATED`)."""
     if quant is not None and quant.strip().lower() in NO_QUANT:
         quant = None
     if quant is not None and quant_config is not None:
         raise QuantFlagError("give --quant PRESET or --quant-config FILE.yaml, not both")
-    if quant is not None:
-        return [resolve_quant_name(quant)]
+    name = resolve_quant_name(quant) if quant is not None else None
+    if calib_data is not None:
+        if name not in CALIBRATED:
+            raise QuantFlagError(f"--calib-data calibrates static activation scales: it applies to --quant "
+                                 f"{' or '.join(CALIBRATED)}, not "
+                                 f"{quant or quant_config or 'no quantization'}")
+        if Path(calib_data).suffix.lower() != ".npy":
+            raise QuantFlagError(f"--calib-data {calib_data}: give a .npy array of token ids [batch, seq] "
+                                 "(text is not read here: tokenize it first)")
+        if not Path(calib_data).is_file():
+            raise QuantFlagError(f"--calib-data {calib_data}: no such file")
+    if name is not None and name in PASS_PRESETS:
+        assert quant is not None
+        conv, rest = PASS_PRESETS[name]
+        _, options = split_quant_options(quant)
+        spec = conv + options
+        if calib_data is not None:
+            spec = _with_option(spec, "calibration_file", str(calib_data))
+        load_pipeline(spec)  # options checked now, in one line, before any model is read
+        return [spec, rest]
+    if name is not None:
+        if calib_data is not None:  # fp8: its preset, spelled out, the calibration file on fp8-quant
+            return ["quant-annotate{preset=fp8}", _with_option(CALIBRATED[name], "calibration_file",
+                                                                str(calib_data))]
+        return [name]
     if quant_config is not None:
         cfg = QuantConfig.from_yaml(quant_config)
         return [f"quant-annotate{{config={json.dumps(str(quant_config))}}}", *convert_passes(cfg.algos)]
     return []
+
+
+def _with_option(spec: str, key: str, value: str) -> str:
+    """`name{a=1}` + key=value -> `name{a=1,key="value"}`; a key given twice is refused."""
+    if f"{key}=" in spec:
+        raise QuantFlagError(f"{key} is given twice (in --quant and by --calib-data): give one")
+    opt = f"{key}={format_value(value)}"
+    return f"{spec[:-1]},{opt}}}" if spec.endswith("}") else f"{spec}{{{opt}}}"
 
 
 ADAPTER_CONFIG = "lora_config.json"
@@ -111,17 +148,20 @@ def lora_pipeline(lora_rank: int | None, lora_alpha: float | None, lora_targets:
 
 def pipeline_for(quant: str | None, quant_config: Path | None, lora_rank: int | None,
                  lora_alpha: float | None, lora_targets: Sequence[str] | None,
-                 lora_adapter: Path | None, merge_lora: bool = False) -> str:
+                 lora_adapter: Path | None, merge_lora: bool = False, calib_data: Path | None = None) -> str:
     """Pipeline text for the CLI's quantization and LoRA flags ("" when none is given).
 
-    quant: a preset (wint8, wint4, wint8mix, wint8mix-erniekit, qat-int8, fp8), an alias
+    quant: a preset (wint8, wint4, wint8mix, wint8mix-erniekit, qat-int8, fp8, w4a8c8, wint2), an alias
     (ERNIEKit compute_type `wint4/8`; FastDeploy `mix_quant`, `tensor_wise_fp8`, ...) or
     none. quant_config: a YAML quant-config file. lora_targets: regexes (full match) or
     `glob:` patterns; a CLI passes `--lora-targets a,b` split on commas. lora_adapter: an
     adapter folder, or a folder holding one in `adapter/` (a training checkpoint).
     merge_lora: fold the adapter (or the model's own adapters) into the float base weights
     before quantizing: LoRA first, then quantization.
+    calib_data: a .npy of token ids the calibrated quantizations (w4a8c8, fp8) calibrate on.
+    quant may be a pass preset with its pass's options: `wint2{w4_end_layer=6}`,
+    `w4a8c8{calibration_tokens=512,kv_cache=float}` (`config.PASS_PRESETS`).
     """
-    quant_parts = quant_pipeline(quant, quant_config)
+    quant_parts = quant_pipeline(quant, quant_config, calib_data)
     lora_parts = lora_pipeline(lora_rank, lora_alpha, lora_targets, lora_adapter, merge_lora)
     return ",".join(lora_parts + quant_parts if merge_lora else quant_parts + lora_parts)

@@ -189,6 +189,11 @@ class QuantConfig(BaseModel):
     def preset(cls, name: str) -> QuantConfig:
         """A named preset or alias (see `PRESETS` and `ALIASES`); QuantConfigError if unknown."""
         canonical = resolve_quant_name(name)
+        if canonical in PASS_PRESETS:
+            conv, rest = PASS_PRESETS[canonical]
+            raise QuantConfigError(f"{canonical} is a conversion pass and a preset ({conv},{rest}), not a "
+                                   f"rule set: give it as --quant {canonical} (or {conv},{rest} in a "
+                                   "pipeline)")
         return PRESETS[canonical]()
 
     @classmethod
@@ -327,6 +332,8 @@ LINEAR_OPS = {"linear": 1, "weight_only_linear": 1, "fp8_linear": 1}
 """Linear-like ops and the input index of their weight."""
 EXPERT_OPS = {"moe_experts": (3, 4), "moe_experts_lora": (3, 4)}
 """Grouped expert ops and the input indices of their stacked up_gate / down weights."""
+ALREADY_QUANTIZED = ("wint2_dequantize",)
+"""Producers of expert weights that are quantized in a form no rule can change (not candidates)."""
 
 
 def module_path(param_name: str) -> str:
@@ -380,6 +387,8 @@ def find_targets(graph: Graph) -> list[WeightSite]:
                 p = _weight_param(node, idx)
                 v = node.inputs[idx]
                 assert v is not None
+                if v.producer is not None and v.producer.op in ALREADY_QUANTIZED:
+                    continue  # 2-bit experts (the wint2 pass): no candidate for another quantization
                 experts = v.type.shape[0]
                 stacked = module_path(p.name) if p is not None else f"{node.scope}.{idx}"
                 out.append(WeightSite(node, idx, p, stacked, [stacked],
@@ -495,15 +504,51 @@ it maps to `wint8mix` (shared experts INT8, like FastDeploy) — use `wint8mix-e
 ERNIEKit's exact rules."""
 
 
-def resolve_quant_name(name: str) -> str:
-    """A preset name from a preset or alias (case-insensitive); QuantConfigError lists the valid ones."""
+PASS_PRESETS = {
+    "w4a8c8": ("w4a8c8", "wint8"),
+    "wint2": ("wint2", "wint8mix"),
+}
+"""Quantizations that are a conversion pass (with options) followed by an annotate preset for the
+linears it leaves float: `--quant w4a8c8` is `w4a8c8,wint8` (routed experts W4A8 and the KV cache
+C8 first, on the float model; then every other linear INT8), `--quant wint2` is
+`wint2,wint8mix` (the later MoE layers' experts 2-bit first; then the earlier layers' experts
+INT4 and every other linear INT8). They take the pass's options: `--quant 'wint2{w4_end_layer=6}'`."""
+
+PASS_PRESET_DESCRIPTIONS = {
+    "w4a8c8": "FastDeploy W4A8C8: routed experts int4 x static int8 activations (calibrated), every "
+              "other linear INT8, KV cache INT8 per channel (pipeline w4a8c8,wint8).",
+    "wint2": "FastDeploy WINT2: MoE layers up to w4_end_layer INT4 experts, later MoE layers 2-bit "
+             "(CCQ) experts, every other linear INT8 (pipeline wint2,wint8mix).",
+}
+
+
+def split_quant_options(name: str) -> tuple[str, str]:
+    """`"wint2{w4_end_layer=6}"` -> ("wint2", "{w4_end_layer=6}"); a bare name -> (name, "")."""
     key = name.strip()
+    brace = key.find("{")
+    if brace < 0:
+        return key, ""
+    if not key.endswith("}"):
+        raise QuantConfigError(f"quantization {name!r}: options are written NAME{{key=value,...}}")
+    return key[:brace].strip(), key[brace:]
+
+
+def resolve_quant_name(name: str) -> str:
+    """A preset name from a preset or alias (case-insensitive); QuantConfigError lists the valid ones.
+    A pass preset (`PASS_PRESETS`) may carry its pass's options (`wint2{w4_end_layer=6}`): the
+    result is the bare name."""
+    key, options = split_quant_options(name)
     low = key.lower()
+    if low in PASS_PRESETS:
+        return low
+    if options:
+        raise QuantConfigError(f"quantization {name!r}: only {' and '.join(PASS_PRESETS)} take options "
+                               f"({low} is a fixed preset)")
     if low in PRESETS:
         return low
     if low in ALIASES:
         return ALIASES[low]
-    valid = ", ".join([*PRESETS, *ALIASES])
+    valid = ", ".join([*PRESETS, *PASS_PRESETS, *ALIASES])
     raise QuantConfigError(f"unknown quantization {name!r}; presets and aliases: {valid}")
 
 
