@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from .common import ModelArg, TrustOpt, err, out
+from .common import CalibDataOpt, ModelArg, TrustOpt, err, out
 
 
 def eval_cmd(
@@ -29,13 +29,21 @@ def eval_cmd(
     show_progress: Annotated[bool, typer.Option("--progress", help="Draw a progress bar (tokens/s, "
                                                 "ETA) on stderr.")] = False,
     trust_pickle: TrustOpt = False,
+    quants: Annotated[list[str] | None, typer.Option(
+        "--quant", help="Quantize MODEL (float) with this preset, as `compile --quant` does (repeat it "
+        "for several: 'wint4', 'wint8mix', 'w4a8c8', 'wint2{w4_end_layer=1}'), and report each against "
+        "MODEL (or --compare-to) side by side.")] = None,
+    target: Annotated[str, typer.Option("--target", "-t", help="With --quant: the target compiled "
+                                        "for.")] = "cuda",
+    calib_data: CalibDataOpt = None,
 ) -> None:
-    """Perplexity of a model or artifact over a corpus; with --compare-to, llama.cpp's KL statistics."""
+    """Perplexity of a model or artifact over a corpus; with --compare-to, llama.cpp's KL statistics;
+    with --quant, those of each preset of MODEL side by side."""
     import json
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ernie_ir.evaluation import evaluate
+    from ernie_ir.evaluation import evaluate, evaluate_quantized
 
     with Progress(TextColumn("tokens"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"),
@@ -47,9 +55,27 @@ def eval_cmd(
             speed = bar.tasks[0].speed
             bar.update(task, completed=done, total=total, rate=f"{speed:.0f} tok/s" if speed else "")
 
-        report = evaluate(model, data, compare_to=compare_to, seq_len=seq_len, stride=stride,
-                          max_tokens=max_tokens, batch=batch, backend=backend, trust_pickle=trust_pickle,
-                          progress=progress)
+        if quants:
+            if backend != "interpreter":
+                from ernie_ir.evaluation import EvalError
+
+                raise EvalError(f"--quant evaluates each preset's artifact with the interpreter: drop "
+                                f"--backend {backend} (or compile it and eval the artifact)")
+            reports = evaluate_quantized(model, data, quants, target=target, calib_data=calib_data,
+                                         compare_to=compare_to, seq_len=seq_len, stride=stride,
+                                         max_tokens=max_tokens, batch=batch, trust_pickle=trust_pickle,
+                                         progress=progress)
+        else:
+            if calib_data is not None:
+                from ernie_ir.evaluation import EvalError
+
+                raise EvalError("--calib-data calibrates a --quant preset (w4a8c8, fp8): give --quant")
+            report = evaluate(model, data, compare_to=compare_to, seq_len=seq_len, stride=stride,
+                              max_tokens=max_tokens, batch=batch, backend=backend, trust_pickle=trust_pickle,
+                              progress=progress)
+    if quants:
+        _print_side_by_side(reports, json_out)
+        return
     data_out = report.as_dict()
     if json_out:
         print(json.dumps(data_out))
@@ -68,6 +94,31 @@ def eval_cmd(
         out.print(f"same top token {f['top1_agreement']:.2%}, RMS delta-p {f['rms_delta_p']:.6f}",
                   markup=False)
     err.print(f"{report.tokens_per_s:.1f} tokens/s ({backend})", markup=False)
+
+
+def _print_side_by_side(reports: list[Any], json_out: bool) -> None:
+    """One row per --quant preset: its KL statistics against the reference, and perplexities."""
+    import json
+
+    if json_out:
+        print(json.dumps({"model": reports[0].model, "reference": reports[0].reference,
+                          "rows": [r.as_dict() for r in reports]}))
+        return
+    first = reports[0].figures
+    out.print(f"{reports[0].model} quantized, against {reports[0].reference}: KL(reference || model) "
+              f"per token over {first['tokens_scored']} tokens (windows of {reports[0].seq_len})",
+              markup=False)
+    width = max(len("quant"), *(len(str(r.quant)) for r in reports))
+    out.print(f"{'quant':<{width}}  {'KL mean':>9} {'+-95%':>8} {'median':>9} {'p99':>8} {'max':>8} "
+              f"{'same top':>8} {'RMS dp':>8} {'perplexity':>11}", markup=False)
+    for r in reports:
+        f = r.figures
+        lo, hi = f["kl_mean_ci95"]
+        out.print(f"{r.quant:<{width}}  {f['kl_mean']:>9.4g} {(hi - lo) / 2:>8.2g} {f['kl_median']:>9.3g} "
+                  f"{f['kl_p99']:>8.3g} {f['kl_max']:>8.3g} {f['top1_agreement']:>8.1%} "
+                  f"{f['rms_delta_p']:>8.2g} {f['perplexity']:>11.6g}", markup=False)
+    out.print(f"{'reference':<{width}}  {'':>9} {'':>8} {'':>9} {'':>8} {'':>8} {'':>8} {'':>8} "
+              f"{first['perplexity_reference']:>11.6g}", markup=False)
 
 
 def sensitivity_cmd(

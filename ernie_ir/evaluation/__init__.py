@@ -4,6 +4,8 @@ reference model, the KL divergence of their next-token distributions (llama.cpp'
     from ernie_ir.evaluation import evaluate
     report = evaluate("art/cuda-wint4", "wiki.jsonl", compare_to="/data/ERNIE-4.5-0.3B-Paddle")
     report.perplexity, report.kl_mean, report.top1_agreement
+    rows = evaluate_quantized("model/", "wiki.jsonl", ["wint4", "wint8mix", "w4a8c8", "wint2"])
+    [(r.quant, r.kl_mean) for r in rows]     # each preset's artifact against the float model
 
 Layer (docs/architecture.md): beside `generation`: it runs models with `runtime` (artifacts on
 their backends), reads text with the frontends' tokenizers and MODEL arguments with `load`.
@@ -12,8 +14,8 @@ their backends), reads text with the frontends' tokenizers and MODEL arguments w
 from __future__ import annotations
 
 from .corpus import Corpus, EvalError, read_corpus, windows
-from .evaluate import EvalReport, evaluate
+from .evaluate import EvalReport, evaluate, evaluate_quantized
 from .statistics import TokenStats, summarize, token_stats
 
-__all__ = ["Corpus", "EvalError", "EvalReport", "TokenStats", "evaluate", "read_corpus", "summarize",
-           "token_stats", "windows"]
+__all__ = ["Corpus", "EvalError", "EvalReport", "TokenStats", "evaluate", "evaluate_quantized", "read_corpus",
+           "summarize", "token_stats", "windows"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ class EvalReport:
     seconds: float
     figures: dict[str, Any] = field(default_factory=dict)
     """summarize()'s figures: perplexity, mean_nll, tokens_scored, and with a reference kl_*, ..."""
+    quant: str | None = None
+    """`evaluate_quantized`: the --quant preset `model` was quantized with here (else None)."""
 
     def __getattr__(self, name: str) -> Any:
         figures = self.__dict__.get("figures", {})
@@ -45,19 +47,20 @@ class EvalReport:
         return float(self.figures.get("tokens_scored", 0)) / self.seconds if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in asdict(self).items() if k != "figures"}
+        data = {k: v for k, v in asdict(self).items() if k != "figures" and (k != "quant" or v is not None)}
         data.update(self.figures)
         data["tokens_per_s"] = round(self.tokens_per_s, 2)
         return data
 
 
 def full_logits(decoder: Decoder) -> LogitsFn:
-    """The logits of whole windows from a decoder: an empty past, every position kept."""
+    """The logits of whole windows from a decoder: an empty past (of the decoder's cache dtype),
+    every position kept."""
     def run(ids: np.ndarray) -> np.ndarray:
         b, s = ids.shape
         feeds = {"input_ids": ids.astype(np.int64), "attention_mask": np.ones((b, s), np.int64),
                  "position_ids": np.broadcast_to(np.arange(s, dtype=np.int64), (b, s)).copy(),
-                 **empty_cache(decoder.cache_layers, b)}
+                 **empty_cache(decoder.cache_layers, b, decoder.cache_dtype)}  # u8 for a C8 cache
         return np.asarray(decoder.step(feeds)["logits"], np.float32)
     return run
 
@@ -133,3 +136,52 @@ def evaluate(model: str | Path, data: str | Path, *, compare_to: str | Path | No
     return EvalReport(model=str(model), reference=None if compare_to is None else str(compare_to),
                       seq_len=seq_len, stride=stride, documents=len(corpus.documents), windows=len(jobs),
                       seconds=time.perf_counter() - start, figures=summarize(stats))
+
+
+def evaluate_quantized(model: str | Path, data: str | Path, quants: Sequence[str], *,
+                       target: str = "cuda", cuda_arch: int | None = None,
+                       calib_data: str | Path | None = None, compare_to: str | Path | None = None,
+                       seq_len: int = 512, stride: int | None = None, max_tokens: int | None = None,
+                       batch: int = 1, trust_pickle: bool = False,
+                       progress: Progress | None = None) -> list[EvalReport]:
+    """`evaluate` each quantization of the float `model` against `compare_to` (default: `model`
+    itself): per preset (`wint4`, `wint8mix`, `w4a8c8`, `wint2{w4_end_layer=1}`, ...) the artifact
+    `compile --target target --quant Q` writes (one rank; in a temporary folder, removed after),
+    run by the interpreter. `calib_data` (a .npy of token ids) goes to the calibrated presets
+    (w4a8c8, fp8) only; the others have no static activation scales. One report per preset, in
+    order, `quant` naming it. Bad presets and options are refused (one line) before any compile."""
+    import shutil
+    import tempfile
+
+    from ernie_ir.passes.quant.cli_flags import CALIBRATED, NO_QUANT, pipeline_for
+    from ernie_ir.passes.quant.config import resolve_quant_name
+    from ernie_ir.targets.compile import compile_model
+
+    if not quants:
+        raise EvalError("give at least one --quant preset to evaluate")
+    calib = Path(calib_data) if calib_data is not None else None
+
+    def calibrates(q: str) -> bool:
+        return q.strip().lower() not in NO_QUANT and resolve_quant_name(q) in CALIBRATED
+
+    if calib is not None and not any(calibrates(q) for q in quants):
+        raise EvalError(f"--calib-data calibrates static activation scales: none of --quant "
+                        f"{', '.join(quants)} has any (it applies to {' or '.join(CALIBRATED)})")
+    for q in quants:  # every preset's flags checked before the first compile
+        pipeline_for(q, None, None, None, None, None, calib_data=calib if calibrates(q) else None)
+    reference = model if compare_to is None else compare_to
+    work = Path(tempfile.mkdtemp(prefix="ernie-ir-eval-"))
+    reports: list[EvalReport] = []
+    try:
+        for i, q in enumerate(quants):
+            art = compile_model(str(model), target, quant=q, cuda_arch=cuda_arch, out=work / f"q{i}",
+                                emit="paddle", trust_pickle=trust_pickle,
+                                calib_data=calib if calibrates(q) else None)
+            report = evaluate(art.out, data, compare_to=reference, seq_len=seq_len, stride=stride,
+                              max_tokens=max_tokens, batch=batch, trust_pickle=trust_pickle,
+                              progress=progress)
+            reports.append(replace(report, model=str(model), quant=q))
+            shutil.rmtree(work / f"q{i}", ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return reports
