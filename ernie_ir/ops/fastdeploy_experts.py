@@ -73,7 +73,6 @@ class UnpackInt4Rows(OpDef):
 
     name = "unpack_int4_rows"
     inputs = (Input("packed", variadic=True),)
-    no_onnx = "serves moe_experts_w4a8, which has no ONNX form"
 
     def infer(self, types: Sequence[TensorType | None], attrs: OpAttrs) -> list[TensorType]:
         ts = [need(t, self.name, "packed") for t in types]
@@ -91,6 +90,29 @@ class UnpackInt4Rows(OpDef):
     def kernel(self, args: Sequence[np.ndarray | None], attrs: OpAttrs) -> list[np.ndarray]:
         q = np.stack([unpack_int4_rows_array(np.asarray(a)) for a in args if a is not None])
         return [q.astype(DType.I4.numpy)]
+
+    def lower_onnx(self, node: Any, onnx: Any) -> list[str]:
+        """The same integer arithmetic as the Paddle lowering, on the stacked bytes as int32
+        (exact): u = b mod 256 (ONNX Mod takes the divisor's sign), nibbles u mod 16 and u / 16,
+        each v - 16 where v >= 8; the result INT4 [E, K, N] (the IR's i4)."""
+        rows, cols = node.inputs[0].type.shape
+        if not (isinstance(rows, int) and isinstance(cols, int)):
+            raise onnx.fail(f"{self.name} needs static packed shapes, got {node.inputs[0].type}")
+        i32, i4 = 6, 22  # TensorProto.INT32, INT4
+        b = onnx.op("Concat", [onnx.op("Unsqueeze", [onnx.name(v), onnx.const([0])]) for v in node.inputs],
+                    axis=0)  # int8 [E, K/2, N]
+        u = onnx.op("Mod", [onnx.op("Cast", [b], to=i32), onnx.const(256, np.int32)])
+        sixteen = onnx.const(16, np.int32)
+
+        def signed(v: str) -> str:
+            wrap = onnx.op("Cast", [onnx.op("GreaterOrEqual", [v, onnx.const(8, np.int32)])], to=i32)
+            v = onnx.op("Sub", [v, onnx.op("Mul", [wrap, sixteen])])
+            return onnx.op("Unsqueeze", [v, onnx.const([2])])
+
+        lo, hi = signed(onnx.op("Mod", [u, sixteen])), signed(onnx.op("Div", [u, sixteen]))
+        pairs = onnx.op("Concat", [lo, hi], axis=2)  # [E, K/2, 2, N]
+        q = onnx.op("Reshape", [pairs, onnx.const([len(node.inputs), 2 * rows, cols])])
+        return [onnx.op("Cast", [q], to=i4)]
 
     def lower_paddle(self, layer: Any, node: Any, args: list[Any]) -> list[Any]:
         """Integer arithmetic on the bytes (as int32): u = b mod 256, nibbles u mod 16 and u // 16,
@@ -132,7 +154,6 @@ class StackScaled(OpDef):
     name = "stack_scaled"
     inputs = (Input("values", variadic=True),)
     Attrs = StackScaledAttrs
-    no_onnx = "serves moe_experts_w4a8, which has no ONNX form"
 
     def infer(self, types: Sequence[TensorType | None], attrs: StackScaledAttrs) -> list[TensorType]:
         ts = [need(t, self.name, "values") for t in types]
@@ -148,6 +169,12 @@ class StackScaled(OpDef):
         vals = [np.asarray(a) for a in args if a is not None]
         y = np.stack(vals).astype(np.float32) * np.float32(attrs.factor)
         return [y.astype(vals[0].dtype)]
+
+    def lower_onnx(self, node: Any, onnx: Any) -> list[str]:
+        """Concat of the values (float32 in ONNX) times factor, rounded back to their dtype."""
+        y = onnx.op("Concat", [onnx.op("Unsqueeze", [onnx.name(v), onnx.const([0])]) for v in node.inputs],
+                    axis=0)
+        return [onnx.round_to(onnx.op("Mul", [y, onnx.f32(node.attrs.factor)]), node.inputs[0].type.dtype)]
 
     def lower_paddle(self, layer: Any, node: Any, args: list[Any]) -> list[Any]:
         return [layer.P.stack(list(args)) * float(node.attrs.factor)]

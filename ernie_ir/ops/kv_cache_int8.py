@@ -88,7 +88,8 @@ class KvCacheQuantize(OpDef):
     name = "kv_cache_quantize"
     inputs = (Input("x"), Input("absmax"))
     Attrs = KvCacheQuantizeAttrs
-    no_onnx = "the C8 cache is not emitted to ONNX here (onnxruntime-genai keeps float caches)"
+    no_onnx = ("the C8 cache is not emitted to ONNX here (onnxruntime-genai keeps float caches); for an "
+               "ONNX model compile with --quant 'w4a8c8{kv_cache=float}' (W4A8 experts, float cache)")
 
     def infer(self, types: Sequence[TensorType | None], attrs: KvCacheQuantizeAttrs) -> list[TensorType]:
         x, a = need(types[0], self.name, "x"), need(types[1], self.name, "absmax")

@@ -125,7 +125,6 @@ class MoeExpertsW4A8(OpDef):
     name = "moe_experts_w4a8"
     inputs = tuple(Input(n) for n in _INPUTS)
     Attrs = MoeW4A8Attrs
-    no_onnx = "an int8 x int4 grouped GEMM with static activation quantization has no ONNX form here"
 
     def infer(self, types: Sequence[TensorType | None], attrs: MoeW4A8Attrs) -> list[TensorType]:
         x, wts, idx, ug, ugs, ugi, dn, dns, dni = (need(t, self.name, n)
@@ -178,6 +177,63 @@ class MoeExpertsW4A8(OpDef):
             return int_matmul(quantize_activation(a, dni32[e]), dn[e]).astype(np.float32) * dns32[e]
 
         return [combine_experts(self.name, x, wts, idx, ug.shape[0], ffn)]
+
+    def lower_onnx(self, node: Any, onnx: Any) -> list[str]:
+        """Every expert on every row (the dense, checking form, batched over the experts),
+        weighted by its routing weight (0 where not chosen), summed over the experts in order.
+        Integer products are float64 MatMuls of the integers (exact, see int_matmul);
+        round_half_away is sign(v) floor(|v| + 0.49999997) (trunc(v + copysign(0.49999997, v))
+        by symmetry: the kernel's rounding, ties included); the quantization, the scales and the
+        combination are the kernel's float32 operations in its order. Not bit for bit: Exp (silu)
+        and the Hadamard MatMul (float32 sums in another order) may differ from numpy's in the
+        last bit, which moves a down_proj activation by one step only when it lies that close to
+        a rounding boundary (tests/onnx/test_onnx_w4a8.py)."""
+        w_v = node.inputs[1]
+        e, hidden, _ = node.inputs[3].type.shape
+        inter, k = node.inputs[6].type.shape[1], w_v.type.shape[-1]
+        if not all(isinstance(z, int) for z in (e, hidden, inter, k)):
+            raise onnx.fail(f"{self.name} needs static expert weights and top-k, got "
+                            f"{node.inputs[3].type}, {node.inputs[6].type}, {w_v.type}")
+        x, wts, idx, ug, ugs, ugi, dn, dns, dni = (onnx.name(v) for v in node.inputs)
+        f32, f64, i64 = 1, 11, 7  # TensorProto.FLOAT, DOUBLE, INT64
+        tokens = onnx.op("Reshape", [x, onnx.const([-1, hidden])])  # [T, H]
+        flat_w = onnx.op("Reshape", [wts, onnx.const([-1, k])])
+        flat_i = onnx.op("Reshape", [idx, onnx.const([-1, k])])
+        if node.inputs[2].type.dtype != DType.I64:
+            flat_i = onnx.op("Cast", [flat_i], to=i64)
+        zeros = onnx.op("ConstantOfShape", [onnx.op("Concat", [onnx.shape_of(tokens, 0, 1), onnx.const([e])],
+                                                    axis=0)])  # float32 +0 [T, E]
+        route = onnx.op("ScatterElements", [zeros, flat_i, flat_w], axis=1, reduction="add")  # [T, E]
+
+        def quant(u: str, s: str) -> str:  # u [E or 1, T, K], s [E] -> q [E, T, K] float64
+            m = onnx.op("Reshape", [onnx.op("Mul", [onnx.f32(ACT_BOUND), s]), onnx.const([e, 1, 1])])
+            v = onnx.op("Clip", [onnx.op("Mul", [m, u]), onnx.f32(-ACT_BOUND), onnx.f32(ACT_BOUND)])
+            half = float(np.nextafter(np.float32(0.5), np.float32(0)))
+            r = onnx.op("Floor", [onnx.op("Add", [onnx.op("Abs", [v]), onnx.f32(half)])])
+            return onnx.op("Cast", [onnx.op("Mul", [onnx.op("Sign", [v]), r])], to=f64)
+
+        def gemm(q: str, w: str, scale: str) -> str:  # [E, T, K] x [E, K, N] -> f32 [E, T, N]
+            acc = onnx.op("MatMul", [q, onnx.op("Cast", [w], to=f64)])
+            return onnx.op("Mul", [onnx.op("Cast", [acc], to=f32),
+                                   onnx.op("Unsqueeze", [scale, onnx.const([1])])])
+
+        h = gemm(quant(onnx.op("Unsqueeze", [tokens, onnx.const([0])]), ugi), ug, ugs)
+        gate, up = onnx.op("Split", [h, onnx.const([inter, inter])], 2, axis=-1)
+        den = onnx.op("Add", [onnx.f32(1.0), onnx.op("Exp", [onnx.op("Neg", [gate])])])
+        a = onnx.op("Mul", [onnx.op("Div", [gate, den]), up])  # [E, T, I]
+        block = node.attrs.hadamard_block
+        if block:
+            a = onnx.op("Reshape", [a, onnx.const([e, -1, inter // block, block])])
+            a = onnx.op("MatMul", [a, onnx.const(hadamard_matrix(block), np.float32)])
+            a = onnx.op("Reshape", [a, onnx.const([e, -1, inter])])
+        y = gemm(quant(a, dni), dn, dns)  # [E, T, H]
+        r = onnx.op("Unsqueeze", [onnx.op("Transpose", [route], perm=[1, 0]), onnx.const([-1])])  # [E, T, 1]
+        weighted = onnx.op("Mul", [y, r])
+        terms = onnx.op("Split", [weighted], e, axis=0, num_outputs=e) if e > 1 else [weighted]
+        out = onnx.f32(0.0)
+        for t in terms:  # the kernel's float32 sum, expert by expert in index order (+0 where not chosen)
+            out = onnx.op("Add", [out, t])
+        return [onnx.op("Reshape", [out, onnx.op("Shape", [x])])]  # float32, as the kernel's
 
     def lower_paddle(self, layer: Any, node: Any, args: list[Any]) -> list[Any]:
         """Every expert on every row (the dense, checking form), weighted by its routing weight
