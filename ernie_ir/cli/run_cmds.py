@@ -1,6 +1,11 @@
 """`ernie-ir run` (logits of a model or an artifact on this machine's CPU) and `ernie-ir train`
 (AdamW steps on a training artifact); a multi-rank artifact runs one paddle.distributed
-process per rank, and its failure prints the rank's log."""
+process per rank, and its failure prints the rank's log.
+
+Several machines (`--nnodes N --node-rank R --master HOST:PORT`, docs/parallel.md): each node
+starts the same command with its own --node-rank; node 0 prints the command of every node
+first, then the results (and writes the checkpoints); any other node prints one line
+`node R of N done: ...` once its ranks finish."""
 
 from __future__ import annotations
 
@@ -36,12 +41,66 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ernie_ir.ir import Graph
+    from ernie_ir.runtime.launcher import NodeFinished, NodeSpec
 
 
 TimeoutOpt = Annotated[
     float | None,
     typer.Option("--timeout", help="Seconds a multi-rank paddle run may take (default: run 600, train 3600).")
 ]
+NnodesOpt = Annotated[int | None, typer.Option(
+    "--nnodes", help="Launch over N machines (paddle.distributed.launch --nnodes): start the same command "
+    "on each with its --node-rank; N must divide the processes (each node runs processes / N).")]
+NodeRankOpt = Annotated[int | None, typer.Option(
+    "--node-rank", help="This machine's node, 0 .. N-1 (paddle's --rank); node 0 reports the results and "
+    "writes the checkpoints.")]
+MasterOpt = Annotated[str | None, typer.Option(
+    "--master", help="HOST:PORT where the nodes meet: node 0's address and a free port, the same on every "
+    "node.")]
+MasterTimeoutOpt = Annotated[float | None, typer.Option(
+    "--master-timeout", help="Seconds to wait for every node to join at --master before stopping (60).")]
+
+
+def _node_commands(nodes: NodeSpec) -> list[str]:
+    """The command line of each node: this one's, with --node-rank R."""
+    import shlex
+    import sys
+
+    args = list(sys.argv[1:])
+    for i, a in enumerate(args):
+        if a == "--node-rank" and i + 1 < len(args):
+            args[i + 1] = "NODE_RANK_"
+        elif a.startswith("--node-rank="):
+            args[i] = "--node-rank=NODE_RANK_"
+    line = shlex.join(["ernie-ir", *args])
+    return [line.replace("NODE_RANK_", str(r)) for r in range(nodes.nnodes)]
+
+
+@contextmanager
+def _nodes_launch(nodes: NodeSpec | None, processes: int) -> Iterator[None]:
+    """Runs the enclosed launches as this node's share of `nodes` (None: plainly); node 0 first
+    prints every node's command on stderr."""
+    from ernie_ir.runtime.launcher import multi_node
+
+    if nodes is not None:
+        per = nodes.processes_per_node(processes)
+        if nodes.node_rank == 0:
+            err.print(f"multi-node launch: {nodes.nnodes} nodes x {per} process(es), master {nodes.master}; "
+                      "start on each node (the artifact at the same path):", markup=False)
+            for r, line in enumerate(_node_commands(nodes)):
+                err.print(f"  node {r}: {line}", markup=False, highlight=False)
+    with multi_node(nodes):
+        yield
+
+
+def _node_done(done: NodeFinished, json_out: bool) -> None:
+    """What a node other than 0 prints: one line."""
+    if json_out:
+        import json
+
+        print(json.dumps({"node_rank": done.node_rank, "nnodes": done.nnodes, "done": True}))
+    else:
+        out.print(str(done), markup=False)
 
 
 def _parse_tokens(tokens: str) -> np.ndarray:
@@ -136,6 +195,10 @@ def run(
                           "(several ranks: one paddle.distributed process per rank).")
     ] = "interpreter",
     timeout: TimeoutOpt = None,
+    nnodes: NnodesOpt = None,
+    node_rank: NodeRankOpt = None,
+    master: MasterOpt = None,
+    master_timeout: MasterTimeoutOpt = None,
     quant: QuantOpt = None,
     quant_config: QuantConfigOpt = None,
     lora_rank: LoraRankOpt = None,
@@ -147,7 +210,9 @@ def run(
     stop_after: StopAfterOpt = None,
     trust_pickle: TrustOpt = False,
 ) -> None:
-    """Run a model or an artifact on this machine's CPU (float32 where the CPU lacks bf16)."""
+    """Run a model or an artifact on this machine's CPU (float32 where the CPU lacks bf16).
+    A multi-rank artifact with --backend paddle may run over several machines (--nnodes,
+    --node-rank, --master): node 0 prints the results, every other node one line."""
     import json
 
     import numpy as np
@@ -156,9 +221,20 @@ def run(
     from ernie_ir.ir.verifier import verify
     from ernie_ir.load import load_input
     from ernie_ir.runtime.compare import compare_logits
+    from ernie_ir.runtime.launcher import NodeFinished, parse_nodes
 
     pipeline = full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
                               lora_adapter, merge_lora)
+    nodes = parse_nodes(nnodes, node_rank, master, master_timeout)
+    processes = 1
+    if nodes is not None:
+        if backend != "paddle" or not _is_multi_rank(model):
+            raise ErnieIRError(f"--nnodes {nodes.nnodes}: a multi-node launch runs a multi-rank artifact "
+                               "with --backend paddle")
+        from ernie_ir.targets import artifact_mapping, read_manifest
+
+        processes = artifact_mapping(read_manifest(model)).world_size
+        nodes.processes_per_node(processes)  # refused before anything starts
     if (Path(model) / "manifest.json").is_file():
         from ernie_ir.targets import read_manifest, require_weights
 
@@ -188,8 +264,12 @@ def run(
                                "--quant, --lora-* and --emulate (or use --backend interpreter)")
         from ernie_ir.runtime.artifact_runner import run_artifact
 
-        with _rank_log_on_error():
-            logits = run_artifact(Path(model), ids, backend, timeout_s=timeout)
+        try:
+            with _rank_log_on_error(), _nodes_launch(nodes, processes):
+                logits = run_artifact(Path(model), ids, backend, timeout_s=timeout)
+        except NodeFinished as done:
+            _node_done(done, json_out)
+            return
     else:
         graph = load_rewritten(model, pipeline, trust_pickle=trust_pickle, disable_pass=disable_pass,
                                 stop_after=stop_after)
@@ -305,6 +385,10 @@ def train(
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the losses as JSON.")] = False,
     timeout: TimeoutOpt = None,
+    nnodes: NnodesOpt = None,
+    node_rank: NodeRankOpt = None,
+    master: MasterOpt = None,
+    master_timeout: MasterTimeoutOpt = None,
 ) -> None:
     """Train the trainable params (LoRA, QAT) of a training artifact with AdamW on CPU
     (a multi-rank artifact: one paddle.distributed gloo process per rank). Every option
@@ -312,11 +396,14 @@ def train(
     Checkpoints go to ARTIFACT/training/checkpoints/run-K-step-N/ (at the end, every
     --save-steps), a LoRA one with adapter/ (a paddleformers adapter folder that
     `compile --lora-adapter` and paddleformers' LoRAModel.from_pretrained read); --resume
-    continues the newest as a new run, bit for bit."""
+    continues the newest as a new run, bit for bit. Over several machines (--nnodes, --node-rank,
+    --master; the artifact at the same path on each, shared for checkpoints) node 0 prints the
+    losses and writes the checkpoints, every other node one line."""
     import json
 
     from ernie_ir.finetune import fine_tune
     from ernie_ir.ir import ErnieIRError
+    from ernie_ir.runtime.launcher import NodeFinished, parse_nodes
     from ernie_ir.runtime.training import read_config, resolve_options, split_run_keys
 
     flags = {"lr": lr, "batch_size": batch_size, "grad_accum": grad_accum, "clip_norm": clip_norm,
@@ -331,11 +418,27 @@ def train(
         raise ErnieIRError("--resume continues the newest checkpoint, --resume-from-checkpoint a named one: "
                            "give one of them")
     start: str | bool | None = resume_from if resume_from is not None else (True if resume else config_resume)
-    draw = err.is_terminal if progress is None else progress
-    with _rank_log_on_error(), _train_progress(draw, steps) as on_progress:
-        result = fine_tune(artifact, steps, data, eval_data=eval_data, max_seq_len=max_seq_len,
-                           packing=packing, options=options, on_progress=on_progress, timeout_s=timeout,
-                           resume=start)
+    nodes = parse_nodes(nnodes, node_rank, master, master_timeout)
+    processes = 1
+    if nodes is not None:
+        from ernie_ir.runtime.training import check_layout, read_training_artifact
+
+        _, recipe, world = read_training_artifact(artifact)
+        processes = check_layout(resolve_options(recipe, options), world)
+        if processes == 1:
+            raise ErnieIRError(f"--nnodes {nodes.nnodes}: this run is one process (one rank, dp 1): a "
+                               "multi-node launch trains a multi-rank artifact or --dp > 1")
+        nodes.processes_per_node(processes)  # refused before anything starts
+    draw = (err.is_terminal if progress is None else progress) and (nodes is None or nodes.node_rank == 0)
+    try:
+        with (_rank_log_on_error(), _nodes_launch(nodes, processes),
+              _train_progress(draw, steps) as on_progress):
+            result = fine_tune(artifact, steps, data, eval_data=eval_data, max_seq_len=max_seq_len,
+                               packing=packing, options=options, on_progress=on_progress, timeout_s=timeout,
+                               resume=start)
+    except NodeFinished as done:
+        _node_done(done, json_out)
+        return
     if json_out:
         from ernie_ir.runtime.training import read_training_artifact
 

@@ -12,6 +12,15 @@ sessions, so on a failure, a timeout or an interrupt every process the call star
 killed, found by a token only they carry in their environment, and `DistributedRunError`
 names the failing rank with its one-line error and carries the tail of its log
 (`log_tail`). Nothing is printed: the logs live in a temporary folder removed at the end.
+
+Several nodes: inside `with multi_node(NodeSpec(nnodes, node_rank, "HOST:PORT")):` each call
+is this node's share of a job of `nnodes` launches (`--nnodes N --rank R --master HOST:PORT
+--nproc_per_node processes/N`, the job id derived from the master, so every node names the same
+job). Node R runs global ranks R*k .. R*k+k-1. Node 0 holds rank 0, so it writes the results and
+publishes the checkpoints (the other nodes' ranks only stage their own shard files, which rank 0
+merges: the artifact must be at the same path on every node, a shared filesystem for
+checkpoints); on any other node a successful call raises `NodeFinished` instead of returning.
+Until every node has joined, `master_timeout_s` bounds the wait (then every process is killed).
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +63,8 @@ from .train_state import TrainResult
 
 RUN_TIMEOUT_S = 600.0
 TRAIN_TIMEOUT_S = 3600.0
+MASTER_TIMEOUT_S = 60.0
+"""Seconds a node of a multi-node launch waits for every node to join at the master."""
 WORKER = Path(__file__).resolve().with_name("paddle_dist.py")
 TOKEN_ENV = "ERNIE_IR_LAUNCH_TOKEN"
 HOST = "127.0.0.1"
@@ -83,6 +95,88 @@ class DistributedRunError(ErnieIRError):
     def __init__(self, message: str, log_tail: str = "") -> None:
         super().__init__(message)
         self.log_tail = log_tail
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """This machine's place in a multi-node launch: node `node_rank` of `nnodes`, meeting the
+    others at `master` (HOST:PORT, on node 0: paddle.distributed.launch's rendezvous)."""
+
+    nnodes: int
+    node_rank: int
+    master: str
+    master_timeout_s: float = MASTER_TIMEOUT_S
+
+    def processes_per_node(self, processes: int) -> int:
+        """`processes` / nnodes; ErnieIRError when nnodes does not divide it."""
+        if processes % self.nnodes:
+            raise ErnieIRError(f"--nnodes {self.nnodes} does not divide the {processes} processes of this "
+                               f"run: give a divisor of {processes} (each node runs processes / nnodes)")
+        return processes // self.nnodes
+
+    @property
+    def job_id(self) -> str:
+        """The same on every node of the job (paddle's rendezvous keys are per job)."""
+        return "ernie-ir-" + re.sub(r"[^A-Za-z0-9]+", "-", self.master)
+
+
+class NodeFinished(Exception):
+    """This node's share of a multi-node launch finished; node 0 reports the results."""
+
+    def __init__(self, node_rank: int, nnodes: int) -> None:
+        super().__init__(f"node {node_rank} of {nnodes} done: node 0 reports the results")
+        self.node_rank, self.nnodes = node_rank, nnodes
+
+
+def parse_nodes(nnodes: int | None, node_rank: int | None, master: str | None,
+                master_timeout_s: float | None = None) -> NodeSpec | None:
+    """The NodeSpec of the `--nnodes/--node-rank/--master/--master-timeout` flags (None: one
+    node, no flag given, or --nnodes 1); ErnieIRError (one line) for a bad combination."""
+    if nnodes is None:
+        given = [f for f, v in (("--node-rank", node_rank), ("--master", master),
+                                ("--master-timeout", master_timeout_s)) if v is not None]
+        if given:
+            raise ErnieIRError(f"{'/'.join(given)} {'needs' if len(given) == 1 else 'need'} --nnodes N "
+                               "(a launch over N nodes)")
+        return None
+    if nnodes < 1:
+        raise ErnieIRError(f"--nnodes {nnodes}: give at least 1 node")
+    if node_rank is None and nnodes > 1:
+        raise ErnieIRError(f"--nnodes {nnodes} needs --node-rank R (0 .. {nnodes - 1}: this machine's node)")
+    rank = 0 if node_rank is None else node_rank
+    if not 0 <= rank < nnodes:
+        raise ErnieIRError(f"--node-rank {rank}: outside [0, {nnodes}) (the nodes are 0 .. {nnodes - 1})")
+    if master_timeout_s is not None and not 0 < master_timeout_s < float("inf"):
+        raise ErnieIRError(f"--master-timeout {master_timeout_s}: give a finite number of seconds above 0")
+    if nnodes == 1:
+        return None
+    if master is None:
+        raise ErnieIRError(f"--nnodes {nnodes} needs --master HOST:PORT (node 0's address and a free port)")
+    host, sep, port = master.rpartition(":")
+    bad_host = not host or any(c.isspace() for c in host)
+    if not sep or bad_host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ErnieIRError(f"--master {master!r}: expected HOST:PORT (node 0's address and a free port "
+                           "in 1 .. 65535), e.g. 10.0.0.1:36000")
+    return NodeSpec(nnodes, rank, f"{host}:{int(port)}",
+                    MASTER_TIMEOUT_S if master_timeout_s is None else float(master_timeout_s))
+
+
+_NODES: ContextVar[NodeSpec | None] = ContextVar("ernie_ir_nodes", default=None)
+
+
+@contextlib.contextmanager
+def multi_node(spec: NodeSpec | None) -> Iterator[None]:
+    """Every launch inside runs as this node's share of `spec`'s job (None: one node)."""
+    token = _NODES.set(spec)
+    try:
+        yield
+    finally:
+        _NODES.reset(token)
+
+
+def current_nodes() -> NodeSpec | None:
+    """The NodeSpec of the enclosing `multi_node` (None: one node)."""
+    return _NODES.get()
 
 
 def free_port_block(n: int) -> int:
@@ -152,18 +246,33 @@ class RankProcesses:
         self.artifact, self.command, self.args = artifact, command, args
         self.world, self.workdir = world, workdir
         self.token = uuid.uuid4().hex
-        self.port = free_port_block(world)
-        self.master = f"{HOST}:{self.port}"
+        self.nodes = current_nodes()
         self.logs = workdir / "logs"
         self.proc: subprocess.Popen[bytes] | None = None
+        if self.nodes is None:
+            self.per_node, self.first_rank = world, 0
+            self.port = free_port_block(world)
+            self.master = f"{HOST}:{self.port}"
+            self.rendezvous: str | None = self.master
+        else:
+            self.per_node = self.nodes.processes_per_node(world)
+            self.first_rank = self.nodes.node_rank * self.per_node
+            self.master = self.nodes.master
+            self.rendezvous = None  # the ranks' PADDLE_MASTER, read from them once they run
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(self.world),
-               "--ips", HOST, "--start_port", str(self.port), "--log_dir", str(self.logs),
-               "--job_id", f"ernie-ir-{self.token[:8]}",
+        if self.nodes is None:
+            where = ["--nproc_per_node", str(self.world), "--ips", HOST, "--start_port", str(self.port),
+                     "--job_id", f"ernie-ir-{self.token[:8]}"]
+        else:
+            where = ["--nnodes", str(self.nodes.nnodes), "--rank", str(self.nodes.node_rank),
+                     "--master", self.master, "--nproc_per_node", str(self.per_node),
+                     "--job_id", self.nodes.job_id]
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", *where, "--log_dir", str(self.logs),
                str(WORKER), self.command, str(self.artifact.resolve()), *self.args]
         strip = device_env(self.artifact)
-        env = {k: v for k, v in os.environ.items() if k not in strip}
+        # An inherited launch variable would override the flags (PADDLE_TRAINER_ID the node rank).
+        env = {k: v for k, v in os.environ.items() if k not in strip and not k.startswith("PADDLE_")}
         env.update({TOKEN_ENV: self.token, "ERNIE_IR_PARENT_PID": str(os.getpid()),
                     "ERNIE_IR_WORKDIR": str(self.workdir), "PADDLE_DISTRI_BACKEND": "gloo",
                     "PYTHONUNBUFFERED": "1"})
@@ -180,7 +289,9 @@ class RankProcesses:
     def wait(self, timeout_s: float, on_poll: Callable[[], Any] | None = None) -> None:
         """Until every rank exits; DistributedRunError on a failure or after `timeout_s`."""
         assert self.proc is not None
-        deadline = time.monotonic() + timeout_s
+        begun = time.monotonic()
+        deadline = begun + timeout_s
+        formed = self.nodes is None
         try:
             while True:
                 try:
@@ -190,6 +301,10 @@ class RankProcesses:
                     pass
                 if on_poll is not None:
                     on_poll()
+                if not formed:
+                    formed = self._check_formed(time.monotonic() - begun)
+                if formed and self.rendezvous is None:
+                    self.rendezvous = self._ranks_master()
                 if time.monotonic() > deadline:
                     self.stop()
                     raise DistributedRunError(
@@ -202,6 +317,35 @@ class RankProcesses:
             self.stop()
         if code != 0:
             raise self.failure(code)
+
+    def _check_formed(self, waited_s: float) -> bool:
+        """Whether every node has joined (paddle.distributed.launch starts this node's ranks, and
+        so their logs, only then); DistributedRunError past the master timeout."""
+        assert self.nodes is not None
+        if any(self.logs.glob("workerlog.*")):
+            return True
+        if waited_s > self.nodes.master_timeout_s:
+            self.stop()
+            n = self.nodes
+            raise DistributedRunError(
+                f"node {n.node_rank} of {n.nnodes}: the {n.nnodes} nodes did not meet at the master "
+                f"{n.master} within {n.master_timeout_s:g} s (--master-timeout): stopped this node's "
+                "processes; start every node's command with the same --nnodes and --master (node 0's "
+                "reachable address and a free port)")  # one line: the launcher's log only says "waiting"
+        return False
+
+    def _ranks_master(self) -> str | None:
+        """PADDLE_MASTER of this launch's ranks (the same on every node: it names the
+        checkpoint staging folder), read from a running rank's environment."""
+        for pid in _tagged(self.token):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            except OSError:
+                continue
+            if b"PADDLE_TRAINER_ID" in env and b"PADDLE_MASTER" in env:
+                return env[b"PADDLE_MASTER"].decode(errors="replace")
+        return None
 
     def stop(self) -> None:
         """Kill every process of this launch: the launcher and its ranks (each in its own
@@ -223,9 +367,10 @@ class RankProcesses:
             rank = int(re.findall(r"\d+", errors[0].name)[-1])
             line = errors[0].read_text(encoding="utf-8").strip() or "failed"
             return DistributedRunError(f"rank {rank} of {self.world} failed: {line}",
-                                       _tail(self.logs / f"workerlog.{rank}"))
-        for rank in range(self.world):
-            log = self.logs / f"workerlog.{rank}"
+                                       _tail(self.logs / f"workerlog.{rank - self.first_rank}"))
+        for local in range(self.per_node):  # the log names count this node's ranks from 0
+            rank = self.first_rank + local
+            log = self.logs / f"workerlog.{local}"
             if "Traceback" in _tail(log, 10_000) or "Error" in _tail(log, 5):
                 return DistributedRunError(f"rank {rank} of {self.world} exited with an error (launcher "
                                            f"exit code {code}); see the log tail", _tail(log))
@@ -251,6 +396,7 @@ def run_distributed(artifact: Path, input_ids: np.ndarray, world: int, *,
                                                       "--save-logits", str(out)], world, workdir)
         ranks.start()
         ranks.wait(timeout_s)
+        _finish_node(ranks)
         if not out.is_file():
             raise DistributedRunError("rank 0 finished without writing its logits",
                                       _tail(ranks.logs / "workerlog.0"))
@@ -299,6 +445,7 @@ def generate_distributed(artifact: Path, decoders: Sequence[str], prompts: list[
         ranks = RankProcesses(Path(artifact), "generate", ["--workdir", str(workdir)], world, workdir)
         ranks.start()
         ranks.wait(timeout_s, poll)
+        _finish_node(ranks)
         done = workdir / DECODE_RESULT
         if not done.is_file():
             raise DistributedRunError("rank 0 finished without writing its result",
@@ -399,6 +546,7 @@ def train_distributed(artifact: Path, world: int, steps: int, batches: list[tupl
         ranks = RankProcesses(root, "train", args, world, workdir)
         ranks.start()
         ranks.wait(timeout_s, poll)
+        _finish_node(ranks)
         if len(losses) != steps - start:
             raise DistributedRunError(f"rank 0 reported {len(losses)} of {steps - start} steps",
                                       _tail(ranks.logs / "workerlog.0"))
@@ -408,11 +556,18 @@ def train_distributed(artifact: Path, world: int, steps: int, batches: list[tupl
                 stats.append(json.loads((workdir / f"stats.rank{r}.json").read_text(encoding="utf-8")))
         return TrainResult(losses, evals, [p for p in published if p.exists()], start + 1, stats)
     except BaseException:
-        if ranks is not None:
-            shutil.rmtree(staging_dir(root, ranks.master), ignore_errors=True)
+        # Node 0 only: another node's ranks never publish, and its files are node 0's to remove.
+        if ranks is not None and ranks.first_rank == 0 and ranks.rendezvous is not None:
+            shutil.rmtree(staging_dir(root, ranks.rendezvous), ignore_errors=True)
         raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _finish_node(ranks: RankProcesses) -> None:
+    """NodeFinished on a node other than 0 (whose ranks hold no result) once its ranks exited well."""
+    if ranks.nodes is not None and ranks.nodes.node_rank != 0:
+        raise NodeFinished(ranks.nodes.node_rank, ranks.nodes.nnodes)
 
 
 def _save_batches(path: Path, batches: list[tuple[np.ndarray, np.ndarray]]) -> None:

@@ -9,7 +9,8 @@
     rank{r}/weights.safetensors   each rank's weights, streamed from the lazy (memory-mapped)
                            sources one tensor at a time
     inference/launch.sh    launch recipe (paddle.distributed.launch with the target's flag and env;
-                           several ranks: one rank worker per device)
+                           several ranks: one rank worker per device; several machines:
+                           `launch.sh --nnodes N --node-rank R --master HOST:PORT` on each)
     inference/launch.json  the same recipe as data, with the collective backend
 
 Writing is atomic and locked (ernie_ir.artifacts.publish): everything goes into a hidden temp
@@ -99,6 +100,16 @@ def launch_recipe(target: HardwareTarget, mode: str, tp: int = 1) -> dict[str, A
                  "Layer for the device (collectives are paddle.distributed calls) and rank 0 reports"),
         "cpu": {"collective_backend": "gloo", "command": cpu,
                 "note": "one gloo process per rank on this machine's CPU"},
+        "multi_node": {
+            "flags": "--nnodes N --node-rank R --master HOST:PORT",
+            "paddle_flags": "--nnodes N --rank R --master HOST:PORT --nproc_per_node NPROC/N",
+            "note": ("run launch.sh (or the CPU command) on each of N machines with the same --nnodes and "
+                     "--master (node 0's address and a free port) and its own --node-rank 0 .. N-1; N "
+                     "divides nproc; node 0 holds rank 0: it reports and writes the checkpoints; the "
+                     "artifact at the same path on every node (shared, for checkpoints)"),
+            "nodes": {str(n): [f"launch.sh --nnodes {n} --node-rank {r} --master HOST:PORT" for r in range(n)]
+                      for n in range(2, tp + 1) if tp % n == 0},
+        },
         "mode": mode,
     }
 
@@ -118,9 +129,54 @@ def launch_script(recipe: dict[str, Any]) -> str:
     extra = " --save" if command == "train" else ""
     lines.append("# on a CPU instead: " + recipe["cpu"]["command"].replace("<artifact>", '"$ARTIFACT"'))
     lines.append(f'WORKER="$({recipe["worker"]})" || exit 1')
+    lines += _multi_node_lines(recipe, vis, f'"$WORKER" {command} "$ARTIFACT" --device {kind}{extra} "$@"')
     lines.append(f'exec {recipe["launcher"]} --nproc_per_node {recipe["nproc"]} {recipe["flag"]} '
                  f'"${{{vis}}}" "$WORKER" {command} "$ARTIFACT" --device {kind}{extra} "$@"')
     return "\n".join(lines) + "\n"
+
+
+def _multi_node_lines(recipe: dict[str, Any], vis: str, entry: str) -> list[str]:
+    """launch.sh's `--nnodes N --node-rank R --master HOST:PORT` (taken out of the arguments the
+    worker gets): node R of N runs nproc / N processes on the first nproc / N visible devices,
+    through paddle.distributed.launch's --nnodes/--rank/--master; node 0 first prints every
+    node's command. Bad values: one line, exit 2, before anything starts."""
+    nproc = int(recipe["nproc"])
+    return [
+        "# several machines: launch.sh --nnodes N --node-rank R --master HOST:PORT on each node (the same",
+        "# N and HOST:PORT, node 0's address and a free port; R = 0 .. N-1; N divides "
+        f"{nproc}); node 0 reports",
+        'fail() { echo "error: $*" >&2; exit 2; }',
+        "NNODES= NODE_RANK= MASTER=",
+        'n=$#; i=0',
+        'while [ "$i" -lt "$n" ]; do',
+        '  a="$1"; shift; i=$((i + 1))',
+        '  case "$a" in',
+        '    --nnodes|--node-rank|--master)',
+        '      [ "$i" -lt "$n" ] || fail "$a needs a value"',
+        '      v="$1"; shift; i=$((i + 1))',
+        '      case "$a" in --nnodes) NNODES="$v";; --node-rank) NODE_RANK="$v";; *) MASTER="$v";; esac;;',
+        '    *) set -- "$@" "$a";;',
+        '  esac',
+        'done',
+        '[ -n "$NNODES" ] || [ -z "$NODE_RANK$MASTER" ] || fail "--node-rank/--master need --nnodes N"',
+        'if [ -n "$NNODES" ] && [ "$NNODES" != 1 ]; then',
+        '  case "$NNODES" in ""|*[!0-9]*|0) fail "--nnodes $NNODES: give a number of nodes";; esac',
+        f'  [ $(({nproc} % NNODES)) -eq 0 ] || fail "--nnodes $NNODES does not divide the {nproc} processes"',
+        '  case "$NODE_RANK" in ""|*[!0-9]*) fail "--node-rank R (0 .. $((NNODES - 1))) is needed";; esac',
+        '  [ "$NODE_RANK" -lt "$NNODES" ] || fail "--node-rank $NODE_RANK: outside [0, $NNODES)"',
+        '  case "$MASTER" in ?*:[0-9]*) ;; *) fail "--master \\"$MASTER\\": expected HOST:PORT";; esac',
+        f'  PER=$(({nproc} / NNODES))',
+        f'  DEVS="$(echo "${{{vis}}}" | cut -d, -f1-"$PER")"',
+        '  unset PADDLE_TRAINER_ID  # it would override --rank',
+        '  if [ "$NODE_RANK" = 0 ]; then',
+        '    r=0; while [ "$r" -lt "$NNODES" ]; do',
+        '      echo "node $r: $0 --nnodes $NNODES --node-rank $r --master $MASTER $*" >&2; r=$((r + 1))',
+        '    done',
+        '  fi',
+        f'  exec {recipe["launcher"]} --nnodes "$NNODES" --rank "$NODE_RANK" --master "$MASTER" '
+        f'--nproc_per_node "$PER" {recipe["flag"]} "$DEVS" {entry}',
+        'fi',
+    ]
 
 
 def check_out(out: str | os.PathLike[str], force: bool) -> Path:
