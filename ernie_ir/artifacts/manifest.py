@@ -463,8 +463,9 @@ def record_files(root: Path, files: Iterable[Path], expected: dict[str, Any] | N
         if changed:
             raise ArtifactError(f"artifact {show(root)} changed while it was in use ({show(changed[0])} is "
                                 "not the file it was): nothing was recorded; run again on the new artifact")
+    base = Path(root).resolve()  # a relative root and absolute files (or the reverse) name the same tree
     for f in files:
-        name = f.relative_to(root).as_posix()
+        name = Path(f).resolve().relative_to(base).as_posix()
         _check_name(name, MANIFEST)
         h = hashlib.sha256()
         with open(f, "rb") as fh:

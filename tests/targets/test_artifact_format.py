@@ -250,3 +250,14 @@ def test_compile_stop_after_writes_its_graph_folder_under_the_lock(tmp_path: Pat
     assert seen == [f"PID {os.getpid()}"]
     assert sorted(p.name for p in out.iterdir()) == ["rank0", "rank1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]  # the lock file is gone with the lock
+
+
+def test_record_files_takes_a_relative_root_with_absolute_files(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # `ernie-ir train ART` with a relative ART: the checkpoint's adapter files come back absolute
+    compile_model(MODEL, "kunlun", out=tmp_path / "a")
+    extra = tmp_path / "a" / "training-notes.txt"
+    extra.write_text("x")
+    monkeypatch.chdir(tmp_path)
+    record_files(Path("a"), [extra])
+    assert "training-notes.txt" in verify_artifact(tmp_path / "a")["files"]
