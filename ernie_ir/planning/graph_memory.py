@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, TensorType, Value
 from ernie_ir.ir.types import Dim, _factor
 from ernie_ir.ir.weights import packed_int4_shape
+from ernie_ir.runtime.vocab_parallel import logits_gather
 
 
 class PlanError(ErnieIRError):
@@ -280,13 +281,15 @@ def _moe_saved(node: Node, facts: GraphFacts, env: Mapping[str, int], capacity_f
 
 
 def backward_transient(node: Node, facts: GraphFacts, env: Mapping[str, int],
-                       capacity_factor: float = 1.0) -> int:
+                       capacity_factor: float = 1.0, loss_inputs: set[int] | None = None) -> int:
     """Bytes alive only while `node`'s backward runs: the gradients of its outputs and of its
     activation inputs, plus (MoE) the gradients of the dispatched tokens and the up_gate output.
-    The gradient of a graph output is the loss's, formed in the softmax buffer the loss keeps."""
+    The gradient of what the loss reads (`loss_inputs`, value ids; None: the graph's outputs) is
+    the loss's, formed in the softmax buffer the loss keeps."""
     if not facts.backward_runs(node):
         return 0
-    outputs = {id(v) for v in node.graph.outputs} if node.graph is not None else set()
+    outputs = loss_inputs if loss_inputs is not None else (
+        {id(v) for v in node.graph.outputs} if node.graph is not None else set())
     total = sum(tensor_bytes(o.type, env) for o in node.outputs
                 if facts.needs_grad(o) and id(o) not in outputs)
     total += sum(tensor_bytes(v.type, env) for v in dict.fromkeys(node.inputs)
@@ -320,12 +323,15 @@ class TrainingActivations:
 
 
 def training_activations(graph: Graph, facts: GraphFacts, env: Mapping[str, int], *, recompute: bool,
-                         capacity_factor: float = 1.0) -> TrainingActivations:
+                         capacity_factor: float = 1.0, vocab_parallel: bool = True) -> TrainingActivations:
     """Activation memory of one training step (forward + backward) of `graph` at `env`.
 
     Each op keeps its saved set (`saved_for_backward`) from forward until its own backward has run;
     a tensor several ops keep lives until the first of them (in forward order) is done. The loss
-    keeps its softmax over the graph's float outputs, and forms their gradient in that buffer. With
+    keeps its softmax over the graph's float outputs, and forms their gradient in that buffer; with
+    `vocab_parallel` (the training runtime's default, runtime/vocab_parallel.py) a tensor-parallel
+    rank graph's gathered logits are not formed: the loss reads, keeps and differentiates this
+    rank's vocabulary shard (the all_gather's input) and the all_gather does not run. With
     `recompute` (full, per decoder layer) a layer keeps only its inputs; its saved set is rebuilt
     when its backward starts and freed op by op. The peak is found by walking backward from the
     loss: alive = what is still kept (+ the layer being recomputed) + the op's backward working set."""
@@ -345,9 +351,14 @@ def training_activations(graph: Graph, facts: GraphFacts, env: Mapping[str, int]
             entry[1] = min(entry[1], i)
 
     index = {id(n): i for i, n in enumerate(nodes)}
+    gather = logits_gather(graph) if vocab_parallel else None
+    loss_reads = [gather.inputs[0] if gather is not None and v is gather.outputs[0] else v
+                  for v in graph.outputs]
+    loss_ids = {id(v) for v in loss_reads if v is not None}
     for i, node in enumerate(nodes):
         saved = saved_for_backward(node, facts, env, capacity_factor)
-        transient[i] = backward_transient(node, facts, env, capacity_factor)
+        transient[i] = 0 if node is gather else backward_transient(node, facts, env, capacity_factor,
+                                                                   loss_ids)
         internal = sum(b for _, b in saved.internal)
         inner = layer[i] if recompute else None
         if inner is None:
@@ -363,8 +374,8 @@ def training_activations(graph: Graph, facts: GraphFacts, env: Mapping[str, int]
             src = v.producer if v is not None else None
             if facts.is_act(v) and v is not None and (src is None or layer[index[id(src)]] != inner):
                 keep(kept, facts.root(v), i)
-    for v in graph.outputs:  # the loss's softmax
-        if v.dtype.is_float and facts.is_act(v) and v.producer is not None:
+    for v in loss_reads:  # the loss's softmax
+        if v is not None and v.dtype.is_float and facts.is_act(v) and v.producer is not None:
             keep(kept, v, index[id(v.producer)])
     free = [kept_internal[i] + layer_internal[i] for i in range(len(nodes))]
     for b, i in kept.values():

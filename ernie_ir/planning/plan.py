@@ -654,7 +654,9 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
             "moment_dtype": str(opts.moment), "master_weights": "f32 for trainable params not in f32"
             if opts.master_weights else "none", "gradients": "param dtype (bf16 for fp8/int params)",
             "offload_optimizer": opts.offload_optimizer, "recompute": "full, per decoder layer"
-            if opts.recompute else "none", "loss": "cross-entropy over the graph's f32 logits",
+            if opts.recompute else "none",
+            "loss": "cross-entropy over the graph's f32 logits; at tp > 1 over each rank's vocabulary "
+                    "shard (the vocabulary-parallel loss, never gathered)",
             "sequence_parallel": "none: activations between tensor-parallel ops are whole on every rank",
             "tokens_per_step": opts.batch * opts.seq_len,
             "data_parallel": f"dp {dp}: every replica holds these ranks' weights, gradients and "

@@ -422,6 +422,7 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
         train_session,
         training_batches,
     )
+    from ernie_ir.runtime.vocab_parallel import keep_vocab_shards
 
     paddle = require_paddle()
     rank, processes = world_from_env()
@@ -453,7 +454,11 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     start = point.step if point is not None else 0
     # Each replica draws its own dropout; the ranks of one replica draw alike (replica 0: the seed).
     paddle.seed(opts.seed + dp_index * 2**32)
+    # The loss on each rank's vocabulary shard: the graph's final all_gather of the logits goes
+    # (the batches above read the whole vocabulary size from the graph as loaded).
+    shard = keep_vocab_shards(graph) if opts.vocab_parallel_loss else None
     layer = build_layer(graph, device=device_for(device), grad_sync=True)
+    layer.vocab_shard = shard
     layer.train()
     layer.track_state = True
     params = layer.trainable_parameters()

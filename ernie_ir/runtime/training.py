@@ -242,6 +242,10 @@ class TrainOptions(BaseModel):
     of every batch; dp x the artifact's ranks processes."""
     sharding: Sharding | None = Field(None, validation_alias=_alias("sharding"))
     """ZeRO over the dp group: stage1 (optimizer states), stage2 (also gradients); None: none."""
+    vocab_parallel_loss: bool = Field(True, validation_alias=_alias("vocab_parallel_loss",
+                                                                    "use_sparse_head_and_loss_fn"))
+    """Tensor parallel: the cross-entropy on each rank's vocabulary shard of the logits, never
+    gathered (runtime/vocab_parallel.py); False: the logits all-gathered, the loss on them whole."""
 
     @field_validator("sharding", mode="before")
     @classmethod
@@ -594,11 +598,21 @@ def _require_finite_params(layer: Any, step: int) -> None:
 def token_loss_sum(paddle: Any, layer: Any, ids: np.ndarray, labels: np.ndarray,
                    ignore_index: int = IGNORE) -> tuple[Any, int]:
     """(summed cross-entropy of logits[:, :-1] against labels[:, 1:] over the positions whose
-    label is not `ignore_index`, their count)."""
+    label is not `ignore_index`, their count). A Layer with a `vocab_shard` (a tensor-parallel
+    rank graph that keeps its vocabulary shard of the logits, runtime/vocab_parallel.py): the
+    vocabulary-parallel cross-entropy over the shards, the same loss on every rank."""
     logits = layer(paddle.to_tensor(ids))
     v = logits.shape[-1]
     target = labels[:, 1:].reshape(-1)
     keep = target != ignore_index
+    shard = getattr(layer, "vocab_shard", None)
+    if shard is not None:
+        from ernie_ir.runtime.vocab_parallel import vocab_parallel_cross_entropy
+
+        per_token = vocab_parallel_cross_entropy(
+            logits[:, :-1].reshape([-1, v]), paddle.to_tensor(target.astype(np.int64)), shard.start,
+            ignore_index=ignore_index, world=layer.world_size)
+        return paddle.sum(per_token), int(keep.sum())
     per_token = paddle.nn.functional.cross_entropy(
         logits[:, :-1].reshape([-1, v]), paddle.to_tensor(np.where(keep, target, 0)), reduction="none")
     mask = paddle.to_tensor(keep.astype(np.float32))

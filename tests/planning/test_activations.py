@@ -149,3 +149,20 @@ def test_kv_cache_by_hand() -> None:
     layers = sum(1 for n in g if n.op == "attention")
     hd = next(n for n in g if n.op == "attention").inputs[1].shape[3]
     assert plan.per_rank[0].by_category["kv_cache"] == layers * 2 * 8 * 1 * hd * BF16
+
+
+def test_tp2_training_keeps_the_vocabulary_shard_of_the_logits() -> None:
+    """At tp 2 the loss reads, keeps and differentiates each rank's [T, V/2] shard (the
+    vocabulary-parallel loss, runtime/vocab_parallel.py): the saved logits term halves, and
+    lm_head's backward no longer holds a [T, V/2] gradient of its own (it is the loss's buffer)."""
+    g = lora_graph("lora{rank=4},split{tp=2}")
+    trainable = {p.name for p in g.params.values() if p.trainable}
+    facts = GraphFacts(g, trainable)
+    env = {"B": 2, "S": 8}
+    sharded = training_activations(g, facts, env, recompute=True)
+    gathered = training_activations(g, facts, env, recompute=True, vocab_parallel=False)
+    assert gathered.saved_bytes - sharded.saved_bytes == T * V * F32 - T * V // 2 * F32
+    assert gathered.transient_bytes == T * V // 2 * F32 + T * H * BF16  # lm_head's backward
+    assert sharded.transient_bytes < T * V // 2 * F32
+    assert sharded.peak_bytes < gathered.peak_bytes
+    assert [n.op for n in g if n.op == "all_gather"]  # planned as is: the graph is not changed

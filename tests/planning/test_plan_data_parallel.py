@@ -183,21 +183,21 @@ LORA = {"quant": "wint8mix", "lora_rank": 32, "mode": "training", "recompute": T
 BF16 = {"mode": "training", "recompute": True, "cuda_arch": 90}
 OFF = {"offload_optimizer": True}
 ROWS = [  # docs/planning.md section 7, "ERNIEKit's stage-1 sharding at 300B": the fixed layouts
-    ({**FP8, **OFF, "tp": 16, "ep": 16}, 8192, 64.91, True),
-    ({**FP8, **OFF, "tp": 8, "ep": 8, "dp": 2, "sharding": "stage1"}, 8192, 117.14, False),
-    ({**FP8, **OFF, "tp": 8, "ep": 8, "dp": 2, "sharding": "stage2"}, 8192, 82.33, False),
-    ({**FP8, **OFF, "tp": 8, "ep": 8, "dp": 2, "sharding": "stage1"}, 32768, 148.79, False),
-    ({**FP8, **OFF, "tp": 16, "ep": 16, "dp": 2, "sharding": "stage1"}, 8192, 64.91, True),
-    ({**FP8, "tp": 16, "ep": 16}, 8192, 204.49, False),
-    ({**FP8, "tp": 16, "ep": 16, "dp": 2, "sharding": "stage1"}, 8192, 134.70, False),
-    ({**FP8, "tp": 16, "ep": 16, "dp": 4, "sharding": "stage1"}, 8192, 99.80, False),
-    ({**FP8, "tp": 16, "ep": 16, "dp": 4, "sharding": "stage2"}, 8192, 73.58, True),
-    ({**LORA, **OFF, "tp": 4, "ep": 4}, 8192, 54.78, True),
-    ({**LORA, "tp": 4, "ep": 4, "dp": 2, "sharding": "stage1"}, 8192, 57.57, True),
-    ({**BF16, "tp": 16, "ep": 16}, 8192, 291.71, False),
-    ({**BF16, "tp": 16, "ep": 16, "dp": 6, "sharding": "stage1"}, 8192, 117.20, False),
-    ({**BF16, "tp": 16, "ep": 16, "dp": 6, "sharding": "stage2"}, 8192, 88.05, False),
-    ({**BF16, "tp": 16, "ep": 16, "dp": 8, "sharding": "stage2"}, 8192, 77.87, True),
+    ({**FP8, **OFF, "tp": 16, "ep": 16}, 8192, 62.28, True),
+    ({**FP8, **OFF, "tp": 8, "ep": 8, "dp": 2, "sharding": "stage1"}, 8192, 114.65, False),
+    ({**FP8, **OFF, "tp": 8, "ep": 8, "dp": 2, "sharding": "stage2"}, 8192, 79.84, True),
+    ({**FP8, **OFF, "tp": 8, "ep": 8, "dp": 2, "sharding": "stage1"}, 32768, 138.83, False),
+    ({**FP8, **OFF, "tp": 16, "ep": 16, "dp": 2, "sharding": "stage1"}, 8192, 62.28, True),
+    ({**FP8, "tp": 16, "ep": 16}, 8192, 201.86, False),
+    ({**FP8, "tp": 16, "ep": 16, "dp": 2, "sharding": "stage1"}, 8192, 132.07, False),
+    ({**FP8, "tp": 16, "ep": 16, "dp": 4, "sharding": "stage1"}, 8192, 97.18, False),
+    ({**FP8, "tp": 16, "ep": 16, "dp": 4, "sharding": "stage2"}, 8192, 70.95, True),
+    ({**LORA, **OFF, "tp": 4, "ep": 4}, 8192, 52.58, True),
+    ({**LORA, "tp": 4, "ep": 4, "dp": 2, "sharding": "stage1"}, 8192, 55.37, True),
+    ({**BF16, "tp": 16, "ep": 16}, 8192, 289.09, False),
+    ({**BF16, "tp": 16, "ep": 16, "dp": 6, "sharding": "stage1"}, 8192, 114.57, False),
+    ({**BF16, "tp": 16, "ep": 16, "dp": 6, "sharding": "stage2"}, 8192, 85.43, False),
+    ({**BF16, "tp": 16, "ep": 16, "dp": 8, "sharding": "stage2"}, 8192, 75.25, True),
 ]
 
 
