@@ -30,11 +30,13 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(np.asarray(a, np.float64) - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def leftover_processes() -> list[int]:
-    needle = f"ERNIE_IR_PARENT_PID={os.getpid()}".encode()
+def processes_with_env(key: str, value: str) -> list[int]:
+    """Pids of the processes (this one excluded) whose environment holds KEY=VALUE: what a test
+    started and tagged, so it kills only those."""
+    needle = f"{key}={value}".encode()
     found = []
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not name.isdigit() or int(name) == os.getpid():
             continue
         try:
             with open(f"/proc/{name}/environ", "rb") as f:
@@ -43,3 +45,7 @@ def leftover_processes() -> list[int]:
         except OSError:
             continue
     return found
+
+
+def leftover_processes() -> list[int]:
+    return processes_with_env("ERNIE_IR_PARENT_PID", str(os.getpid()))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _dist_testkit import IDS, compile_art, leftover_processes
+from _dist_testkit import IDS, compile_art, leftover_processes, processes_with_env
 
 from ernie_ir.cli.app import main
 from ernie_ir.runtime.artifact_runner import run_artifact
@@ -43,17 +43,7 @@ def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _tagged(token: str) -> list[int]:
-    needle = f"{TOKEN_ENV}={token}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            try:
-                with open(f"/proc/{name}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        found.append(int(name))
-            except OSError:
-                continue
-    return found
+    return processes_with_env(TOKEN_ENV, token)
 
 
 def _kill_all(token: str, procs: list[subprocess.Popen[bytes]]) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _dist_testkit import compile_art, leftover_processes
+from _dist_testkit import compile_art, leftover_processes, processes_with_env
 from safetensors.numpy import load_file
 
 from ernie_ir.ir.storage import load_graph
@@ -40,17 +40,7 @@ TOKEN_ENV = "ERNIE_IR_VOCAB_TEST_TOKEN"
 
 
 def _tagged(token: str) -> list[int]:
-    needle = f"{TOKEN_ENV}={token}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        found.append(int(name))
-            except OSError:
-                continue
-    return found
+    return processes_with_env(TOKEN_ENV, token)
 
 
 def _launch_two_ranks(folder: Path, timeout_s: float = 120) -> None:
