@@ -52,6 +52,15 @@ def plan(
     dp: PlanDpOpt = None,
     sharding: PlanShardingOpt = None,
     devices: PlanDevicesOpt = None,
+    sp: Annotated[bool, typer.Option(
+        "--sp", help="Training, tp > 1: sequence parallelism (modelled): the residual stream and norms on "
+        "token shards.")] = False,
+    pp: Annotated[int | None, typer.Option(
+        "--pp", help="Training: pipeline stages at layer boundaries (modelled); devices = max(tp, ep) x pp "
+        "x dp.")] = None,
+    micro_batches: Annotated[int | None, typer.Option(
+        "--micro-batches", help="Training: micro-batches per step (1F1B), each --batch / M sequences "
+        "(default 1).")] = None,
     device_memory: Annotated[str | None, typer.Option(
         "--device-memory", help="Per device: 80GiB, 80G or 80GB (all binary). Without --tp/--ep: "
         "search the smallest device count that fits.")] = None,
@@ -86,7 +95,7 @@ def plan(
                          engine=engine, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                          gpu_memory_utilization=gpu_memory_utilization,
                          max_num_batched_tokens=max_num_batched_tokens, dp=dp, sharding=sharding,
-                         devices=devices)
+                         devices=devices, sp=sp or None, pp=pp, micro_batches=micro_batches)
     if plot is not None:
         from ernie_ir.planning.svg import plan_svg
 

@@ -14,9 +14,11 @@ def _groups(plan: MemoryPlan) -> list[tuple[str, int]]:
     start = 0
     ranks = plan.per_rank
     for i in range(1, len(ranks) + 1):
-        if i == len(ranks) or (ranks[i].by_category, ranks[i].host_by_category) != (
-                ranks[start].by_category, ranks[start].host_by_category):
+        if i == len(ranks) or (ranks[i].by_category, ranks[i].host_by_category, ranks[i].stage) != (
+                ranks[start].by_category, ranks[start].host_by_category, ranks[start].stage):
             label = f"rank {start}" if i - 1 == start else f"ranks {start}-{i - 1}"
+            if plan.pp > 1:
+                label += f" (stage {ranks[start].stage})"
             out.append((label, start))
             start = i
     return out
@@ -41,6 +43,8 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
              f"pipeline: {plan.pipeline}",
              f"layout: {plan.devices} device(s), tp {plan.tp}, ep {plan.ep}"
              + (f", dp {plan.dp}, sharding {plan.sharding}" if plan.mode == "training" else "")
+             + (f", pp {plan.pp}" if plan.pp > 1 else "") + (", sp" if plan.sequence_parallel else "")
+             + (f", {plan.micro_batches} micro-batches" if plan.micro_batches > 1 else "")
              + (f" (per rank: replica 0's {_ranks(len(plan.per_rank))}; every replica holds the same)"
                 if plan.dp > 1 else "")]
     if eng is not None:
@@ -71,6 +75,12 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
     elif plan.searched:
         lines.append(f"min_devices: {plan.min_devices}" if plan.min_devices is not None
                      else "min_devices: none of the layouts tried fits")
+    if plan.stages:
+        lines.append("pipeline stages (1F1B, worst stage is the largest rank): " + "; ".join(
+            f"stage {st.stage}: layers {st.layers[0]}-{st.layers[1]}"
+            + (" + embedding" if st.embedding else "") + (" + head/loss" if st.head else "")
+            + f", {st.in_flight} micro-batch(es) in flight" for st in plan.stages)
+            + f"; bubble {plan.bubble_fraction:.1%}")
     if plan.mode == "training":
         d = max(plan.per_rank, key=lambda r: r.total_bytes).activation_detail
         lines.append(f"activations (largest rank): {format_bytes(int(d['peak_with_recompute_bytes']))} with "
@@ -146,10 +156,15 @@ def search_table(plan: MemoryPlan) -> Table:
     t.add_column("tp", justify="right")
     t.add_column("ep", justify="right")
     t.add_column("dp", justify="right")
+    modelled = any(s.pp > 1 or s.sp for s in plan.search)  # pp / sp columns only where tried
+    if modelled:
+        t.add_column("pp", justify="right")
+        t.add_column("sp")
     t.add_column("largest rank", justify="right")
     t.add_column("fits")
     for s in plan.search:
         t.add_row(str(s.devices), str(s.tp), str(s.ep), str(s.dp),
+                  *((str(s.pp), "on" if s.sp else "off") if modelled else ()),
                   format_bytes(s.max_rank_bytes) if s.max_rank_bytes is not None else "-",
                   "yes" if s.fits else ("no" if s.fits is False else f"cannot build: {s.error}"))
     return t

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, TensorType, Value
@@ -281,18 +281,26 @@ def _moe_saved(node: Node, facts: GraphFacts, env: Mapping[str, int], capacity_f
 
 
 def backward_transient(node: Node, facts: GraphFacts, env: Mapping[str, int],
-                       capacity_factor: float = 1.0, loss_inputs: set[int] | None = None) -> int:
+                       capacity_factor: float = 1.0, loss_inputs: set[int] | None = None,
+                       region: set[int] | None = None, sp: int = 1) -> int:
     """Bytes alive only while `node`'s backward runs: the gradients of its outputs and of its
     activation inputs, plus (MoE) the gradients of the dispatched tokens and the up_gate output.
     The gradient of what the loss reads (`loss_inputs`, value ids; None: the graph's outputs) is
-    the loss's, formed in the softmax buffer the loss keeps."""
+    the loss's, formed in the softmax buffer the loss keeps. With sequence parallelism (`sp` > 1,
+    `region` the `sequence_parallel_values`) those gradients are sequence shards (/ sp), except at
+    a linear or LoRA op, whose input gradient is whole before its reduce-scatter."""
     if not facts.backward_runs(node):
         return 0
     outputs = loss_inputs if loss_inputs is not None else (
         {id(v) for v in node.graph.outputs} if node.graph is not None else set())
-    total = sum(tensor_bytes(o.type, env) for o in node.outputs
-                if facts.needs_grad(o) and id(o) not in outputs)
-    total += sum(tensor_bytes(v.type, env) for v in dict.fromkeys(node.inputs)
+    cut = sp if sp > 1 and region and node.op not in (*LINEAR_OPS, "lora") else 1
+
+    def size(v: Value) -> int:
+        b = tensor_bytes(v.type, env)
+        return -(-b // cut) if cut > 1 and id(v) in (region or ()) else b
+
+    total = sum(size(o) for o in node.outputs if facts.needs_grad(o) and id(o) not in outputs)
+    total += sum(size(v) for v in dict.fromkeys(node.inputs)
                  if facts.is_act(v) and facts.needs_grad(v) and v is not None)
     if node.op in ("moe_experts", "moe_experts_lora"):
         x = node.inputs[0]
@@ -308,6 +316,30 @@ def layer_of(node: Node) -> str | None:
     return m.group(1) if m else None
 
 
+SP_READERS = frozenset({"rms_norm", "layer_norm", "moe_gate"})
+"""Ops whose f32 per-row internals (norm stats, router probabilities) are sequence shards under SP."""
+
+
+def sequence_parallel_values(graph: Graph, facts: GraphFacts) -> set[int]:
+    """id() of the activations sequence parallelism keeps on token shards: the residual stream
+    outside the tensor-parallel blocks. Seeded by the outputs of the embedding and of `all_reduce`
+    (the reduction after every row-parallel linear, MoE block and the vocabulary-parallel
+    embedding: under SP a reduce-scatter), then every `add`, norm, `cast` or `reshape` whose
+    activation inputs are all in the region (the residual adds, the norms and their outputs)."""
+    region: set[int] = set()
+    for node in graph:
+        if node.op in ("all_reduce", "embedding", "vocab_parallel_embedding"):
+            region.update(id(o) for o in node.outputs)
+            continue
+        if node.op not in ("add", "rms_norm", "layer_norm", "cast", "reshape"):
+            continue
+        ins = [v for v in (node.inputs[:1] if node.op in ("rms_norm", "layer_norm") else node.inputs)
+               if facts.is_act(v)]
+        if ins and all(id(v) in region for v in ins):
+            region.update(id(o) for o in node.outputs)
+    return region
+
+
 @dataclass
 class TrainingActivations:
     peak_bytes: int
@@ -320,10 +352,15 @@ class TrainingActivations:
     """The largest backward working set of one op (its output and input gradients)."""
     layers: int
     recompute: bool
+    saved_by_layer: dict[str, int] = field(default_factory=dict)
+    """`saved_bytes` by the layer of the op that keeps each tensor ("<pre>" / "<post>": outside the
+    layers, before / after them): the per-layer activation figure pipeline stages balance on."""
 
 
 def training_activations(graph: Graph, facts: GraphFacts, env: Mapping[str, int], *, recompute: bool,
-                         capacity_factor: float = 1.0, vocab_parallel: bool = True) -> TrainingActivations:
+                         capacity_factor: float = 1.0, vocab_parallel: bool = True, sp: int = 1,
+                         include: Callable[[Node], bool] | None = None,
+                         loss: bool = True) -> TrainingActivations:
     """Activation memory of one training step (forward + backward) of `graph` at `env`.
 
     Each op keeps its saved set (`saved_for_backward`) from forward until its own backward has run;
@@ -334,45 +371,64 @@ def training_activations(graph: Graph, facts: GraphFacts, env: Mapping[str, int]
     rank's vocabulary shard (the all_gather's input) and the all_gather does not run. With
     `recompute` (full, per decoder layer) a layer keeps only its inputs; its saved set is rebuilt
     when its backward starts and freed op by op. The peak is found by walking backward from the
-    loss: alive = what is still kept (+ the layer being recomputed) + the op's backward working set."""
-    nodes = list(graph)
+    loss: alive = what is still kept (+ the layer being recomputed) + the op's backward working set.
+
+    `sp` > 1: sequence parallelism over that many tensor-parallel ranks: the
+    `sequence_parallel_values` (residual stream, norms, their outputs) are kept as token shards
+    (bytes / sp, rounded up), and so are the norms' and the router's per-row f32 internals; a
+    linear (`LINEAR_OPS`: the column-parallel ones read the region) keeps its all-gathered input
+    whole, as a separate tensor from the shard. `include`: only the nodes it accepts (a pipeline
+    stage); `loss`: whether this part holds the loss (the last stage)."""
+    nodes = [n for n in graph if include is None or include(n)]
     layer = [layer_of(n) for n in nodes]
-    kept: dict[int, list[int]] = {}  # value id -> [bytes, index of the op after whose backward it goes]
+    first_layer = next((i for i, x in enumerate(layer) if x is not None), len(nodes))
+    region = sequence_parallel_values(graph, facts) if sp > 1 else set()
+    kept: dict[object, list[int]] = {}  # value key -> [bytes, index of the op after whose backward it goes]
     kept_internal = [0] * len(nodes)
-    layer_vals: dict[str, dict[int, list[int]]] = {}
+    layer_vals: dict[str, dict[object, list[int]]] = {}
     layer_internal = [0] * len(nodes)
     transient = [0] * len(nodes)
 
-    def keep(table: dict[int, list[int]], v: Value, i: int) -> None:
-        entry = table.get(id(v))
+    def keep(table: dict[object, list[int]], v: Value, i: int, reader: str | None = None) -> None:
+        key: object = id(v)
+        b = tensor_bytes(v.type, env)
+        if id(v) in region:
+            if reader in LINEAR_OPS:
+                key = (id(v), "gathered")  # the all-gathered copy a column-parallel linear keeps
+            else:
+                b = -(-b // sp)
+        entry = table.get(key)
         if entry is None:
-            table[id(v)] = [tensor_bytes(v.type, env), i]
+            table[key] = [b, i]
         else:
             entry[1] = min(entry[1], i)
 
     index = {id(n): i for i, n in enumerate(nodes)}
     gather = logits_gather(graph) if vocab_parallel else None
-    loss_reads = [gather.inputs[0] if gather is not None and v is gather.outputs[0] else v
-                  for v in graph.outputs]
+    loss_reads = ([gather.inputs[0] if gather is not None and v is gather.outputs[0] else v
+                   for v in graph.outputs] if loss else [])
     loss_ids = {id(v) for v in loss_reads if v is not None}
     for i, node in enumerate(nodes):
         saved = saved_for_backward(node, facts, env, capacity_factor)
         transient[i] = 0 if node is gather else backward_transient(node, facts, env, capacity_factor,
-                                                                   loss_ids)
+                                                                   loss_ids, region, sp)
         internal = sum(b for _, b in saved.internal)
+        if region and node.op in SP_READERS and id(node.inputs[0]) in region:
+            internal = -(-internal // sp)
         inner = layer[i] if recompute else None
         if inner is None:
             for v in saved.values:
-                keep(kept, v, i)
+                keep(kept, v, i, node.op)
             kept_internal[i] = internal
             continue
         layer_internal[i] = internal
         table = layer_vals.setdefault(inner, {})
         for v in saved.values:
-            keep(table, v, i)
+            keep(table, v, i, node.op)
         for v in node.inputs:  # the layer's inputs stay for its recompute
             src = v.producer if v is not None else None
-            if facts.is_act(v) and v is not None and (src is None or layer[index[id(src)]] != inner):
+            j = index.get(id(src)) if src is not None else None
+            if facts.is_act(v) and v is not None and (j is None or layer[j] != inner):
                 keep(kept, facts.root(v), i)
     for v in loss_reads:  # the loss's softmax
         if v is not None and v.dtype.is_float and facts.is_act(v) and v.producer is not None:
@@ -387,6 +443,16 @@ def training_activations(graph: Graph, facts: GraphFacts, env: Mapping[str, int]
             if vid not in kept:
                 rebuilt[name] += b
                 free[i] += b
+    by_layer: dict[str, int] = {}
+
+    def owner(i: int) -> str:
+        return layer[i] or ("<pre>" if i < first_layer else "<post>")
+
+    for b, i in kept.values():
+        by_layer[owner(i)] = by_layer.get(owner(i), 0) + b
+    for i, b in enumerate(kept_internal):
+        if b:
+            by_layer[owner(i)] = by_layer.get(owner(i), 0) + b
     alive = sum(b for b, _ in kept.values()) + sum(kept_internal)
     saved_bytes = alive
     peak = alive
@@ -401,7 +467,8 @@ def training_activations(graph: Graph, facts: GraphFacts, env: Mapping[str, int]
     return TrainingActivations(peak_bytes=peak, saved_bytes=saved_bytes,
                                recomputed_bytes=max(rebuilt.values(), default=0),
                                transient_bytes=max(transient, default=0),
-                               layers=len({x for x in layer if x is not None}), recompute=recompute)
+                               layers=len({x for x in layer if x is not None}), recompute=recompute,
+                               saved_by_layer=by_layer)
 
 
 # -- inference ----------------------------------------------------------------------------------------

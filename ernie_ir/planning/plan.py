@@ -31,12 +31,13 @@ documented there too.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ernie_ir.ir import DType, ErnieIRError, Graph
+from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param
 from ernie_ir.ir.storage import GRAPH_FILE, load_graph
 from ernie_ir.load import load_input
 from ernie_ir.passes.infra.manager import run_pipeline, run_pipeline_ranks
@@ -54,6 +55,7 @@ from .graph_memory import (
     full_parameter_trainable,
     inference_peak,
     kv_cache_bytes,
+    layer_of,
     lora_params,
     numel,
     tensor_bytes,
@@ -124,6 +126,8 @@ class RankMemory(BaseModel):
     activation_detail: dict[str, int | bool]
     """training: saved_bytes, recomputed_bytes, transient_bytes, recompute, layers,
     peak_without_recompute_bytes, peak_with_recompute_bytes; inference: prefill_tokens."""
+    stage: int = 0
+    """The pipeline stage of this rank (0 without pipeline parallelism)."""
     kv_detail: dict[str, int] = {}
     """With the serving engine: block_bytes (one 64-token block on this rank), blocks_per_sequence
     (of max_model_len), blocks_needed (to start), blocks (what the memory left after the profile
@@ -159,9 +163,29 @@ class LayoutTry(BaseModel):
     tp: int
     ep: int
     dp: int = 1
+    pp: int = 1
+    sp: bool = False
     fits: bool | None
     max_rank_bytes: int | None
     error: str | None = None
+
+
+class StageInfo(BaseModel):
+    """One pipeline stage: its decoder layers and what it holds besides them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: int
+    layers: list[int]
+    """[first, last] decoder layer indices (inclusive)."""
+    embedding: bool
+    head: bool
+    """The final norm, lm_head and the loss (the last stage)."""
+    in_flight: int
+    """Micro-batches whose activations this stage keeps at once under 1F1B: min(pp - stage, M)."""
+    balance_bytes: int
+    """The figure the partition balanced (rank 0): params, gradients and device optimizer states of
+    its layers (+ embedding / head) + in_flight x their kept activations."""
 
 
 class MemoryPlan(BaseModel):
@@ -189,6 +213,16 @@ class MemoryPlan(BaseModel):
     """Data-parallel replicas (training): devices = max(tp, ep) x dp; `per_rank` lists the ranks of
     one replica (ranks 0 .. max(tp, ep) - 1), every other replica repeats them."""
     sharding: Literal["none", "stage1", "stage2"] = "none"
+    pp: int = 1
+    """Pipeline stages (training): devices = max(tp, ep) x pp x dp; `per_rank` lists every stage's
+    ranks (rank = stage x max(tp, ep) + tensor-parallel rank)."""
+    sequence_parallel: bool = False
+    micro_batches: int = 1
+    """Micro-batches per step (training): each is batch / micro_batches sequences."""
+    stages: list[StageInfo] = []
+    """With pp > 1: the layer partition."""
+    bubble_fraction: float = 0.0
+    """1F1B's idle share, (pp - 1) / (micro_batches + pp - 1) (0 at pp 1)."""
     devices: int
     search_devices: int | None = None
     """The device count a `devices` search laid out (None: no such search)."""
@@ -227,7 +261,8 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
                 max_model_len: int | None = None, max_num_seqs: int | None = None,
                 gpu_memory_utilization: float | None = None,
                 max_num_batched_tokens: int | None = None, dp: int | None = None,
-                sharding: str | None = None, devices: int | None = None) -> MemoryPlan:
+                sharding: str | None = None, devices: int | None = None, sp: bool | None = None,
+                pp: int | None = None, micro_batches: int | None = None) -> MemoryPlan:
     """Plan the per-rank memory of `model` compiled for `target` (see the module docstring).
 
     model: a checkpoint folder (config.json only is read), a built-in name (`NAME`, `NAME@meta`,
@@ -249,12 +284,18 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
     (gradients too), which needs dp > 1 or devices; devices, a device count to lay out: layouts
     with max(tp, ep) x dp = devices are tried, the smallest model-parallel group first, dp filling
     the rest (tp, ep, dp where given fix that degree), and the plan is the first that fits.
+
+    Modelled, not compiled (docs/planning.md section 3): sp, sequence parallelism (needs tp > 1;
+    None: off, and both ways in a `devices` search); pp, pipeline stages at layer boundaries
+    (devices = max(tp, ep) x pp x dp; a `devices` search tries 1, 2, 4, ... dividing the layers);
+    micro_batches, M micro-batches of batch / M under 1F1B.
     """
     opts = _Options.make(mode=mode, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len,
                          batch=1 if batch is None else batch, offload_optimizer=offload_optimizer,
                          recompute=recompute, moment_dtype=moment_dtype, master_weights=master_weights,
                          kv_cache_dtype=kv_cache_dtype, prefill_tokens=prefill_tokens, reserve=reserve,
                          capacity_factor=capacity_factor, sharding=sharding)
+    opts = _with_pipeline(opts, tp, sp, pp, micro_batches)
     serving = dict(engine=engine, seq_len=seq_len, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                    gpu_memory_utilization=gpu_memory_utilization,
                    max_num_batched_tokens=max_num_batched_tokens, prefill_tokens=prefill_tokens)
@@ -273,7 +314,7 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
             raise PlanError(f"{model} is a compiled artifact: its quantization, LoRA and layout are fixed; "
                             "drop --quant/--lora-rank/--tp/--ep (or plan its source model)")
         return _plan_artifact(model, target, opts, memory, given, serving, dp, devices)
-    _check_data_parallel(opts, dp, devices, tp, ep)
+    _check_data_parallel(opts, dp, devices, tp, ep, pp)
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp or 1, ep or 1)
     opts = _with_engine(opts, tgt.name, **serving)
     targets = list(lora_targets) if lora_targets else None
@@ -282,34 +323,52 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
     head = dict(model=model, target=tgt.name, cuda_arch=arch, quant=quant_name, mode=mode,
                 lora_rank=lora_rank)
 
+    built: dict[tuple[int, int], tuple[list[Graph], str, list[str]] | ErnieIRError] = {}
+
     def build(t: int, e: int) -> tuple[list[Graph], str, list[str]]:
-        return _compile_ranks(model, tgt, arch, quant_text, t, e)
+        if (t, e) not in built:
+            try:
+                built[t, e] = _compile_ranks(model, tgt, arch, quant_text, t, e)
+            except ErnieIRError as err:
+                built[t, e] = err
+        got = built[t, e]
+        if isinstance(got, ErnieIRError):
+            raise got
+        return got
 
     replicas = 1 if dp is None else dp
     if devices is None and not (given and tp is None and ep is None):
         ranks, pipeline, notes = build(tp or 1, ep or 1)
         return _assemble(head, ranks, pipeline, notes, tp or 1, ep or 1, opts, memory, given, dp=replicas)
     probe = _load(model)
+    layers = _layer_count(probe)
+    if opts.pp > layers:
+        raise _too_many_stages(opts.pp, layers)
+    Layout = tuple[int, int, int, int, int, bool]  # devices, tp, ep, dp, pp, sp
     if devices is not None:
-        layouts = device_layouts(probe, mode, devices, tp, ep, dp, max_devices)
+        layouts: list[Layout] = search_layouts(probe, mode, devices, tp, ep, dp, max_devices,
+                                               pp=pp, sp=sp)
         if not layouts:
-            raise PlanError(f"--devices {devices}: no layout max(tp, ep) x dp = {devices} with "
-                            + ", ".join(f"{f} {v}" for f, v in (("--tp", tp), ("--ep", ep), ("--dp", dp))
+            raise PlanError(f"--devices {devices}: no layout max(tp, ep) x pp x dp = {devices} with "
+                            + ", ".join(f"{f} {v}" for f, v in (("--tp", tp), ("--ep", ep), ("--dp", dp),
+                                                                ("--pp", pp), ("--sp", sp or None))
                                         if v is not None)
                             + f" (model-parallel groups of at most {max_devices}): change one of them")
     else:
-        layouts = [(w * replicas, t, e, replicas) for w, t, e in candidate_layouts(probe, mode, max_devices)]
+        layouts = [(w * replicas * opts.pp, t, e, replicas, opts.pp, opts.sp)
+                   for w, t, e in candidate_layouts(probe, mode, max_devices) if t > 1 or not opts.sp]
     tries: list[LayoutTry] = []
     last: MemoryPlan | None = None
-    for count, t, e, d in layouts:
+    for count, t, e, d, q, on in layouts:
         try:
             ranks, pipeline, notes = build(t, e)
         except ErnieIRError as err:
-            tries.append(LayoutTry(devices=count, tp=t, ep=e, dp=d, fits=None, max_rank_bytes=None,
-                                   error=str(err)))
+            tries.append(LayoutTry(devices=count, tp=t, ep=e, dp=d, pp=q, sp=on, fits=None,
+                                   max_rank_bytes=None, error=str(err)))
             continue
-        plan = _assemble(head, ranks, pipeline, notes, t, e, opts, memory, given, dp=d)
-        tries.append(LayoutTry(devices=count, tp=t, ep=e, dp=d, fits=plan.fits,
+        variant = opts.model_copy(update={"pp": q, "sp": on})
+        plan = _assemble(head, ranks, pipeline, notes, t, e, variant, memory, given, dp=d)
+        tries.append(LayoutTry(devices=count, tp=t, ep=e, dp=d, pp=q, sp=on, fits=plan.fits,
                                max_rank_bytes=plan.max_rank_bytes))
         # over a fixed device count, keep the layout nearest to fitting; else the largest tried
         if last is None or devices is None or plan.max_rank_bytes < last.max_rank_bytes:
@@ -325,6 +384,30 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
            + ("layout with the smallest largest rank" if devices is not None else "largest layout tried"))
     return last.model_copy(update={"min_devices": None, "searched": True, "search": tries,
                                    "search_devices": devices, "notes": [*last.notes, why]})
+
+
+def search_layouts(graph: Graph, mode: str, devices: int, tp: int | None = None, ep: int | None = None,
+                   dp: int | None = None, max_devices: int = MAX_DEVICES, *, pp: int | None = None,
+                   sp: bool | None = None) -> list[tuple[int, int, int, int, int, bool]]:
+    """(devices, tp, ep, dp, pp, sp) of a `--devices` search, in order: first the layouts compile
+    builds today (pp 1, no sequence parallelism; `device_layouts`' order), then the modelled ones:
+    by model-parallel group max(tp, ep) x pp from the smallest up, pp 1, 2, 4, ... (powers of two
+    dividing the layer count, and `devices`), sp off then on (sp only at tp > 1). pp and sp where
+    given fix them (sp True: only sp layouts; None: both)."""
+    layers = _layer_count(graph)
+    pps = [pp] if pp is not None else [q for q in (1 << k for k in range(16)) if q <= layers
+                                       and layers % q == 0 and devices % q == 0]
+    sps = [True] if sp else [False] if sp is False else [False, True]
+    out: list[tuple[int, int, int, int, int, bool]] = []
+    for q in pps:
+        if devices % q:
+            continue
+        for _, t, e, d in device_layouts(graph, mode, devices // q, tp, ep, dp, max_devices):
+            out.extend((devices, t, e, d, q, on) for on in sps if t > 1 or not on)
+    compiled = [x for x in out if x[4] == 1 and not x[5]]
+    modelled = sorted((x for x in out if x[4] > 1 or x[5]),
+                      key=lambda x: (max(x[1], x[2]) * x[4], x[4], x[5]))
+    return compiled + modelled
 
 
 def candidate_layouts(graph: Graph, mode: str, max_devices: int = MAX_DEVICES) -> list[tuple[int, int, int]]:
@@ -371,7 +454,7 @@ def _layouts_of(w: int, moe: bool, mode: str) -> list[tuple[int, int]]:
 
 
 def _check_data_parallel(opts: _Options, dp: int | None, devices: int | None, tp: int | None,
-                         ep: int | None) -> None:
+                         ep: int | None, pp: int | None = None) -> None:
     """dp, sharding and devices: training only, consistent with each other and with tp/ep."""
     if dp is not None and not 1 <= dp <= MAX_WORLD:
         raise PlanError(f"--dp {dp}: a parallel degree is a positive integer (at most {MAX_WORLD})")
@@ -390,14 +473,15 @@ def _check_data_parallel(opts: _Options, dp: int | None, devices: int | None, tp
                         "--dp 2 or more (or --devices N to search layouts with data parallelism)")
     if devices is None:
         return
-    for flag, degree in (("--dp", dp), ("--tp", tp), ("--ep", ep)):
+    for flag, degree in (("--dp", dp), ("--tp", tp), ("--ep", ep), ("--pp", pp)):
         if degree is not None and devices % degree:
             raise PlanError(f"{flag} {degree} does not divide --devices {devices}: devices = max(tp, ep) "
-                            "x dp")
+                            "x pp x dp")
     group = max(tp or 1, ep or 1) if (tp is not None and tp > 1) or (tp and ep) else None
-    if group is not None and dp is not None and group * dp != devices:
-        raise PlanError(f"max(tp, ep) {group} x --dp {dp} = {group * dp} devices, not --devices {devices}: "
-                        "drop --dp or --devices")
+    if group is not None and dp is not None and group * dp * (pp or 1) != devices:
+        total = group * dp * (pp or 1)
+        raise PlanError(f"max(tp, ep) {group} x --pp {pp or 1} x --dp {dp} = {total} devices, "
+                        f"not --devices {devices}: drop --dp or --devices")
 
 
 # -- internals ----------------------------------------------------------------------------------------
@@ -419,6 +503,9 @@ class _Options(BaseModel):
     capacity_factor: float
     sharding: str = "none"
     engine: EngineSettings | None = None
+    sp: bool = False
+    pp: int = 1
+    micro_batches: int = 1
 
     @classmethod
     def make(cls, *, mode: str, seq_len: int, batch: int, offload_optimizer: bool, recompute: bool,
@@ -462,6 +549,35 @@ class _Options(BaseModel):
                    recompute=recompute, moment=moment, master_weights=master_weights, kv_dtype=kv,
                    prefill_tokens=prefill_tokens or seq_len, reserve=res, capacity_factor=capacity_factor,
                    sharding=stage)
+
+
+def _with_pipeline(opts: _Options, tp: int | None, sp: bool | None, pp: int | None,
+                   micro_batches: int | None) -> _Options:
+    """`opts` with sequence/pipeline parallelism and micro-batches checked (training only)."""
+    flag = ("--sp" if sp else f"--pp {pp}" if pp is not None and pp != 1 else
+            f"--micro-batches {micro_batches}" if micro_batches is not None and micro_batches != 1 else None)
+    if opts.mode != "training" and flag is not None:
+        raise PlanError(f"{flag} applies to --mode training (the planner models sequence and pipeline "
+                        "parallelism for training steps)")
+    if sp and tp is not None and tp < 2:
+        raise PlanError(f"--sp shards the residual stream over the tensor-parallel ranks: it needs --tp 2 or "
+                        f"more, not --tp {tp}")
+    if pp is not None and not 1 <= pp <= MAX_WORLD:
+        raise PlanError(f"--pp {pp}: a parallel degree is a positive integer (at most {MAX_WORLD})")
+    m = 1 if micro_batches is None else micro_batches
+    if m < 1 or opts.batch % m:
+        raise PlanError(f"--micro-batches {m} does not divide --batch {opts.batch}: each micro-batch is "
+                        "batch / micro-batches sequences")
+    return opts.model_copy(update={"sp": bool(sp), "pp": pp or 1, "micro_batches": m})
+
+
+def _layer_count(graph: Graph) -> int:
+    return len({x for x in (layer_of(n) for n in graph) if x is not None})
+
+
+def _too_many_stages(pp: int, layers: int) -> PlanError:
+    return PlanError(f"--pp {pp}: the model has {layers} decoder layer(s) and every stage needs at least "
+                     f"one: give --pp {layers} or less")
 
 
 def _with_engine(opts: _Options, target: str, engine: str | None, seq_len: int | None,
@@ -626,22 +742,35 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
     """The plan of one layout, `ranks` being one data-parallel replica's (no search: `min_devices`
     None; the search fills it in)."""
     training = opts.mode == "training"
+    if opts.sp and tp < 2:
+        raise PlanError("--sp shards the residual stream over the tensor-parallel ranks: it needs --tp 2 or "
+                        "more, not --tp 1")
+    if opts.pp > 1 and opts.pp > _layer_count(ranks[0]):
+        raise _too_many_stages(opts.pp, _layer_count(ranks[0]))
     per_rank: list[RankMemory] = []
     kind: Literal["none", "graph", "full"] = "none"
     trainable_count = 0
-    measured: dict[int, RankMemory] = {}
-    for r, g in enumerate(ranks):
-        trainable: set[str] = set()
-        if training:
-            trainable = {p.name for p in g.params.values() if p.trainable}
-            kind = "graph"
-            if not trainable:
-                trainable, kind = full_parameter_trainable(g), "full"
-            if r == 0:
+    measured: dict[tuple[int, int], RankMemory] = {}
+
+    def trainable_of(g: Graph) -> tuple[set[str], Literal["none", "graph", "full"]]:
+        if not training:
+            return set(), "none"
+        names = {p.name for p in g.params.values() if p.trainable}
+        return (names, "graph") if names else (full_parameter_trainable(g), "full")
+
+    specs: list[_Stage | None] = [None]
+    infos: list[StageInfo] = []
+    if training and opts.pp > 1:
+        parts, infos = _partition(ranks[0], trainable_of(ranks[0])[0], opts, tp, dp)
+        specs = list(parts)
+    for st, spec in enumerate(specs):
+        for r, g in enumerate(ranks):
+            trainable, kind = trainable_of(g)
+            if r == 0 and st == 0:
                 trainable_count = len(trainable)
-        if id(g) not in measured:  # type-identical ranks share one graph (see run_ranks)
-            measured[id(g)] = _rank_memory(r, g, trainable, opts, memory, dp)
-        per_rank.append(measured[id(g)].model_copy(update={"rank": r}))
+            if (id(g), st) not in measured:  # type-identical ranks share one graph (see run_ranks)
+                measured[id(g), st] = _rank_memory(r, g, trainable, opts, memory, dp, tp=tp, stage=spec)
+            per_rank.append(measured[id(g), st].model_copy(update={"rank": st * len(ranks) + r, "stage": st}))
     worst = max(per_rank, key=lambda m: m.total_bytes)
     assumptions: dict[str, Any] = {
         "reserve_bytes": opts.reserve,
@@ -657,7 +786,18 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
             if opts.recompute else "none",
             "loss": "cross-entropy over the graph's f32 logits; at tp > 1 over each rank's vocabulary "
                     "shard (the vocabulary-parallel loss, never gathered)",
-            "sequence_parallel": "none: activations between tensor-parallel ops are whole on every rank",
+            "sequence_parallel": (
+                f"on (modelled, not compiled): the residual stream, the norms and their outputs are kept as "
+                f"token shards (/ tp {tp}); each column-parallel linear keeps its all-gathered input whole"
+                if opts.sp else "none: activations between tensor-parallel ops are whole on every rank"),
+            "pipeline_parallel": (
+                f"pp {opts.pp} (modelled, not compiled), 1F1B over {opts.micro_batches} micro-batch(es): "
+                "stage s keeps min(pp - s, M) micro-batches' saved activations; layers partitioned to "
+                "balance each stage's params, gradients, device optimizer states and in-flight kept "
+                "activations (rank 0)"
+                if opts.pp > 1 else "none"),
+            "micro_batches": opts.micro_batches,
+            "micro_batch_sequences": opts.batch // opts.micro_batches,
             "tokens_per_step": opts.batch * opts.seq_len,
             "data_parallel": f"dp {dp}: every replica holds these ranks' weights, gradients and "
                              "activations; --batch is per replica (ERNIEKit's per_device_train_batch_size)",
@@ -696,8 +836,10 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
               if opts.engine is not None else None)
     return MemoryPlan(
         **head, seq_len=opts.seq_len, batch=opts.batch, engine="fastdeploy" if engine else "none",
-        engine_settings=engine, pipeline=pipeline, tp=tp, ep=ep, dp=dp, sharding=opts.sharding,
-        devices=len(ranks) * dp, device_memory_bytes=memory, device_memory_given=given,
+        engine_settings=engine, pipeline=pipeline, tp=tp, ep=ep, dp=dp, sharding=opts.sharding, pp=opts.pp,
+        sequence_parallel=opts.sp, micro_batches=opts.micro_batches, stages=infos,
+        bubble_fraction=(opts.pp - 1) / (opts.micro_batches + opts.pp - 1),
+        devices=len(ranks) * dp * opts.pp, device_memory_bytes=memory, device_memory_given=given,
         fits=all(m.fits for m in per_rank), headroom_bytes=min(m.headroom_bytes for m in per_rank),
         max_rank_bytes=worst.total_bytes, min_devices=None, searched=False, search=[],
         trainable=kind, trainable_params=trainable_count, assumptions=assumptions, per_rank=per_rank,
@@ -705,12 +847,126 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
     )
 
 
+@dataclass(frozen=True)
+class _Stage:
+    """One pipeline stage: the owners (decoder layer names, "<pre>", "<post>") of its nodes and
+    params, whether it holds the loss, and its micro-batches in flight."""
+
+    index: int
+    owners: frozenset[str]
+    loss: bool
+    in_flight: int
+
+
+def _owners(g: Graph) -> tuple[dict[int, str], dict[str, set[str]]]:
+    """Each node's owner (its decoder layer; "<pre>"/"<post>" outside the layers, before/after
+    them) and each param's owners (those of the nodes reading it; a tied embedding has two)."""
+    nodes = list(g)
+    lay = [layer_of(n) for n in nodes]
+    first = next((i for i, x in enumerate(lay) if x is not None), len(nodes))
+    node_owner = {id(n): lay[i] or ("<pre>" if i < first else "<post>") for i, n in enumerate(nodes)}
+    params: dict[str, set[str]] = {}
+    for n in nodes:
+        for v in n.inputs:
+            if isinstance(v, Param):
+                params.setdefault(v.name, set()).add(node_owner[id(n)])
+    return node_owner, params
+
+
+def _param_train_bytes(p: Param, trainable: set[str], opts: _Options, dp: int) -> dict[str, int]:
+    """Device bytes of one param by category (the rules of `_rank_memory`)."""
+    cats = {"weights": tensor_bytes(p.type)}
+    if opts.mode == "training" and p.name in trainable:
+        n = numel(p.type)
+        grad = p.type.dtype if p.type.dtype in (DType.F32, DType.BF16, DType.F16) else DType.BF16
+        cats["gradients"] = n * grad.bits // 8
+        cats["optimizer_moments"] = 2 * n * opts.moment.bits // 8
+        cats["master_weights"] = n * 4 if opts.master_weights and p.type.dtype != DType.F32 else 0
+        for c in SHARDED[opts.sharding]:
+            cats[c] = -(-cats[c] // dp)
+        if opts.offload_optimizer:
+            for c in HOST_CATEGORIES:
+                cats[c] = 0
+    return cats
+
+
+def _partition(g: Graph, trainable: set[str], opts: _Options, tp: int,
+               dp: int) -> tuple[list[_Stage], list[StageInfo]]:
+    """Contiguous layer ranges for `opts.pp` stages (each at least one layer; the embedding on the
+    first, the final norm, lm_head and loss on the last) minimising the largest stage's balance
+    figure: its params' device bytes (weights, gradients, device optimizer states) + in_flight x
+    the activations its ops keep at the end of forward (one micro-batch, `saved_by_layer`)."""
+    pp, m = opts.pp, opts.micro_batches
+    node_owner, param_owners = _owners(g)
+    order = list(dict.fromkeys(o for o in node_owner.values() if o not in ("<pre>", "<post>")))
+    static: dict[str, int] = {}
+    for p in g.params.values():
+        b = sum(_param_train_bytes(p, trainable, opts, dp).values())
+        for o in param_owners.get(p.name, {"<pre>"}):
+            static[o] = static.get(o, 0) + b
+    env = {"B": opts.batch // m, "S": opts.seq_len}
+    acts = training_activations(g, GraphFacts(g, trainable), env, recompute=opts.recompute,
+                                capacity_factor=opts.capacity_factor, sp=tp if opts.sp else 1).saved_by_layer
+    n = len(order)
+    cs = [0] * (n + 1)
+    ca = [0] * (n + 1)
+    for i, name in enumerate(order):
+        cs[i + 1] = cs[i] + static.get(name, 0)
+        ca[i + 1] = ca[i] + acts.get(name, 0)
+
+    def cost(st: int, i: int, j: int) -> int:
+        k = min(pp - st, m)
+        c = cs[j] - cs[i] + k * (ca[j] - ca[i])
+        if st == 0:
+            c += static.get("<pre>", 0) + k * acts.get("<pre>", 0)
+        if st == pp - 1:
+            c += static.get("<post>", 0) + k * acts.get("<post>", 0)
+        return c
+
+    big = 1 << 126
+    best = [[big] * (n + 1) for _ in range(pp + 1)]
+    cut = [[0] * (n + 1) for _ in range(pp + 1)]
+    best[0][0] = 0
+    for st in range(pp):
+        for j in range(st + 1, n - (pp - st - 1) + 1):
+            for i in range(st, j):
+                if best[st][i] == big:
+                    continue
+                v = max(best[st][i], cost(st, i, j))
+                if v < best[st + 1][j]:
+                    best[st + 1][j], cut[st + 1][j] = v, i
+    bounds = [n]
+    for st in range(pp, 0, -1):
+        bounds.append(cut[st][bounds[-1]])
+    bounds.reverse()
+    specs: list[_Stage] = []
+    infos: list[StageInfo] = []
+    for st in range(pp):
+        i, j = bounds[st], bounds[st + 1]
+        owners = set(order[i:j]) | ({"<pre>"} if st == 0 else set()) | ({"<post>"} if st == pp - 1 else set())
+        specs.append(_Stage(st, frozenset(owners), st == pp - 1, min(pp - st, m)))
+        infos.append(StageInfo(stage=st, layers=[i, j - 1], embedding=st == 0, head=st == pp - 1,
+                               in_flight=min(pp - st, m), balance_bytes=cost(st, i, j)))
+    return specs, infos
+
+
 def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memory: int,
-                 dp: int = 1) -> RankMemory:
+                 dp: int = 1, *, tp: int = 1, stage: _Stage | None = None) -> RankMemory:
     lora = lora_params(g)
     cats = dict.fromkeys(CATEGORIES, 0)
     by_dtype: dict[str, int] = {}
-    for p in g.params.values():
+    include = None
+    held = list(g.params.values())
+    if stage is not None:
+        node_owner, param_owners = _owners(g)
+        owners = stage.owners
+        held = [p for p in held if param_owners.get(p.name, {"<pre>"}) & owners]
+        trainable = trainable & {p.name for p in held}
+
+        def include(n: Node) -> bool:
+            return node_owner[id(n)] in owners
+
+    for p in held:
         b = tensor_bytes(p.type)
         cats["lora" if p.name in lora else "weights"] += b
         by_dtype[str(p.type.dtype)] = by_dtype.get(str(p.type.dtype), 0) + b
@@ -730,15 +986,20 @@ def _rank_memory(rank: int, g: Graph, trainable: set[str], opts: _Options, memor
         unsharded = {c: cats[c] for c in ("gradients", "optimizer_moments", "master_weights")}
         for c in SHARDED[opts.sharding]:  # ZeRO: each data-parallel rank keeps 1/dp (even split)
             cats[c] = -(-cats[c] // dp)
-        env = {"B": opts.batch, "S": opts.seq_len}
-        both = {rc: training_activations(g, facts, env, recompute=rc, capacity_factor=opts.capacity_factor)
+        env = {"B": opts.batch // opts.micro_batches, "S": opts.seq_len}
+        k = stage.in_flight if stage is not None else 1
+        both = {rc: training_activations(g, facts, env, recompute=rc, capacity_factor=opts.capacity_factor,
+                                         sp=tp if opts.sp else 1, include=include,
+                                         loss=stage is None or stage.loss)
                 for rc in (False, True)}
         acts = both[opts.recompute]
-        cats["activations"] = acts.peak_bytes
+        # 1F1B: the other micro-batches in flight keep their saved sets while one runs backward
+        peak = {rc: a.peak_bytes + (k - 1) * a.saved_bytes for rc, a in both.items()}
+        cats["activations"] = peak[opts.recompute]
         detail = {"saved_bytes": acts.saved_bytes, "recomputed_bytes": acts.recomputed_bytes,
                   "transient_bytes": acts.transient_bytes, "recompute": acts.recompute, "layers": acts.layers,
-                  "peak_without_recompute_bytes": both[False].peak_bytes,
-                  "peak_with_recompute_bytes": both[True].peak_bytes}
+                  "peak_without_recompute_bytes": peak[False],
+                  "peak_with_recompute_bytes": peak[True], "in_flight_micro_batches": k}
     else:
         eng = opts.engine
         # the engine's profile run computes logits for up to max_num_seqs sequences
