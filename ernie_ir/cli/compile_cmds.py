@@ -48,6 +48,9 @@ def compile(
     calib_data: CalibDataOpt = None,
     tp: TpOpt = 1,
     ep: EpOpt = 1,
+    sp: Annotated[bool, typer.Option(
+        "--sp", help="Sequence parallelism (needs --tp 2+): the residual stream and norms on token "
+        "shards of the B*S tokens, reduce-scatter / all-gather around the parallel blocks.")] = False,
     dp: DpOpt = None,
     sharding: ShardingOpt = None,
     pipeline: PipelineOpt = None,
@@ -115,7 +118,7 @@ def compile(
                                onnx_numerics=onnx_numerics, emit=emit,
                                disabled_passes=split_names(disable_pass), stop_after=stop_after,
                                kv_cache_dtype=kv_cache_dtype, checkpoint=checkpoint,
-                               merge_lora=merge_lora, calib_data=calib_data)
+                               merge_lora=merge_lora, calib_data=calib_data, sp=sp)
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))

@@ -19,7 +19,8 @@ from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, TensorType, Val
 from ernie_ir.ir.types import Dim
 
 _EMULATABLE = (DType.BF16, DType.F16)
-COLLECTIVES = frozenset({"all_reduce", "all_gather"})
+COLLECTIVES = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_gather_sequence",
+                         "scatter_sequence"})
 """Ops that need every rank's input (`OpDef.collective`)."""
 
 

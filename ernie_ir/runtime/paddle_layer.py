@@ -20,7 +20,10 @@ Rank graphs of a multi-rank artifact (ernie_ir.passes.parallel.split) lower thei
 collectives to `paddle.distributed` calls inside autograd functions:
 all_reduce is a sum forward and the identity backward (every rank computes
 the same replicated loss, so each already holds the gradient of the sum),
-all_gather is a concatenation forward and the rank's slice backward. With
+all_gather is a concatenation forward and the rank's slice backward;
+sequence parallelism's reduce_scatter is all_reduce + this rank's token
+slice forward (gloo has no reduce_scatter) and an all-gather backward, its
+all_gather_sequence a gather forward and the rank's token slice backward. With
 `grad_sync=True` (tensor-parallel training), every replicated value a
 rank-dependent node reads goes through Megatron's "f": identity forward,
 all-reduce backward, since each rank's sharded computation contributes only
@@ -163,6 +166,37 @@ def _all_gather(L: Any, n: Node, a: list[Any]) -> list[Any]:
     return [collective_functions(n.op, world)["all_gather"].apply(a[0], axis, world)]
 
 
+@_op("reduce_scatter")
+def _reduce_scatter(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    world, dims = n.attrs.world_size, n.attrs.dims
+    if world == 1:
+        return [a[0].reshape([-1, *a[0].shape[dims:]])]
+    return [collective_functions(n.op, world)["reduce_scatter"].apply(a[0], dims, world)]
+
+
+@_op("scatter_sequence")
+def _scatter_sequence(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    """This rank's token slice of a replicated value (no communication; its gradient is zero
+    elsewhere, and the "f" before it sums the ranks' slices into the whole gradient)."""
+    from ernie_ir.ops.collectives import sequence_tokens_error
+
+    world, dims = n.attrs.world_size, n.attrs.dims
+    flat = a[0].reshape([-1, *a[0].shape[dims:]])
+    tokens = int(flat.shape[0])
+    if tokens % world:
+        raise PaddleEmitError(sequence_tokens_error(tokens, world))
+    k = tokens // world
+    return [flat[L.rank * k:(L.rank + 1) * k]]
+
+
+@_op("all_gather_sequence")
+def _all_gather_sequence(L: Any, n: Node, a: list[Any]) -> list[Any]:
+    world, lead = n.attrs.world_size, list(a[1].shape[:n.attrs.dims])
+    if world == 1:
+        return [a[0].reshape([*lead, *a[0].shape[1:]])]
+    return [collective_functions(n.op, world)["all_gather_sequence"].apply(a[0], lead, world)]
+
+
 def _copy_to_parallel(L: Any, n: Node, a: list[Any]) -> list[Any]:
     """Megatron's "f" before a rank-dependent reader of a replicated value (see build_layer)."""
     return [collective_functions(n.op, L.world_size)["copy_to_parallel"].apply(a[0])]
@@ -244,13 +278,61 @@ def collective_functions(op: str, world: int) -> dict[str, Any]:
             dist.all_reduce(g, group=_MODEL_PARALLEL[0])
             return g
 
-    _COLLECTIVES.update(all_reduce=AllReduceSum, all_gather=AllGather, copy_to_parallel=CopyToParallel)
+    def group_rank() -> int:
+        group = _MODEL_PARALLEL[0]
+        return dist.get_rank() if group is None else group.rank
+
+    class ReduceScatter(PyLayer):  # type: ignore[misc]
+        """Sequence parallelism's reduce-scatter: the sum over ranks of x, flattened to its tokens,
+        this rank's contiguous shard. gloo has no reduce_scatter: all_reduce, then the slice.
+        Backward: the all-gather of the shards' gradients."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Any, dims: int, world: int) -> Any:
+            from ernie_ir.ops.collectives import sequence_tokens_error
+
+            ctx.shape = list(x.shape)
+            y = x.clone()
+            dist.all_reduce(y, group=_MODEL_PARALLEL[0])
+            flat = y.reshape([-1, *x.shape[dims:]])
+            tokens = int(flat.shape[0])
+            if tokens % world:
+                raise PaddleEmitError(sequence_tokens_error(tokens, world))
+            n = tokens // world
+            r = group_rank()
+            return flat[r * n:(r + 1) * n].clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            parts: list[Any] = []
+            dist.all_gather(parts, grad.contiguous(), group=_MODEL_PARALLEL[0])
+            return paddle.concat(parts, axis=0).reshape(ctx.shape)
+
+    class AllGatherSequence(PyLayer):  # type: ignore[misc]
+        """Sequence parallelism's all-gather of the token shards into [*lead, ...]; backward: this
+        rank's token shard of the gradient (summed over ranks by the "f" of its sharded readers,
+        so together: the reduce-scatter of Megatron's backward)."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Any, lead: list[int], world: int) -> Any:
+            ctx.n, ctx.rest = int(x.shape[0]), list(x.shape[1:])
+            parts: list[Any] = []
+            dist.all_gather(parts, x.contiguous(), group=_MODEL_PARALLEL[0])
+            return paddle.concat(parts, axis=0).reshape([*lead, *x.shape[1:]])
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            n, r = ctx.n, group_rank()
+            return grad.reshape([-1, *ctx.rest])[r * n:(r + 1) * n].clone()
+
+    _COLLECTIVES.update(all_reduce=AllReduceSum, all_gather=AllGather, copy_to_parallel=CopyToParallel,
+                        reduce_scatter=ReduceScatter, all_gather_sequence=AllGatherSequence)
     return _COLLECTIVES
 
 
-COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather"})
-RANK_OPS = frozenset({"vocab_parallel_embedding", "moe_local_experts"})
-"""Ops whose attrs differ per rank: their outputs differ per rank even from replicated inputs."""
+COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather", "all_gather_sequence"})
+RANK_OPS = frozenset({"vocab_parallel_embedding", "moe_local_experts", "reduce_scatter", "scatter_sequence"})
+"""Ops whose outputs differ per rank even from replicated inputs (their attrs or their rank's shard)."""
 
 
 def rank_varying(graph: Graph) -> set[int]:

@@ -227,10 +227,15 @@ def check_compile_dp(mode: str, dp: int, sharding: str | None, world: int = 1) -
 
 
 def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_text: str,
-                     pipeline: str | None = None, tp: int = 1, ep: int = 1) -> tuple[Pipeline, Mapping]:
+                     pipeline: str | None = None, tp: int = 1, ep: int = 1,
+                     sp: bool = False) -> tuple[Pipeline, Mapping]:
     """The pipeline compile runs on `graph` and the layout it makes: the user's `pipeline`, then
     `quant_text` (quantization and LoRA, from `pipeline_for`), then `split{tp,ep}` when a degree
-    is > 1, then the target's legalization. Shared by `compile_model` and the memory planner."""
+    is > 1 (`sp`: with sequence parallelism), then the target's legalization. Shared by
+    `compile_model` and the memory planner."""
+    if sp and tp < 2:
+        raise TargetError(f"--sp (sequence parallelism) shards the tokens over the tensor-parallel ranks: "
+                          f"it needs --tp 2 or more, got --tp {tp}")
     parts: list[str] = []
     user_split = None
     if pipeline:
@@ -252,7 +257,7 @@ def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_
         parts.append(quant_text)
     if tp != 1 or ep != 1:
         mapping_for(graph, tp, ep)  # refuse an impossible layout before any pass runs
-        parts.append(f"split{{tp={tp},ep={ep}}}")
+        parts.append(f"split{{tp={tp},ep={ep}{',sp=true' if sp else ''}}}")
     parts.append(legalize_spec(tgt, arch))
     resolved = load_pipeline(",".join(parts), initial=graph_properties(graph))
     split = next((p for p in resolved if p.fans_out), None)
@@ -286,7 +291,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   emit: str | Sequence[str] | None = None, disabled_passes: Sequence[str] = (),
                   stop_after: str | int | None = None, kv_cache_dtype: str | None = None,
                   checkpoint: str | None = None, merge_lora: bool = False,
-                  calib_data: str | Path | None = None) -> CompileReport:
+                  calib_data: str | Path | None = None, sp: bool = False) -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
@@ -323,6 +328,9 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     manifest's mapping and the launch recipe (dp x world processes). docs/parallel.md.
     """
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
+    if sp and tp < 2:
+        raise TargetError(f"--sp (sequence parallelism) shards the tokens over the tensor-parallel ranks: "
+                          f"it needs --tp 2 or more, got --tp {tp}")
     check_compile_dp(mode, dp, sharding, max(tp, ep))
     if kv_cache_dtype is not None:
         kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype, mode)
@@ -358,7 +366,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     source = hashing.submit(source_info, model, graph, meta=meta)
     hashing.shutdown(wait=False)
     before = params_by_dtype(graph)
-    resolved, mapping = compile_pipeline(graph, tgt, arch, quant_text, pipeline, tp, ep)
+    resolved, mapping = compile_pipeline(graph, tgt, arch, quant_text, pipeline, tp, ep, sp)
     full = resolved
     if disabled_passes or stop_after is not None:
         resolved = resolved.restricted(disabled_passes, stop_after)

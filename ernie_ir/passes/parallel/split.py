@@ -17,7 +17,12 @@ files). One forward walk gives each value a layout:
   experts' share, its vocabulary rows); the first reader that needs the
   whole value gets an `all_reduce` (a pending bias is added after it, once),
   and `add(P, P)` stays partial so that an MoE layer's routed and shared
-  experts share one all_reduce.
+  experts share one all_reduce;
+- `Tokens` (sequence parallelism, `sp`): rank r holds its contiguous shard of
+  the flattened B*S tokens. A partial value meeting the token-sharded residual
+  (or read by a norm) is `reduce_scatter`ed (its bias added after), a whole
+  token-shaped one is sliced (`scatter_sequence`), and a reader that needs the
+  whole value (a column-parallel block) gets its `all_gather_sequence`.
 
 A linear reading a replicated value is column-parallel: its output axis is cut
 into the parts its readers split it into, in units of heads where a reader
@@ -135,7 +140,13 @@ class Partial:
     bias: Value | None = None  # added once, after the all_reduce
 
 
-Layout = Literal["R"] | Sharded | Partial
+@dataclass(frozen=True)
+class Tokens:
+    """Sequence parallelism: rank r holds its contiguous shard [T / tp] of the flattened [T, ...]
+    tokens (T = B * S, the graph input's dims) of a token-shaped value."""
+
+
+Layout = Literal["R"] | Sharded | Partial | Tokens
 
 
 @dataclass
@@ -156,6 +167,9 @@ class SplitOptions(PassOptions):
     """Which rank's graph the pass leaves in place (`compile` keeps every rank)."""
     lm_head: Literal["split", "replicate"] = "split"
     """Column-split the vocabulary projection (logits all-gathered) or keep it whole."""
+    sp: bool = False
+    """Sequence parallelism (needs tp > 1): the residual stream and norms on token shards, a
+    reduce_scatter after each row-parallel block, an all_gather_sequence before each column one."""
 
 
 def model_dims(graph: Graph) -> tuple[int | None, int | None]:
@@ -223,11 +237,12 @@ class SplitPass(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         o: SplitOptions = self.options  # type: ignore[assignment]
         mapping = mapping_for(graph, o.tp, o.ep)
+        _sp(o, mapping)
         if mapping.is_single:
             return False
         if not 0 <= o.rank < mapping.world_size:
             raise SplitError(f"split: rank {o.rank} is outside the world of {mapping.world_size}")
-        ranked = split_rank(graph, mapping, o.rank, lm_head=o.lm_head)
+        ranked = split_rank(graph, mapping, o.rank, lm_head=o.lm_head, sp=_sp(o, mapping))
         _replace_contents(graph, ranked)
         return True
 
@@ -235,22 +250,32 @@ class SplitPass(Pass):
         """Every rank's graph (the global graph is left as it is)."""
         o: SplitOptions = self.options  # type: ignore[assignment]
         mapping = mapping_for(graph, o.tp, o.ep)
+        _sp(o, mapping)
         if mapping.is_single:
             return [graph]
-        return split_graph(graph, mapping, lm_head=o.lm_head)
+        return split_graph(graph, mapping, lm_head=o.lm_head, sp=_sp(o, mapping))
 
 
-def split_graph(graph: Graph, mapping: Mapping, *, lm_head: str = "split") -> list[Graph]:
+def _sp(o: SplitOptions, mapping: Mapping) -> bool:
+    if o.sp and mapping.tp < 2:
+        raise SplitError(f"split: sequence parallelism (sp) needs tp > 1, got tp {mapping.tp}")
+    return o.sp
+
+
+def split_graph(graph: Graph, mapping: Mapping, *, lm_head: str = "split", sp: bool = False) -> list[Graph]:
     """Every rank's graph (rank order). The global graph is left as it is."""
     _check_splittable(graph)
-    return [split_rank(graph, mapping, r, lm_head=lm_head) for r in range(mapping.world_size)]
+    return [split_rank(graph, mapping, r, lm_head=lm_head, sp=sp) for r in range(mapping.world_size)]
 
 
-def split_rank(graph: Graph, mapping: Mapping, rank: int, *, lm_head: str = "split") -> Graph:
-    """Rank `rank`'s graph of `graph` under `mapping`."""
+def split_rank(graph: Graph, mapping: Mapping, rank: int, *, lm_head: str = "split",
+               sp: bool = False) -> Graph:
+    """Rank `rank`'s graph of `graph` under `mapping` (`sp`: sequence parallelism, tp > 1)."""
     _check_splittable(graph)
+    if sp and mapping.tp < 2:
+        raise SplitError(f"split: sequence parallelism (sp) needs tp > 1, got tp {mapping.tp}")
     try:
-        return _RankBuilder(graph, mapping, rank, lm_head).build()
+        return _RankBuilder(graph, mapping, rank, lm_head, sp).build()
     except DegreeError as e:
         raise DegreeError(f"{e}; {_working(graph, mapping.tp, mapping.ep, lm_head)}") from None
 
@@ -265,6 +290,9 @@ def _check_splittable(graph: Graph) -> None:
 _REFUSED = {
     "all_reduce": "the graph is already split",
     "all_gather": "the graph is already split",
+    "reduce_scatter": "the graph is already split",
+    "all_gather_sequence": "the graph is already split",
+    "scatter_sequence": "the graph is already split",
     "fake_quant": "QAT computes its weight scales at run time over the whole input axis; "
                   "train QAT on one rank (drop --tp/--ep)",
     "fake_quant_moving_average": "QAT activation scales are per device state; train QAT on one rank",
@@ -312,8 +340,10 @@ class _RankBuilder:
     mapping: Mapping
     rank: int
     lm_head: str
+    sp: bool = False
     out: Graph = field(init=False)
     env: dict[Value, _Local] = field(default_factory=dict)
+    gathered: dict[Value, Value] = field(default_factory=dict)
     params: dict[tuple[str, Any], Param] = field(default_factory=dict)
     cut_of: dict[str, tuple[str, Any]] = field(default_factory=dict)
 
@@ -324,6 +354,11 @@ class _RankBuilder:
         self.out = Graph(self.src.name)
         self.out.metadata = dict(self.src.metadata)
         self.out.metadata["parallel"] = {"rank": self.rank, **self.mapping.model_dump(mode="json")}
+        self.token_dims: tuple[Any, ...] | None = None
+        if self.sp:
+            self.out.metadata["parallel"]["sp"] = True
+            if self.src.inputs:
+                self.token_dims = tuple(self.src.inputs[0].type.shape)
 
     # ---- helpers
     def fail(self, node: Node, why: str, error: type[SplitError] = SplitError) -> SplitError:
@@ -379,6 +414,14 @@ class _RankBuilder:
         loc = self.env[v] if not isinstance(v, Param) else _Local(self.param(v))
         if loc.layout == "R":
             return loc.value
+        if isinstance(loc.layout, Tokens):
+            hit = self.gathered.get(v)
+            if hit is None:
+                ids = self.env[self.src.inputs[0]].value
+                (hit,) = self.emit("all_gather_sequence", [loc.value, ids],
+                                   {"dims": len(self.token_dims or ()), "world_size": self.world}, scope)
+                self.gathered[v] = hit
+            return hit
         if isinstance(loc.layout, Partial):
             (red,) = self.emit("all_reduce", [loc.value], {"world_size": self.world}, scope)
             if loc.layout.bias is not None:
@@ -387,6 +430,55 @@ class _RankBuilder:
             return red
         raise SplitError(f"split: a value sharded along axis {loc.layout.axis} reaches {scope or '<root>'}"
                          " where the whole value is needed")
+
+    # ---- sequence parallelism
+    def token_shaped(self, v: Value) -> bool:
+        dims = self.token_dims
+        return dims is not None and v.type.rank > len(dims) and tuple(v.type.shape[:len(dims)]) == dims
+
+    def tokens(self, v: Value, scope: str, scatter: bool = False) -> Value | None:
+        """`v` on this rank's token shard (a partial one reduce-scattered, then its bias added; a
+        replicated one sliced when `scatter`), or None when it is not token-shaped or is not on
+        token shards and cannot be put there."""
+        loc = self.env.get(v) if not isinstance(v, Param) else None
+        if loc is None:
+            return None
+        if isinstance(loc.layout, Tokens):
+            return loc.value
+        if isinstance(loc.layout, Partial) and self.token_shaped(v):
+            (y,) = self.emit("reduce_scatter", [loc.value],
+                             {"dims": len(self.token_dims or ()), "world_size": self.world}, scope)
+            if loc.layout.bias is not None:  # the row bias: after the reduce-scatter, once
+                (y,) = self.emit("add", [y, loc.layout.bias], {}, scope)
+            self.env[v] = _Local(y, Tokens())
+            return y
+        if scatter and loc.layout == "R" and self.token_shaped(v):
+            (y,) = self.emit("scatter_sequence", [loc.value],
+                             {"dims": len(self.token_dims or ()), "world_size": self.world}, scope)
+            return y  # env keeps the whole value for its other readers
+        return None
+
+    def on_tokens(self, node: Node) -> list[_Local] | None:
+        """A norm (or other per-token op) on the token shard of its first input; None when that
+        input is not on (or cannot be put on) token shards; the other inputs must be whole
+        per-feature values (weights, biases)."""
+        if not self.sp or not node.inputs or node.inputs[0] is None:
+            return None
+        x = self.tokens(node.inputs[0], node.scope)
+        if x is None:
+            return None
+        rest = []
+        for v in node.inputs[1:]:
+            if v is not None and not isinstance(v, Param) and self.token_shaped(v):
+                return None
+            rest.append(None if v is None else self.whole(v, node.scope))
+        outs = self.emit(node.op, [x, *rest], node.attrs, node.scope)
+        return [_Local(o, Tokens()) for o in outs]
+
+    def op_rms_norm(self, node: Node) -> list[_Local]:
+        return self.on_tokens(node) or self.generic(node)
+
+    op_layer_norm = op_rms_norm
 
     # ---- the walk
     def build(self) -> Graph:
@@ -477,7 +569,7 @@ class _RankBuilder:
         if not isinstance(w, Param) or (quant and not isinstance(node.inputs[2], Param)):
             return self.generic(node)
         group = node.attrs.group_size if quant else -1
-        if isinstance(x.layout, Partial):
+        if isinstance(x.layout, (Partial, Tokens)):
             x = _Local(self.whole(node.inputs[0], node.scope))
         if x.layout == "R":
             if self.tp == 1:
@@ -553,6 +645,8 @@ class _RankBuilder:
         pa, pb = node.inputs[2], node.inputs[3]
         if not isinstance(pa, Param) or not isinstance(pb, Param):
             return self.generic(node)
+        if isinstance(base.layout, Sharded) and isinstance(x.layout, Tokens):
+            x = _Local(self.whole(node.inputs[1], node.scope))  # the column layer's gathered input
         if isinstance(base.layout, Sharded) and x.layout == "R":
             ranges = base.layout.ranges(self.tp, self.info.tp_rank)
             (y,) = self.emit("lora", [base.value, x.value, self.param(pa), self.param(pb, [(-1, ranges)])],
@@ -594,7 +688,8 @@ class _RankBuilder:
 
     def op_concat(self, node: Node) -> list[_Local]:
         ins = [self.local(v) for v in node.inputs]
-        if all(i is not None and i.layout == "R" for i in ins):
+        if all(i is not None and i.layout == "R" for i in ins) or \
+                any(i is not None and isinstance(i.layout, Tokens) for i in ins):
             return self.generic(node)
         rank = node.inputs[0].type.rank
         axis = node.attrs.axis - rank if node.attrs.axis >= 0 else node.attrs.axis
@@ -645,6 +740,10 @@ class _RankBuilder:
                 return self.generic(node)
             (y,) = self.emit("add", [a.value, b.value], node.attrs, node.scope)
             return [_Local(y, Partial(la.bias or lb.bias))]
+        if isinstance(la, Tokens) or isinstance(lb, Tokens) or (
+                self.sp and node.op == "add" and {type(la), type(lb)} == {Partial, str}
+                and all(self.token_shaped(v) for v in node.inputs)):
+            return self._binary_tokens(node)  # GPT: the token embedding (partial) + the positions
         if isinstance(la, Sharded) and isinstance(lb, Sharded) and la == lb:
             (y,) = self.emit(node.op, [a.value, b.value], node.attrs, node.scope)
             return [_Local(y, la)]
@@ -660,6 +759,21 @@ class _RankBuilder:
         if isinstance(la, Sharded) or isinstance(lb, Sharded):
             raise self.fail(node, "it combines a sharded value with a whole or differently sharded one")
         return self.generic(node)
+
+    def _binary_tokens(self, node: Node) -> list[_Local]:
+        """add/mul with a token-sharded operand: the other one put on token shards too (a partial
+        one reduce-scattered: the residual add after a row-parallel block; a whole one sliced), or
+        broadcast whole (a per-feature param); otherwise both gathered whole."""
+        ins = []
+        for v in node.inputs:
+            t = self.tokens(v, node.scope, scatter=True)
+            if t is None:
+                if not isinstance(v, Param) and self.token_shaped(v):
+                    return self.generic(node)  # token-shaped but sharded otherwise: both gathered
+                t = self.whole(v, node.scope)
+            ins.append(t)
+        (y,) = self.emit(node.op, ins, node.attrs, node.scope)
+        return [_Local(y, Tokens())]
 
     # ---- attention
     def op_attention(self, node: Node) -> list[_Local]:
