@@ -407,10 +407,9 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
         CheckpointRun,
         artifact_fingerprint,
         checkpoint_expected,
-        find_checkpoint,
         prune_checkpoints,
-        read_resume_point,
         restore_rank,
+        resume_point,
         trainer_state_base,
     )
     from ernie_ir.runtime.training import (
@@ -447,10 +446,8 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     if opts.eval_steps is not None and eval_batches is None:
         raise WorkerError("--eval-steps needs evaluation data (--eval-data)")
     fingerprint = artifact_fingerprint(manifest, world)
-    point = None
-    if resume is not None and resume is not False:
-        point = read_resume_point(root, find_checkpoint(root, resume), world=world, fingerprint=fingerprint,
-                                  steps=steps, options=opts.model_dump(), batches=batches)
+    point = resume_point(root, resume, world=world, fingerprint=fingerprint, steps=steps,
+                         options=opts.model_dump(), batches=batches)
     start = point.step if point is not None else 0
     # Each replica draws its own dropout; the ranks of one replica draw alike (replica 0: the seed).
     paddle.seed(opts.seed + dp_index * 2**32)

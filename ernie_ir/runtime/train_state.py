@@ -409,6 +409,16 @@ class ResumePoint:
         return dict(self.state["rng_state"][f"rank{rank}"])
 
 
+def resume_point(root: Path, resume: str | Path | bool | None, *, world: int, fingerprint: str, steps: int,
+                 options: dict[str, Any], batches: list[tuple[np.ndarray, np.ndarray]]) -> ResumePoint | None:
+    """The point `resume` names (None / False: a fresh run, None returned; True: the newest
+    checkpoint; a path: that one), checked by `read_resume_point`."""
+    if resume is None or resume is False:
+        return None
+    return read_resume_point(root, find_checkpoint(root, resume), world=world, fingerprint=fingerprint,
+                             steps=steps, options=options, batches=batches)
+
+
 def read_resume_point(root: Path, folder: Path, *, world: int, fingerprint: str, steps: int,
                       options: dict[str, Any], batches: list[tuple[np.ndarray, np.ndarray]]) -> ResumePoint:
     """The checkpoint at `folder`, refused (ErnieIRError, one line) unless this run can continue

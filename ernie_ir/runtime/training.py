@@ -684,8 +684,7 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
     from .train_state import (
         artifact_fingerprint,
         checkpoint_expected,
-        find_checkpoint,
-        read_resume_point,
+        resume_point,
     )
 
     paddle = require_paddle()
@@ -722,10 +721,8 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
         evals = training_batches(recipe, graph, evaluation, options=opts,
                                  what="eval_data" if eval_data is not None else "eval_sequences")
     fingerprint = artifact_fingerprint(manifest, world)
-    point = None
-    if resume is not None and resume is not False:
-        point = read_resume_point(root, find_checkpoint(root, resume), world=world, fingerprint=fingerprint,
-                                  steps=steps, options=opts.model_dump(), batches=batches)
+    point = resume_point(root, resume, world=world, fingerprint=fingerprint, steps=steps,
+                         options=opts.model_dump(), batches=batches)
     start = point.step if point is not None else 0
     report = _progress_reporter(batches, steps, opts, on_step, on_progress, start)
     if processes > 1:
