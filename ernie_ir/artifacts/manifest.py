@@ -366,7 +366,7 @@ def load_rank_graphs(path: str | os.PathLike[str], *, verify: bool = True) -> tu
     manifest = verify_artifact(root) if verify else read_manifest(root)
     require_weights(root, manifest)
     mapping = artifact_mapping(manifest)
-    return mapping, [load_graph(root / f"rank{r}") for r in range(mapping.world_size)]
+    return mapping, [load_graph(root / f"rank{r}") for r in range(mapping.rank_graphs)]
 
 
 def load_artifact(path: str | os.PathLike[str], *, verify: bool = True) -> Graph:
@@ -416,7 +416,8 @@ def build_manifest(*, ernie_ir_version: str, source: dict[str, Any], pipeline: s
         "mode": mode,
         "weights": weights,
         "parallel": {"tp": mapping.tp, "ep": mapping.ep, "world_size": mapping.world_size,
-                     "ranks": [f"rank{r}" for r in range(mapping.world_size)],
+                     "ranks": [f"rank{r}" for r in range(mapping.rank_graphs)],
+                     **({"pp": mapping.pp} if mapping.pp > 1 else {}),
                      **({"dp": mapping.dp, "processes": mapping.processes, "sharding": mapping.sharding}
                         if mapping.dp > 1 else {}),
                      "mapping": mapping.model_dump(mode="json")},
@@ -426,7 +427,7 @@ def build_manifest(*, ernie_ir_version: str, source: dict[str, Any], pipeline: s
         "backends": ["interpreter", *(b for b in emitted if b not in FORMATS)],
         **({"formats": formats} if formats else {}),
         "rank_files": {f"rank{r}": {n: files[f"rank{r}/{n}"] for n in names}
-                       for r in range(mapping.world_size)},
+                       for r in range(mapping.rank_graphs)},
         "files": files,
     }
     return validate_manifest(manifest)

@@ -51,6 +51,12 @@ def compile(
     sp: Annotated[bool, typer.Option(
         "--sp", help="Sequence parallelism (needs --tp 2+): the residual stream and norms on token "
         "shards of the B*S tokens, reduce-scatter / all-gather around the parallel blocks.")] = False,
+    pp: Annotated[int, typer.Option(
+        "--pp", help="Pipeline parallelism: cut every rank graph into N stages at decoder-layer boundaries "
+        "(pp x tp processes; run / train on paddle.distributed).")] = 1,
+    micro_batches: Annotated[int | None, typer.Option(
+        "--micro-batches", help="With --pp: micro-batches each batch is cut into by the schedule (training: "
+        "must divide the batch size; train --micro-batches overrides).")] = None,
     dp: DpOpt = None,
     sharding: ShardingOpt = None,
     pipeline: PipelineOpt = None,
@@ -118,7 +124,8 @@ def compile(
                                onnx_numerics=onnx_numerics, emit=emit,
                                disabled_passes=split_names(disable_pass), stop_after=stop_after,
                                kv_cache_dtype=kv_cache_dtype, checkpoint=checkpoint,
-                               merge_lora=merge_lora, calib_data=calib_data, sp=sp)
+                               merge_lora=merge_lora, calib_data=calib_data, sp=sp, pp=pp,
+                               micro_batches=micro_batches)
     data = report.as_dict()
     if json_out:
         print(json.dumps(data, default=str))

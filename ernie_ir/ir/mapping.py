@@ -24,6 +24,12 @@ rank graph `g % world_size`. Replicas share the rank graphs (an artifact stores
 rank0..world_size-1 once); `sharding` (stage1 / stage2) splits the optimizer states
 (and, stage 2, the gradients) over each dp group. `world_size` stays the model-parallel
 world: the ranks a graph's collectives span.
+
+Pipeline parallelism cuts every model-parallel rank graph into `pp` stages at decoder-layer
+boundaries (`stages`: each stage's layers [first, stop)): `rank_graphs = pp x world_size`
+graphs, graph g being stage `g // world_size` of model-parallel rank `g % world_size` (pp
+outside mp, as Paddle's hybrid topology orders them); `micro_batches` is the schedule's
+default split of each batch. Processes = dp x pp x world_size.
 """
 
 from __future__ import annotations
@@ -38,6 +44,20 @@ SHARD = "shard"
 """Param annotation of a rank graph's param that holds a slice of a global tensor:
 {global_shape: [...], cuts: [{axis, ranges: [[start, stop], ...]}]} (absent: the whole tensor).
 Written by the split pass; read by training (gradient sums, merged checkpoints) and planning."""
+
+
+PIPELINE_STAGE = "pipeline"
+"""Graph metadata of a pipeline stage graph: {stage, pp, layers: [first, stop), stages,
+needs_grad: the inputs whose gradient the previous stage needs, outputs_need_grad: the outputs
+whose gradient this stage needs from the next, grad_edges: whether any gradient crosses each
+edge, rank_varying_inputs: the inputs that differ between tensor-parallel ranks}. Written by
+the pipeline cut (passes/parallel/pipeline_stages.py); read by the runtimes."""
+
+
+def stage_info(metadata: dict[str, Any]) -> dict[str, Any] | None:
+    """The pipeline-stage metadata of a graph's `metadata`, None for a whole graph."""
+    info = metadata.get(PIPELINE_STAGE)
+    return info if isinstance(info, dict) else None
 
 
 Sharding = Literal["stage1", "stage2"]
@@ -92,6 +112,12 @@ class Mapping(BaseModel):
     """Data-parallel replicas of the model-parallel world (training): processes = dp x world_size."""
     sharding: Sharding | None = None
     """ZeRO sharding over each dp group: stage1 (optimizer states), stage2 (+ gradients)."""
+    pp: int = Field(1, ge=1)
+    """Pipeline stages: each model-parallel rank graph cut into pp stage graphs."""
+    stages: tuple[tuple[int, int], ...] | None = None
+    """Decoder layers [first, stop) of each stage (pp > 1)."""
+    micro_batches: int = Field(1, ge=1)
+    """Micro-batches a pipelined batch is split into by default (pp > 1)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Mapping:
@@ -102,6 +128,12 @@ class Mapping(BaseModel):
             raise ValueError("world_size, moe_tp and ranks must be what tp and ep imply")
         if self.sharding is not None and self.dp == 1:
             raise ValueError("sharding needs data parallelism (dp > 1)")
+        if (self.pp > 1) != (self.stages is not None) or (self.stages is not None and (
+                len(self.stages) != self.pp or any(a >= b for a, b in self.stages)
+                or any(self.stages[i][1] != self.stages[i + 1][0] for i in range(self.pp - 1)))):
+            raise ValueError("stages must be pp contiguous, non-empty layer ranges")
+        if self.micro_batches > 1 and self.pp == 1:
+            raise ValueError("micro_batches needs pipeline parallelism (pp > 1)")
         return self
 
     @model_serializer(mode="wrap")
@@ -113,6 +145,9 @@ class Mapping(BaseModel):
             data.pop("dp", None)
         if self.sharding is None:
             data.pop("sharding", None)
+        if self.pp == 1:
+            for key in ("pp", "stages", "micro_batches"):
+                data.pop(key, None)
         return data
 
     @classmethod
@@ -151,8 +186,13 @@ class Mapping(BaseModel):
     def with_data_parallel(self, dp: int = 1, sharding: Sharding | None = None) -> Mapping:
         """This model-parallel layout replicated `dp` times (MappingError, one line, when it
         cannot be)."""
-        check_data_parallel(dp, sharding, self.world_size)
+        check_data_parallel(dp, sharding, self.world_size * self.pp)
         return self.model_copy(update={"dp": dp, "sharding": sharding})
+
+    def with_pipeline(self, stages: tuple[tuple[int, int], ...], micro_batches: int = 1) -> Mapping:
+        """This layout with every rank graph cut into len(stages) pipeline stages."""
+        return Mapping.model_validate({**self.model_dump(), "pp": len(stages),
+                                       "stages": tuple(stages), "micro_batches": micro_batches})
 
     @property
     def is_single(self) -> bool:
@@ -160,14 +200,23 @@ class Mapping(BaseModel):
         return self.world_size == 1
 
     @property
+    def rank_graphs(self) -> int:
+        """Rank graphs the artifact stores: pp x world_size (graph g: stage g // world_size)."""
+        return self.pp * self.world_size
+
+    @property
     def processes(self) -> int:
-        """Processes (devices) a training launch starts: dp x world_size."""
-        return self.dp * self.world_size
+        """Processes (devices) a launch starts: dp x pp x world_size."""
+        return self.dp * self.rank_graphs
 
     def process(self, g: int) -> tuple[int, int]:
-        """(dp index, model-parallel rank) of process `g`: dp outermost, as Paddle's hybrid
-        topology orders them; the process runs rank graph `g % world_size`."""
-        return g // self.world_size, g % self.world_size
+        """(dp index, rank graph) of process `g`: dp outermost, as Paddle's hybrid topology
+        orders them; the process runs rank graph `g % rank_graphs`."""
+        return g // self.rank_graphs, g % self.rank_graphs
+
+    def stage_of(self, graph: int) -> tuple[int, int]:
+        """(pipeline stage, model-parallel rank) of rank graph `graph`."""
+        return divmod(graph, self.world_size)
 
     def rank(self, r: int) -> RankLayout:
         return self.ranks[r]
@@ -176,9 +225,14 @@ class Mapping(BaseModel):
         parts = [f"world {self.world_size}", f"tp {self.tp}"]
         if self.ep > 1:
             parts.append(f"ep {self.ep} (moe_tp {self.moe_tp})")
+        if self.pp > 1:
+            cuts = ", ".join(f"{a}-{b - 1}" for a, b in self.stages or ())
+            parts.append(f"pp {self.pp} (layers {cuts}; {self.micro_batches} micro-batches)")
         if self.dp > 1:
             parts.append(f"dp {self.dp}{f' (sharding {self.sharding})' if self.sharding else ''}: "
                          f"{self.processes} processes")
+        elif self.pp > 1:
+            parts.append(f"{self.processes} processes")
         return ", ".join(parts)
 
 

@@ -131,12 +131,14 @@ class GradientNorm:
     params several ranks hold a slice of (KV heads replicated in groups) get the sum of those
     ranks' gradients (`sum_shared`), and the norm counts every element once: sharded slices
     summed over ranks, replicated params once, shared slices divided by how many ranks hold
-    them (`terms`, `norm`). `group`: the model-parallel group (None: the default group)."""
+    them (`terms`, `norm`). `group`: the model-parallel group (None: the default group);
+    `stages`: the group of the pipeline stages of this model-parallel rank (their squared norms
+    add up; None: no pipeline)."""
 
-    def __init__(self, paddle: Any, layer: Any, graph: Any, group: Any = None) -> None:
+    def __init__(self, paddle: Any, layer: Any, graph: Any, group: Any = None, stages: Any = None) -> None:
         from ernie_ir.ir.mapping import SHARD
 
-        self.paddle, self.layer, self.group = paddle, layer, group
+        self.paddle, self.layer, self.group, self.stages = paddle, layer, group, stages
         self.world = int(getattr(layer, "world_size", 1))
         self.kinds: dict[str, str] = {}  # Paddle param name -> "replicated" | "sharded" | "shared"
         self.shared: dict[str, tuple[list[int], Any, Any]] = {}  # name -> (global shape, index, count)
@@ -200,6 +202,10 @@ class GradientNorm:
             total = terms.sum()
         total = total.reshape([1])
         self._all_reduce(total)
+        if self.stages is not None:
+            import paddle.distributed as dist
+
+            dist.all_reduce(total, group=self.stages)
         return paddle.sqrt(total)
 
 

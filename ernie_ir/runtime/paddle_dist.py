@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from ernie_ir.ir import ErnieIRError, Graph
-from ernie_ir.ir.mapping import SHARD
+from ernie_ir.ir.mapping import SHARD, stage_info
 from ernie_ir.runtime.launch_files import ERROR_FILE, staging_dir
 
 
@@ -145,17 +145,23 @@ def load_rank_graph(root: Path, rank: int, world: int, dp: int = 1) -> tuple[dic
 
     manifest = read_manifest(root)
     mapping = artifact_mapping(manifest)
-    want = mapping.world_size * dp
+    want = mapping.rank_graphs * dp
     if want != world:
         layout = f" x dp {dp}" if dp > 1 else ""
-        raise WorkerError(f"{root} has {mapping.world_size} rank(s){layout} but {world} process(es) were "
+        held = f"{mapping.rank_graphs} rank graph(s) ({mapping.pp} stages)" if mapping.pp > 1 else \
+            f"{mapping.world_size} rank(s)"
+        raise WorkerError(f"{root} has {held}{layout} but {world} process(es) were "
                           f"started: launch {want} (--nproc_per_node {want} or as many devices)")
-    rank = rank % mapping.world_size
+    rank = rank % mapping.rank_graphs
     check_files(root, manifest, [f"rank{rank}/graph.ir", f"rank{rank}/weights.safetensors"])
     graph = load_graph(root / f"rank{rank}")
     meta = graph.metadata.get("parallel") or {}
-    if mapping.world_size > 1 and (not isinstance(meta, dict) or meta.get("rank") != rank):
-        raise WorkerError(f"artifact {root}: rank{rank}/graph.ir is not rank {rank}'s graph")
+    stage, mp_rank = mapping.stage_of(rank)
+    if mapping.world_size > 1 and (not isinstance(meta, dict) or meta.get("rank") != mp_rank):
+        raise WorkerError(f"artifact {root}: rank{rank}/graph.ir is not rank {mp_rank}'s graph")
+    info = stage_info(graph.metadata)
+    if mapping.pp > 1 and (info is None or info.get("stage") != stage):
+        raise WorkerError(f"artifact {root}: rank{rank}/graph.ir is not stage {stage}'s graph")
     return manifest, graph
 
 
@@ -330,7 +336,7 @@ def _cut_index(shard: dict[str, Any]) -> tuple[list[int], tuple[np.ndarray, ...]
 
 
 def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float | None,
-                         group: Any = None) -> Any:
+                         group: Any = None, stages: Any = None) -> Any:
     """A Paddle gradient clip (AdamW's `grad_clip`) that makes the rank's gradients the whole
     model's and clips them by the global norm over the whole model.
 
@@ -338,13 +344,14 @@ def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float
     ranks' gradients (each reader contributes only its heads' part). The norm counts every
     element once: sharded slices summed over ranks, replicated params once, shared slices
     divided by how many ranks hold them (`data_parallel.GradientNorm`, over `group`: the
-    model-parallel group, None for the default one). `clip_norm` None: no clipping, the sums only.
+    model-parallel group, None for the default one; `stages`: the pipeline stages' group, whose
+    squared norms add up). `clip_norm` None: no clipping, the sums only.
     """
     from paddle.nn.clip import ClipGradBase
 
     from ernie_ir.runtime.data_parallel import GradientNorm, clip_scale
 
-    norm_of = GradientNorm(paddle, layer, graph, group)
+    norm_of = GradientNorm(paddle, layer, graph, group, stages)
 
     class TensorParallelClip(ClipGradBase):  # type: ignore[misc, name-defined]
         last_norm: float | None = None
@@ -420,6 +427,7 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
         split_run_keys,
         train_session,
         training_batches,
+        whole_graph,
     )
     from ernie_ir.runtime.vocab_parallel import keep_vocab_shards
 
@@ -433,20 +441,24 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     given = {k: v for k, v in (("lr", lr), ("seed", seed)) if v is not None}
     values, config_resume = split_run_keys(options or {})
     opts = resolve_options(recipe, {**values, **given})  # an absent flag keeps the file's value
-    world = artifact_mapping(manifest).world_size  # the model-parallel ranks
-    check_layout(opts, world)
+    mapping = artifact_mapping(manifest)
+    world = mapping.world_size  # the model-parallel ranks
+    graphs = mapping.rank_graphs  # pp x world: the rank graphs a replica runs
+    check_layout(opts, graphs, mapping.pp, mapping.micro_batches)
     refuse_qat_state(recipe, opts.dp)
-    dp_index, mp_rank = divmod(rank, world)
+    dp_index, index = divmod(rank, graphs)
+    mp_rank = index % world
     manifest, graph = load_rank_graph(root, rank, processes, dp=opts.dp)
     resume = config_resume if resume is None else resume
+    whole = graph if mapping.pp == 1 else whole_graph(root)  # what the batches are checked against
     if batches is None:
-        batches = training_batches(recipe, graph, data, options=opts)
+        batches = training_batches(recipe, whole, data, options=opts)
     if eval_batches is None and eval_data is not None:
-        eval_batches = training_batches(recipe, graph, eval_data, options=opts, what="eval_data")
+        eval_batches = training_batches(recipe, whole, eval_data, options=opts, what="eval_data")
     if opts.eval_steps is not None and eval_batches is None:
         raise WorkerError("--eval-steps needs evaluation data (--eval-data)")
-    fingerprint = artifact_fingerprint(manifest, world)
-    point = resume_point(root, resume, world=world, fingerprint=fingerprint, steps=steps,
+    fingerprint = artifact_fingerprint(manifest, graphs)
+    point = resume_point(root, resume, world=graphs, fingerprint=fingerprint, steps=steps,
                          options=opts.model_dump(), batches=batches)
     start = point.step if point is not None else 0
     # Each replica draws its own dropout; the ranks of one replica draw alike (replica 0: the seed).
@@ -460,11 +472,24 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     layer.track_state = True
     params = layer.trainable_parameters()
     if not params:
-        raise WorkerError(f"{root}: rank {mp_rank}'s graph has no trainable params")
+        where = f"rank {mp_rank}" if mapping.pp == 1 else f"stage {index // world} rank {mp_rank}"
+        raise WorkerError(f"{root}: {where}'s graph has no trainable params")
     init_process_group(rank, processes)
     clip = opts.clip()
     replica = None
-    if opts.dp > 1:
+    pipeline = None
+    if mapping.pp > 1:
+        from ernie_ir.runtime.pipeline_parallel import PipelineStage, pipeline_groups
+
+        groups = pipeline_groups(rank, mapping.pp, world)
+        if world > 1:
+            set_model_parallel_group(groups.mp)
+        grad_clip = tensor_parallel_clip(paddle, layer, graph, clip, group=groups.mp, stages=groups.ring)
+        optimizer = make_optimizer(paddle, params, opts, grad_clip)
+        pipeline = PipelineStage(paddle, layer, graph, groups,
+                                 micro_batches=opts.micro_batches or mapping.micro_batches,
+                                 kind=opts.pipeline_schedule, ignore_index=opts.ignore_index)
+    elif opts.dp > 1:
         mp_group, dp_group = new_groups(rank, opts.dp, world)
         set_model_parallel_group(mp_group)
         replica = Replica(opts.dp, dp_index, dp_group)
@@ -497,14 +522,14 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
     names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
     checkpoint = None
     if save:
-        base = trainer_state_base(steps=steps, world=world, fingerprint=fingerprint,
+        base = trainer_state_base(steps=steps, world=graphs, fingerprint=fingerprint,
                                   options=opts.model_dump(), batches=batches,
                                   resumed_from=None if point is None else point.name)
         run = CheckpointRun()
         expected = checkpoint_expected(manifest)
 
         def checkpoint(step: int, loss: float, eval_loss: float | None) -> Path | None:
-            out = save_rank_checkpoint(root, paddle, layer, optimizer, names, step, mp_rank, world, base=base,
+            out = save_rank_checkpoint(root, paddle, layer, optimizer, names, step, index, graphs, base=base,
                                        loss=loss, eval_loss=eval_loss, run=run, expected=expected,
                                        process=rank, processes=processes, sharded=opts.sharding is not None)
             if out is not None:
@@ -514,12 +539,12 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
             return out
 
     if point is not None:
-        restore_rank(paddle, layer, optimizer, point, names, mp_rank, world, process=rank)
+        restore_rank(paddle, layer, optimizer, point, names, index, graphs, process=rank)
     result = train_session(paddle, layer, optimizer, batches, steps, options=opts, start=start, report=report,
                            eval_batches=eval_batches, checkpoint=checkpoint,
                            on_eval=lambda step, loss: event({"event": EVENT_EVAL, "step": step,
                                                              "loss": loss}),
-                           replica=replica)
+                           replica=replica, pipeline=pipeline)
     if stats_file is not None:
         tmp = stats_file.with_name(f".{stats_file.name}.tmp")
         tmp.write_text(json.dumps(rank_stats(layer, optimizer, dp_index, mp_rank)), encoding="utf-8")
@@ -593,7 +618,8 @@ def merge_shards(name: str, pieces: list[tuple[np.ndarray, dict[str, Any] | None
 
 def _merge_ranks(root: Path, stage: Path, names: list[str], step: int, world: int) -> None:
     """params.safetensors in `stage`: every rank's staged params merged to global names and
-    shapes by the `shard` annotations of the rank graphs."""
+    shapes by the `shard` annotations of the rank graphs (`world`: all of them, every pipeline
+    stage's; a param is merged from the rank graphs that hold it)."""
     from safetensors.numpy import load_file, save_file
 
     from ernie_ir.ir.parser import parse_graph
@@ -607,10 +633,10 @@ def _merge_ranks(root: Path, stage: Path, names: list[str], step: int, world: in
     ranks = [load_file(str(stage / RANK_PARAMS.format(rank=r))) for r in range(world)]
     merged = {}
     for n in names:
-        if any(n not in t for t in ranks):
+        holders = [(t, a) for t, a in zip(ranks, annotations, strict=True) if n in a]  # pipeline: its stage
+        if not holders or any(n not in t for t, _ in holders):
             raise WorkerError(f"checkpoint: param {n} is missing from a rank's checkpoint")
-        merged[n] = np.ascontiguousarray(merge_shards(n, [(t[n], a.get(n)) for t, a in zip(ranks, annotations,
-                                                                                             strict=True)]))
+        merged[n] = np.ascontiguousarray(merge_shards(n, [(t[n], a.get(n)) for t, a in holders]))
     save_file(merged, str(stage / PARAMS), metadata={"format": FILE_FORMAT, "step": str(step),
                                                       "world_size": str(world), "layout": "global"})
 

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ernie_ir.ir import DType, ErnieIRError, Graph, Node, OpDef, Param, Value
-from ernie_ir.ir.mapping import SHARD
+from ernie_ir.ir.mapping import SHARD, stage_info
 from ernie_ir.ops.cuda_layout import pack, packable, unpack
 from ernie_ir.ops.quant_numerics import FP8_MAX
 from ernie_ir.ops.rope import rope_angles
@@ -338,8 +338,13 @@ RANK_OPS = frozenset({"vocab_parallel_embedding", "moe_local_experts", "reduce_s
 def rank_varying(graph: Graph) -> set[int]:
     """ids of the values of a rank graph that differ between ranks: read from a sharded param
     (`shard` annotation), produced by a rank-dependent op, or computed from such a value;
-    collectives make their outputs replicated again."""
+    collectives make their outputs replicated again. A pipeline stage's inputs are as the
+    whole rank graph had them (`rank_varying_inputs` of its pipeline metadata)."""
     varying: set[int] = set()
+    info = stage_info(graph.metadata)
+    if info is not None:
+        named = set(info.get("rank_varying_inputs", []))
+        varying.update(id(v) for v in graph.inputs if v.name in named)
     for node in graph:
         if node.op in COLLECTIVE_OPS:
             continue

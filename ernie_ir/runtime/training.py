@@ -246,6 +246,22 @@ class TrainOptions(BaseModel):
                                                                     "use_sparse_head_and_loss_fn"))
     """Tensor parallel: the cross-entropy on each rank's vocabulary shard of the logits, never
     gathered (runtime/vocab_parallel.py); False: the logits all-gathered, the loss on them whole."""
+    micro_batches: int | None = Field(None, ge=1, le=65536,
+                                      validation_alias=_alias("micro_batches", "accumulate_steps"))
+    """Pipeline parallel: micro-batches each batch is cut into (None: the artifact's, from
+    compile --micro-batches); it must divide batch_size."""
+    pipeline_schedule: Literal["1f1b", "gpipe"] = Field(
+        "1f1b", validation_alias=_alias("pipeline_schedule", "schedule_mode"))
+    """Pipeline parallel: 1f1b (fleet's 1F1B) or gpipe (fleet's FThenB: every forward, then
+    every backward)."""
+
+    @field_validator("pipeline_schedule", mode="before")
+    @classmethod
+    def _schedule_name(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            name = value.strip().lower()
+            return "gpipe" if name == "fthenb" else name
+        return value
 
     @field_validator("sharding", mode="before")
     @classmethod
@@ -329,10 +345,23 @@ def resolve_options(recipe: dict[str, Any], overrides: dict[str, Any] | None = N
         raise ErnieIRError(f"{where}: {msg}, got {shown!r}" if field else f"{where}: {msg}") from None
 
 
-def check_layout(options: TrainOptions, world: int) -> int:
-    """The processes a run of `options` on an artifact of `world` model-parallel ranks starts
-    (dp x world); ErnieIRError, one line, for sharding without dp > 1, a batch size dp does
-    not divide and more processes than a launch starts."""
+def check_layout(options: TrainOptions, world: int, pp: int = 1, micro_batches: int = 1) -> int:
+    """The processes a run of `options` on an artifact of `world` rank graphs (`pp` pipeline
+    stages of world / pp model-parallel ranks; `micro_batches`: the artifact's default) starts
+    (dp x world); ErnieIRError, one line,
+    for sharding without dp > 1, a batch size dp does not divide, more processes than a
+    launch starts, and micro-batches without a pipeline, with dp, or not dividing the batch."""
+    if pp == 1 and options.micro_batches not in (None, 1):
+        raise ErnieIRError(f"--micro-batches {options.micro_batches} cuts batches for a pipeline, and this "
+                           "artifact has none: compile it with --pp N (or drop --micro-batches)")
+    if pp > 1:
+        if options.dp > 1:
+            raise ErnieIRError(f"--dp {options.dp} with {pp} pipeline stages: data parallelism of a "
+                               "pipelined artifact is not built; use --dp 1, or compile without --pp for "
+                               "--dp")
+        from .pipeline_parallel import check_micro_batches
+
+        check_micro_batches(options.batch_size, options.micro_batches or micro_batches)
     check_data_parallel(options.dp, options.sharding, world)
     if options.batch_size % options.dp:
         raise ErnieIRError(f"--batch-size {options.batch_size} does not split into --dp {options.dp} "
@@ -418,15 +447,16 @@ def target_tokens(labels: np.ndarray, ignore_index: int = IGNORE) -> int:
 
 
 def read_training_artifact(root: Path) -> tuple[dict[str, Any], dict[str, Any], int]:
-    """(manifest, recipe, world size) of a training artifact, every rank's files and the recipe
-    checked against the manifest's sha256 (ErnieIRError naming the first problem)."""
+    """(manifest, recipe, rank graphs: pp x world size) of a training artifact, every rank's
+    files and the recipe checked against the manifest's sha256 (ErnieIRError naming the first
+    problem)."""
     from ernie_ir.artifacts import artifact_mapping, check_files, read_manifest
 
     manifest = read_manifest(root)
     if manifest.get("mode") != "training" or not (root / RECIPE).is_file():
         raise ErnieIRError(f"{root} is not a training artifact: compile it with --mode training "
                            "(and --lora-rank R or --quant qat-int8)")
-    world = artifact_mapping(manifest).world_size
+    world = artifact_mapping(manifest).rank_graphs  # pp x the model-parallel ranks
     names = [f"rank{r}/{f}" for r in range(world) for f in ("graph.ir", "weights.safetensors")]
     check_files(root, manifest, [*names, RECIPE.as_posix()])
     try:
@@ -437,6 +467,14 @@ def read_training_artifact(root: Path) -> tuple[dict[str, Any], dict[str, Any], 
         raise ErnieIRError(f"{root / RECIPE} is not a training recipe (a JSON object): the artifact is "
                            "corrupt")
     return manifest, recipe, world
+
+
+def whole_graph(root: Path) -> Any:
+    """The artifact's unsplit graph (graph.ir, no weights read): what a pipelined artifact's
+    batches are checked against (vocabulary, positions), its stages holding parts of it."""
+    from ernie_ir.ir.parser import parse_graph
+
+    return parse_graph((root / "graph.ir").read_text(encoding="utf-8"), source=f"{root}/graph.ir")
 
 
 Data = Path | list[tuple[list[int], list[int]]] | None
@@ -485,7 +523,8 @@ def make_optimizer(paddle: Any, params: list[Any], options: TrainOptions, grad_c
 def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.ndarray, np.ndarray]],
               steps: int, on_step: Callable[[int, float], Any] | None = None, *,
               options: TrainOptions | None = None, start: int = 0,
-              after_step: Callable[[int, float], Any] | None = None, replica: Any = None) -> list[float]:
+              after_step: Callable[[int, float], Any] | None = None, replica: Any = None,
+              pipeline: Any = None) -> list[float]:
     """Optimizer steps start+1 .. `steps` over `batches` (cycled, `grad_accum` batches a step,
     step k taking batches k x grad_accum ..., learning rate by the schedule of `steps` steps);
     the loss of each step, the mean over the step's real target tokens. `on_step(step, loss)`,
@@ -493,7 +532,8 @@ def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.nd
     The one training loop of every rank count: one process here, or each paddle.distributed rank.
     `replica` (a data_parallel.Replica): this process takes its replica's rows of each batch
     (none: it skips the forward) and the loss is summed over the replicas; the count of real
-    target tokens is always the whole batch's."""
+    target tokens is always the whole batch's. `pipeline` (a pipeline_parallel.PipelineStage):
+    each batch runs through the pipeline's schedule, its loss broadcast to every stage."""
     opts = options if options is not None else TrainOptions()
     losses: list[float] = []
     for step in range(start, steps):
@@ -502,6 +542,9 @@ def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.nd
         optimizer.set_lr(opts.lr_at(step, steps))
         total = 0.0
         for ids, labels in micro:
+            if pipeline is not None:
+                total += pipeline.run(ids, labels, train=True, count=count)[0]
+                continue
             if replica is not None:
                 part = replica.rows(ids, labels)
                 if part is None:
@@ -529,7 +572,7 @@ def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.nd
 
 
 def evaluate(paddle: Any, layer: Any, batches: list[tuple[np.ndarray, np.ndarray]],
-             ignore_index: int = IGNORE) -> float:
+             ignore_index: int = IGNORE, pipeline: Any = None) -> float:
     """The mean next-token loss over every real target token of `batches`: no gradients, the
     Layer in eval mode (dropout off), QAT state not committed; the Layer's mode is restored.
     On several ranks every rank calls it (the forward's collectives pair up)."""
@@ -540,6 +583,10 @@ def evaluate(paddle: Any, layer: Any, batches: list[tuple[np.ndarray, np.ndarray
     try:
         with paddle.no_grad():
             for ids, labels in batches:
+                if pipeline is not None:
+                    total += pipeline.run(ids, labels)[0]
+                    count += target_tokens(labels, ignore_index)
+                    continue
                 loss_sum, n = token_loss_sum(paddle, layer, ids, labels, ignore_index)
                 total += float(loss_sum.numpy())
                 count += n
@@ -556,7 +603,7 @@ def train_session(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[n
                   eval_batches: list[tuple[np.ndarray, np.ndarray]] | None = None,
                   on_eval: Callable[[int, float], Any] | None = None,
                   checkpoint: Callable[[int, float, float | None], Path | None] | None = None,
-                  replica: Any = None) -> TrainResult:
+                  replica: Any = None, pipeline: Any = None) -> TrainResult:
     """`run_steps` from step `start` with the evaluation loss (`evaluate`, over `eval_batches`)
     every options.eval_steps steps and at the end, reported to `on_eval(step, loss)`, then
     `checkpoint(step, loss, eval_loss)` every options.save_steps steps and at the end (it returns
@@ -572,7 +619,7 @@ def train_session(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[n
     def after(step: int, loss: float) -> None:
         eval_loss = None
         if eval_batches is not None and due(options.eval_steps, step):
-            eval_loss = evaluate(paddle, layer, eval_batches, options.ignore_index)
+            eval_loss = evaluate(paddle, layer, eval_batches, options.ignore_index, pipeline)
             evals.append((step, eval_loss))
             if on_eval is not None:
                 on_eval(step, eval_loss)
@@ -582,7 +629,7 @@ def train_session(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[n
                 saved.append(path)
 
     losses = run_steps(paddle, layer, optimizer, batches, steps, report, options=options, start=start,
-                       after_step=after, replica=replica)
+                       after_step=after, replica=replica, pipeline=pipeline)
     return TrainResult(losses, evals, [p for p in saved if p.exists()], start + 1)
 
 
@@ -602,16 +649,23 @@ def token_loss_sum(paddle: Any, layer: Any, ids: np.ndarray, labels: np.ndarray,
     rank graph that keeps its vocabulary shard of the logits, runtime/vocab_parallel.py): the
     vocabulary-parallel cross-entropy over the shards, the same loss on every rank."""
     logits = layer(paddle.to_tensor(ids))
+    return logits_loss_sum(paddle, logits, labels, ignore_index, getattr(layer, "vocab_shard", None),
+                           getattr(layer, "world_size", 1))
+
+
+def logits_loss_sum(paddle: Any, logits: Any, labels: np.ndarray, ignore_index: int = IGNORE,
+                    shard: Any = None, world: int = 1) -> tuple[Any, int]:
+    """`token_loss_sum` of given logits [B, S, V] (a pipeline's last stage computes them);
+    `shard`: the vocabulary shard they hold (vocab_parallel.keep_vocab_shards), over `world` ranks."""
     v = logits.shape[-1]
     target = labels[:, 1:].reshape(-1)
     keep = target != ignore_index
-    shard = getattr(layer, "vocab_shard", None)
     if shard is not None:
         from ernie_ir.runtime.vocab_parallel import vocab_parallel_cross_entropy
 
         per_token = vocab_parallel_cross_entropy(
             logits[:, :-1].reshape([-1, v]), paddle.to_tensor(target.astype(np.int64)), shard.start,
-            ignore_index=ignore_index, world=layer.world_size)
+            ignore_index=ignore_index, world=world)
         return paddle.sum(per_token), int(keep.sum())
     per_token = paddle.nn.functional.cross_entropy(
         logits[:, :-1].reshape([-1, v]), paddle.to_tensor(np.where(keep, target, 0)), reduction="none")
@@ -705,7 +759,10 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
         raise ErnieIRError("--eval-steps needs evaluation data (eval_data or eval_sequences)")
     if not save and (opts.save_steps is not None or opts.save_total_limit is not None):
         raise ErnieIRError("--save-steps and --save-total-limit need checkpoints: train with save=True")
-    processes = check_layout(opts, world)
+    from ernie_ir.artifacts import artifact_mapping
+
+    mapping = artifact_mapping(manifest)
+    processes = check_layout(opts, world, mapping.pp, mapping.micro_batches)
     from .data_parallel import refuse_qat_state
 
     refuse_qat_state(recipe, opts.dp)
@@ -714,7 +771,7 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
 
     from .paddle_layer import build_layer
 
-    graph = load_graph(root / "rank0")
+    graph = load_graph(root / "rank0") if mapping.pp == 1 else whole_graph(root)
     batches = training_batches(recipe, graph, data, options=opts)  # bad data fails before any process
     evals = None
     if evaluation is not None:

@@ -245,8 +245,9 @@ def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: Hardwar
     with artifact_lock(dest, parents=True), _temp_folder(dest, out) as tmp:
         rank_graphs = list(ranks) if ranks else [graph]
         layout = mapping if mapping is not None else Mapping.create()
-        if len(rank_graphs) != layout.world_size:
-            raise ArtifactError(f"{len(rank_graphs)} rank graphs for a world of {layout.world_size}")
+        if len(rank_graphs) != layout.rank_graphs:
+            raise ArtifactError(f"{len(rank_graphs)} rank graphs for a world of {layout.world_size} x "
+                                f"{layout.pp} stage(s)")
         (tmp / "graph.ir").write_text(print_graph(graph), encoding="utf-8")
         total = sum(1 for g in rank_graphs for p in g.params.values() if p.source is not None)
         written = 0

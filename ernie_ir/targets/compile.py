@@ -21,6 +21,7 @@ from ernie_ir.passes import Pass, PassContext, PassInstrument
 from ernie_ir.passes.infra.base import graph_properties
 from ernie_ir.passes.infra.manager import run_pipeline_ranks
 from ernie_ir.passes.infra.pipeline import Pipeline, describe_restriction, load_pipeline
+from ernie_ir.passes.parallel.pipeline_stages import pipeline_ranks
 from ernie_ir.passes.parallel.split import mapping_for
 from ernie_ir.passes.quant.cli_flags import NO_QUANT, QuantFlagError, adapter_folder, pipeline_for
 from ernie_ir.passes.quant.config import resolve_quant_name
@@ -226,6 +227,25 @@ def check_compile_dp(mode: str, dp: int, sharding: str | None, world: int = 1) -
     check_data_parallel(dp, sharding, world)
 
 
+def check_compile_pp(pp: int, micro_batches: int | None, dp: int, emit: str | Sequence[str] | None) -> None:
+    """Refuse, in one line, a pipeline layout compile cannot write (before any pass runs; the
+    model's own limits, such as fewer layers than stages, are checked when it is cut)."""
+    if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
+        raise TargetError(f"--pp {pp}: the number of pipeline stages must be an integer >= 1")
+    if micro_batches is not None and micro_batches < 1:
+        raise TargetError(f"--micro-batches {micro_batches}: give an integer >= 1")
+    if pp == 1 and micro_batches not in (None, 1):
+        raise TargetError(f"--micro-batches {micro_batches} cuts each batch for a pipeline's schedule: it "
+                          "needs --pp 2 or more")
+    if pp > 1 and dp > 1:
+        raise TargetError(f"--pp {pp} with --dp {dp}: data parallelism of a pipelined model is not built; "
+                          "drop one of them")
+    chosen = parse_emit(emit) or ()
+    if pp > 1 and "fastdeploy" in chosen:
+        raise TargetError(f"--emit fastdeploy with --pp {pp}: a FastDeploy checkpoint is tensor-parallel "
+                          "only; drop --pp (serve with --tp) or drop fastdeploy from --emit")
+
+
 def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_text: str,
                      pipeline: str | None = None, tp: int = 1, ep: int = 1,
                      sp: bool = False) -> tuple[Pipeline, Mapping]:
@@ -291,7 +311,8 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
                   emit: str | Sequence[str] | None = None, disabled_passes: Sequence[str] = (),
                   stop_after: str | int | None = None, kv_cache_dtype: str | None = None,
                   checkpoint: str | None = None, merge_lora: bool = False,
-                  calib_data: str | Path | None = None, sp: bool = False) -> CompileReport:
+                  calib_data: str | Path | None = None, sp: bool = False, pp: int = 1,
+                  micro_batches: int | None = None) -> CompileReport:
     """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
@@ -326,23 +347,30 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     `dp` / `sharding` (training only): data-parallel replicas of the tp x ep world and ZeRO
     stage1/stage2 over them; no rank graph more (replicas share them), recorded in the
     manifest's mapping and the launch recipe (dp x world processes). docs/parallel.md.
+    `pp` > 1: pipeline parallelism: every rank graph cut into `pp` stages at decoder-layer
+    boundaries balanced by weight bytes (passes/parallel/pipeline_stages.py), pp x world rank
+    graphs run by paddle.distributed (`run`/`train`); `micro_batches`: the schedule's default
+    cut of each batch (training: it must divide the batch size).
     """
     tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
     if sp and tp < 2:
         raise TargetError(f"--sp (sequence parallelism) shards the tokens over the tensor-parallel ranks: "
                           f"it needs --tp 2 or more, got --tp {tp}")
     check_compile_dp(mode, dp, sharding, max(tp, ep))
+    check_compile_pp(pp, micro_batches, dp, emit)
     if kv_cache_dtype is not None:
         kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype, mode)
     chosen = parse_emit(emit)
     emit_names = chosen if chosen is not None else default_emit(tgt, mode)
+    if pp > 1 and chosen is None:  # a FastDeploy checkpoint is tensor-parallel only
+        emit_names = tuple(n for n in emit_names if n != "fastdeploy")
     if onnx_numerics is not None:
         check_onnx_numerics(onnx_numerics)
         if "onnx" not in emit_names:
             raise TargetError(f"--onnx-numerics {onnx_numerics} applies to the ONNX model, which this "
                               f"compile does not write: add onnx to --emit (e.g. --emit "
                               f"{','.join((*emit_names, 'onnx'))})")
-    check_emit(emit_names, tgt, mode, max(tp, ep))
+    check_emit(emit_names, tgt, mode, max(tp, ep) * pp)
     dest = check_out(out if out is not None else default_out(model, tgt.name, quant), force)
     quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter,
                               merge_lora, Path(calib_data) if calib_data is not None else None)
@@ -393,6 +421,11 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
             stopped=stopped)
     if len(ranks) != mapping.world_size:
         mapping = Mapping.create()  # the split left one rank (tp = ep = 1)
+    if pp > 1:
+        from ernie_ir.runtime.paddle_layer import rank_varying
+
+        ranks, bounds = pipeline_ranks(ranks, pp, rank_varying)
+        mapping = mapping.with_pipeline(bounds, micro_batches or 1)
     if dp > 1:
         mapping = mapping.with_data_parallel(dp, sharding)
     first = ranks[0]

@@ -1,0 +1,281 @@
+"""Pipeline parallelism on paddle.distributed: one process's stage of a pipelined artifact.
+
+Process g of `pp x world` runs rank graph g: stage `g // world` of model-parallel rank
+`g % world` (ernie_ir.ir.mapping). `pipeline_groups` makes the groups: the tensor-parallel group
+of each stage (the stage graph's collectives), one 2-rank group per pipeline edge and
+model-parallel rank (Paddle's gloo p2p tags count per group, so each edge gets its own), and the
+group of each model-parallel rank's stages (the loss and the gradient norm).
+
+`PipelineStage.run` executes one batch under a schedule (ernie_ir.runtime.pipeline_schedule):
+the batch's rows cut into micro-batches; forwards on the stage's Paddle Layer; activations sent
+to the next stage and gradients of the received activations sent back, each tensor preceded by
+a small header (dtype and shape: a stage cannot know the next one's symbolic shapes); the loss
+(the same token-sum cross-entropy as one rank, vocabulary-parallel when the Layer keeps its
+shard) on the last stage, scaled by the step's target-token count so that the accumulated
+gradients are the one-rank step's; the step's loss sum broadcast from the last stage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.ir.mapping import stage_info
+from ernie_ir.runtime.pipeline_schedule import Op, Schedule, schedule
+
+_DTYPES = ("float32", "int64", "int32", "float64", "int8", "uint8")
+_HEADER = 10  # dtype code, rank, up to 8 dims
+
+
+class PipelineError(ErnieIRError):
+    """A pipelined run that cannot proceed (bad micro-batch count, a graph that is not a stage)."""
+
+
+@dataclass
+class PipelineGroups:
+    """This process's place in the pipeline and the groups its calls use."""
+
+    stage: int
+    stages: int
+    mp_rank: int
+    world: int
+    mp: Any = None
+    """The stage's tensor-parallel group (None: one rank)."""
+    prev: Any = None
+    """The edge group to the previous stage (None on the first)."""
+    next: Any = None
+    """The edge group to the next stage (None on the last)."""
+    ring: Any = None
+    """This model-parallel rank's stages (the loss broadcast, the gradient norm's sum)."""
+
+    def process(self, stage: int) -> int:
+        """The global rank of `stage`'s process at this model-parallel rank."""
+        return stage * self.world + self.mp_rank
+
+
+def pipeline_groups(process: int, stages: int, world: int) -> PipelineGroups:
+    """The groups of process `process` (every process creates every group in the same order,
+    each followed by a barrier, as data_parallel.new_groups does for the same gloo reason)."""
+    import paddle.distributed as dist
+
+    stage, mp_rank = divmod(process, world)
+    out = PipelineGroups(stage, stages, mp_rank, world)
+    wanted: list[tuple[str, int, list[int]]] = []
+    if world > 1:
+        wanted += [("mp", s, list(range(s * world, (s + 1) * world))) for s in range(stages)]
+    wanted += [("edge", s, [s * world + q, (s + 1) * world + q])
+               for s in range(stages - 1) for q in range(world)]
+    if stages > 2:
+        wanted += [("ring", q, [s * world + q for s in range(stages)]) for q in range(world)]
+    for kind, s, ranks in wanted:
+        group = dist.new_group(ranks)
+        dist.barrier()
+        if process not in ranks:
+            continue
+        if kind == "mp":
+            out.mp = group
+        elif kind == "ring":
+            out.ring = group
+        elif s == stage:
+            out.next = group
+        else:
+            out.prev = group
+    if stages == 2:
+        out.ring = out.next if stage == 0 else out.prev
+    return out
+
+
+def check_micro_batches(rows: int, micro_batches: int) -> int:
+    """Rows per micro-batch; PipelineError (one line) unless `micro_batches` divides `rows` (a
+    batch size; a data file's short final batch is cut into as even micro-batches as it allows)."""
+    if micro_batches < 1 or rows % micro_batches:
+        ok = [d for d in range(1, rows + 1) if rows % d == 0]
+        raise PipelineError(f"--micro-batches {micro_batches} does not divide the batch of {rows} row(s): "
+                            f"use one of {ok} (or change --batch-size)")
+    return rows // micro_batches
+
+
+@dataclass
+class StepTiming:
+    """Wall-clock seconds of the last `run`: the whole schedule and the stage's own compute."""
+
+    total_s: float = 0.0
+    compute_s: float = 0.0
+    peak_in_flight: int = 0
+
+    @property
+    def idle_fraction(self) -> float:
+        return 0.0 if self.total_s <= 0 else max(0.0, 1.0 - self.compute_s / self.total_s)
+
+
+@dataclass
+class PipelineStage:
+    """One stage's Layer and how to run a batch through the pipeline."""
+
+    paddle: Any
+    layer: Any
+    graph: Graph
+    groups: PipelineGroups
+    micro_batches: int
+    kind: Schedule = "1f1b"
+    ignore_index: int = -100
+    timing: StepTiming = field(default_factory=StepTiming)
+
+    def __post_init__(self) -> None:
+        info = stage_info(self.graph.metadata)
+        if info is None or int(info["stage"]) != self.groups.stage or int(info["pp"]) != self.groups.stages:
+            raise PipelineError(f"{self.graph.name}: not stage {self.groups.stage} of {self.groups.stages}: "
+                                "recompile the artifact with --pp")
+        self.inputs = [v.name for v in self.graph.inputs]
+        self.needs_grad = set(info.get("needs_grad", []))
+        self.outputs_need_grad = list(info.get("outputs_need_grad", []))
+        self.first = self.groups.stage == 0
+        self.last = self.groups.stage == self.groups.stages - 1
+
+    # -- p2p ----------------------------------------------------------------------------------
+
+    def _send(self, tensors: list[Any], stage: int, group: Any) -> None:
+        import paddle.distributed as dist
+
+        paddle = self.paddle
+        for t in tensors:
+            t = t.detach()
+            dtype = str(t.dtype).replace("paddle.", "")
+            if dtype not in _DTYPES:
+                t, dtype = paddle.cast(t, "float32"), "float32"
+            header = np.zeros(_HEADER, np.int64)
+            header[0], header[1] = _DTYPES.index(dtype), len(t.shape)
+            header[2:2 + len(t.shape)] = t.shape
+            dist.send(paddle.to_tensor(header), dst=self.groups.process(stage), group=group)
+            dist.send(t.contiguous(), dst=self.groups.process(stage), group=group)
+
+    def _recv(self, n: int, stage: int, group: Any) -> list[Any]:
+        import paddle.distributed as dist
+
+        paddle = self.paddle
+        out = []
+        for _ in range(n):
+            header = paddle.zeros([_HEADER], "int64")
+            dist.recv(header, src=self.groups.process(stage), group=group)
+            h = header.numpy()
+            t = paddle.empty([int(d) for d in h[2:2 + int(h[1])]], dtype=_DTYPES[int(h[0])])
+            dist.recv(t, src=self.groups.process(stage), group=group)
+            out.append(t)
+        return out
+
+    # -- one batch ----------------------------------------------------------------------------
+
+    def run(self, ids: np.ndarray, labels: np.ndarray | None = None, *, train: bool = False,
+            count: int = 1, logits: bool = False) -> tuple[float, np.ndarray | None]:
+        """One batch through the pipeline: (the batch's summed token loss on every stage (0.0
+        without `labels`), the logits on the last stage with `logits`, else None). `train`: the
+        backward too (1F1B or GPipe), the gradients accumulated into the params, the loss
+        scaled by 1 / `count` (the step's target tokens)."""
+        paddle = self.paddle
+        m = min(self.micro_batches, len(ids))  # a short final batch: fewer, and uneven, micro-batches
+        cuts = [len(part) for part in np.array_split(np.arange(len(ids)), m)]
+        rows = [sum(cuts[:i]) for i in range(m + 1)]
+        kind: Schedule = self.kind if train else "forward"
+        edges = tuple(bool(x) for x in self._grad_edges()) if train else None
+        program = schedule(kind, self.groups.stages, m, edges)[self.groups.stage]
+        acts: dict[int, tuple[list[Any], list[Any]]] = {}
+        grads: dict[int, list[Any]] = {}
+        received: dict[int, list[Any]] = {}
+        total = 0.0
+        pieces: list[np.ndarray] = []
+        timing = StepTiming()
+        start = time.perf_counter()
+        for op in program:
+            if op.kind in ("F", "B"):
+                t0 = time.perf_counter()
+                if op.kind == "F":
+                    total += self._forward(op, ids, labels, rows, received, acts, pieces, count, train,
+                                           logits)
+                else:
+                    self._backward(op, acts, grads)
+                timing.compute_s += time.perf_counter() - t0
+                timing.peak_in_flight = max(timing.peak_in_flight, len(acts))
+            elif op.kind == "recv_act":
+                received[op.mb] = self._recv(len(self.inputs), op.peer(self.groups.stage), self.groups.prev)
+            elif op.kind == "send_act":
+                self._send(acts[op.mb][1], op.peer(self.groups.stage), self.groups.next)
+                if not train:
+                    acts.pop(op.mb)
+            elif op.kind == "recv_grad":
+                grads[op.mb] = self._recv(len(self.outputs_need_grad), op.peer(self.groups.stage),
+                                          self.groups.next)
+            else:  # send_grad
+                inputs = acts.pop(op.mb)[0]
+                back = [x.grad if x.grad is not None else paddle.zeros_like(x)
+                        for x, name in zip(inputs, self.inputs, strict=True) if name in self.needs_grad]
+                self._send(back, op.peer(self.groups.stage), self.groups.prev)
+        if train:
+            acts.clear()
+        timing.total_s = time.perf_counter() - start
+        self.timing = timing
+        total = self._broadcast_loss(total) if labels is not None else 0.0
+        out = np.concatenate(pieces, axis=0) if pieces else None
+        return total, out
+
+    def _grad_edges(self) -> list[bool]:
+        """Whether gradients cross each edge: this stage knows its own two; the ring agrees on the
+        rest through the metadata every stage graph carries (the cut is the same for all)."""
+        info = stage_info(self.graph.metadata) or {}
+        return list(info.get("grad_edges", [True] * (self.groups.stages - 1)))
+
+    def _forward(self, op: Op, ids: np.ndarray, labels: np.ndarray | None, rows: list[int],
+                 received: dict[int, list[Any]], acts: dict[int, tuple[list[Any], list[Any]]],
+                 pieces: list[np.ndarray], count: int, train: bool, logits: bool) -> float:
+        paddle = self.paddle
+        lo, hi = rows[op.mb], rows[op.mb + 1]
+        if self.first:
+            inputs = [paddle.to_tensor(ids[lo:hi])]
+        else:
+            inputs = received.pop(op.mb)
+            for x, name in zip(inputs, self.inputs, strict=True):
+                x.stop_gradient = not (train and name in self.needs_grad)
+        out = self.layer(*inputs)
+        outs = list(out) if isinstance(out, tuple) else [out]
+        if not self.last:
+            acts[op.mb] = (inputs, outs)
+            return 0.0
+        value = 0.0
+        if labels is not None:
+            from ernie_ir.runtime.training import logits_loss_sum
+
+            loss_sum, _ = logits_loss_sum(paddle, outs[0], labels[lo:hi], self.ignore_index,
+                                          getattr(self.layer, "vocab_shard", None), self.layer.world_size)
+            value = float(loss_sum.numpy())
+            if train:
+                acts[op.mb] = (inputs, [loss_sum / max(count, 1)])
+        if logits:
+            pieces.append(np.asarray(outs[0].numpy()))
+        return value
+
+    def _backward(self, op: Op, acts: dict[int, tuple[list[Any], list[Any]]],
+                  grads: dict[int, list[Any]]) -> None:
+        paddle = self.paddle
+        inputs, outs = acts[op.mb]
+        if self.last:
+            outs[0].backward()
+        else:
+            chosen = [o for o, name in zip(outs, self._output_names(), strict=True)
+                      if name in self.outputs_need_grad]
+            if chosen:
+                paddle.autograd.backward(chosen, grads.pop(op.mb))
+        acts[op.mb] = (inputs, [])  # the outputs' graph is freed; the inputs' grads are still to send
+
+    def _output_names(self) -> list[str]:
+        return list(self.graph.output_names)
+
+    def _broadcast_loss(self, value: float) -> float:
+        """The last stage's loss sum on every stage of this model-parallel rank."""
+        import paddle.distributed as dist
+
+        t = self.paddle.to_tensor([value], dtype="float64")
+        dist.broadcast(t, src=self.groups.process(self.groups.stages - 1), group=self.groups.ring)
+        return float(t.numpy()[0])
