@@ -211,7 +211,7 @@ def load_trained(path: str | Path, checkpoint: str | None = None) -> Graph:
                            "checkpoints; compile its source model instead")
     require_weights(root, manifest)
     ckpt = resolve_checkpoint(root, manifest, checkpoint)
-    world = artifact_mapping(manifest).world_size
+    world = artifact_mapping(manifest).rank_graphs  # every pipeline stage's too
     ranks = [load_graph(root / f"rank{r}") for r in range(world)]
     for g in ranks:
         lowered = next((p for p in g.params.values() if any(k in p.annotations for k in LOWERED_LAYOUT_KEYS)),

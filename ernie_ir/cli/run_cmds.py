@@ -374,6 +374,12 @@ def train(
         "--eval-steps", help="Evaluate the loss on the evaluation data every N steps too.")] = None,
     dp: DpOpt = None,
     sharding: ShardingOpt = None,
+    micro_batches: Annotated[int | None, typer.Option(
+        "--micro-batches", help="A pipelined artifact (--pp): micro-batches each batch is cut into (must "
+        "divide --batch-size; default: the artifact's).")] = None,
+    pipeline_schedule: Annotated[str | None, typer.Option(
+        "--pipeline-schedule", help="A pipelined artifact: 1f1b (default) or gpipe (every forward, then "
+        "every backward).")] = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue from the artifact's newest checkpoint (optimizer, RNG, data position); "
         "--steps is the run's total.")] = False,
@@ -410,7 +416,8 @@ def train(
              "weight_decay": weight_decay, "beta1": beta1, "beta2": beta2, "eps": eps,
              "warmup_steps": warmup_steps, "schedule": schedule, "seed": seed, "pad_id": pad_id,
              "ignore_index": ignore_index, "save_steps": save_steps, "save_total_limit": save_total_limit,
-             "eval_steps": eval_steps, "dp": dp, "sharding": sharding}
+             "eval_steps": eval_steps, "dp": dp, "sharding": sharding, "micro_batches": micro_batches,
+             "pipeline_schedule": pipeline_schedule}
     given, config_resume = split_run_keys(read_config(config) if config is not None else {})
     options = {**given, **{k: v for k, v in flags.items() if v is not None}}
     resolve_options({}, options)  # a bad value is refused before the artifact is read
@@ -423,8 +430,11 @@ def train(
     if nodes is not None:
         from ernie_ir.runtime.training import check_layout, read_training_artifact
 
-        _, recipe, world = read_training_artifact(artifact)
-        processes = check_layout(resolve_options(recipe, options), world)
+        from ernie_ir.artifacts import artifact_mapping
+
+        manifest, recipe, world = read_training_artifact(artifact)
+        mapping = artifact_mapping(manifest)
+        processes = check_layout(resolve_options(recipe, options), world, mapping.pp, mapping.micro_batches)
         if processes == 1:
             raise ErnieIRError(f"--nnodes {nodes.nnodes}: this run is one process (one rank, dp 1): a "
                                "multi-node launch trains a multi-rank artifact or --dp > 1")

@@ -237,6 +237,10 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
     if manifest.get("mode") != "inference":
         raise DecodeError(f"artifact {root} was compiled for {manifest.get('mode')}; generating needs an "
                           "inference artifact: compile with --mode inference")
+    if artifact_mapping(manifest).pp > 1:
+        raise DecodeError(f"artifact {root} is pipelined (--pp {artifact_mapping(manifest).pp}): its stages "
+                          "have no KV-cache decoder, so it cannot generate or be evaluated; `ernie-ir run` "
+                          "computes its logits, or compile it without --pp (--tp for the same devices)")
     dtype = kv_cache_dtype or manifest.get("kv_cache_dtype")
     tokenizer = manifest.get("tokenizer")
     folder = root / tokenizer if isinstance(tokenizer, str) else None

@@ -42,6 +42,7 @@ from ernie_ir.ir.storage import GRAPH_FILE, load_graph
 from ernie_ir.load import load_input
 from ernie_ir.passes.infra.manager import run_pipeline, run_pipeline_ranks
 from ernie_ir.passes.infra.pipeline import Pipeline, load_pipeline
+from ernie_ir.passes.parallel.pipeline_stages import min_max_partition
 from ernie_ir.passes.parallel.split import SplitError
 from ernie_ir.passes.quant.cli_flags import NO_QUANT, pipeline_for
 from ernie_ir.passes.quant.config import resolve_quant_name
@@ -710,6 +711,9 @@ def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: 
         raise PlanError(f"{model} was compiled for --target {manifest.get('target')}, not {target}: "
                         f"drop --target or give --target {manifest.get('target')}")
     mapping = artifact_mapping(manifest)
+    if mapping.pp > 1:
+        raise PlanError(f"{model} is pipelined (--pp {mapping.pp}): plan its source model with the same "
+                        f"--tp/--ep/--sp and --pp {mapping.pp} (the planner cuts and weighs the stages itself)")
     if manifest.get("mode") != opts.mode:
         raise PlanError(f"{model} is a {manifest.get('mode')} artifact: plan it with --mode "
                         f"{manifest.get('mode')} (or plan its source model)")
@@ -923,22 +927,7 @@ def _partition(g: Graph, trainable: set[str], opts: _Options, tp: int,
             c += static.get("<post>", 0) + k * acts.get("<post>", 0)
         return c
 
-    big = 1 << 126
-    best = [[big] * (n + 1) for _ in range(pp + 1)]
-    cut = [[0] * (n + 1) for _ in range(pp + 1)]
-    best[0][0] = 0
-    for st in range(pp):
-        for j in range(st + 1, n - (pp - st - 1) + 1):
-            for i in range(st, j):
-                if best[st][i] == big:
-                    continue
-                v = max(best[st][i], cost(st, i, j))
-                if v < best[st + 1][j]:
-                    best[st + 1][j], cut[st + 1][j] = v, i
-    bounds = [n]
-    for st in range(pp, 0, -1):
-        bounds.append(cut[st][bounds[-1]])
-    bounds.reverse()
+    bounds = [i for i, _ in min_max_partition(n, pp, cost)] + [n]
     specs: list[_Stage] = []
     infos: list[StageInfo] = []
     for st in range(pp):

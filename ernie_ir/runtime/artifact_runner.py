@@ -47,22 +47,25 @@ def run_artifact(path: Path, input_ids: np.ndarray, backend: str, *,
     if backend == "paddle":
         require_weights(root, manifest)
     if backend == "interpreter":
-        from .spmd import run_spmd
+        from .spmd import run_pipeline_spmd, run_spmd
 
-        _, graphs = load_rank_graphs(root, verify=False)
-        name = graphs[0].output_names[0]
-        return run_spmd(graphs, {graphs[0].inputs[0].name: ids})[0][name]  # rank 0 reports
+        mapping, graphs = load_rank_graphs(root, verify=False)
+        name = graphs[-1].output_names[0]
+        feed = {graphs[0].inputs[0].name: ids}
+        if mapping.pp > 1:
+            return run_pipeline_spmd(graphs, mapping.pp, feed)[0][name]
+        return run_spmd(graphs, feed)[0][name]  # rank 0 reports
     _check_ids(root, ids)  # the executables would crash (out of range) or silently wrap (negative)
     if backend == "onnxruntime":
         from .onnx_backend import run_onnx
 
         return run_onnx(root / ONNX_MODEL, ids, numerics=manifest.get("onnx_numerics"))
-    if backend == "paddle" and artifact_mapping(manifest).world_size > 1:
+    if backend == "paddle" and artifact_mapping(manifest).rank_graphs > 1:
         from .launcher import RUN_TIMEOUT_S, run_distributed
 
         if ids.ndim != 2:
             raise ErnieIRError(f"input_ids must be [batch, seq], got shape {list(ids.shape)}")
-        return run_distributed(root, ids, artifact_mapping(manifest).world_size,
+        return run_distributed(root, ids, artifact_mapping(manifest).rank_graphs,
                                timeout_s=RUN_TIMEOUT_S if timeout_s is None else timeout_s)
     if backend == "paddle":
         from .paddle_backend import run_paddle

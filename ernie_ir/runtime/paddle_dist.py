@@ -201,17 +201,33 @@ def check_token_ids(graph: Graph, ids: np.ndarray) -> None:
 # -- inference ---------------------------------------------------------------------------------
 
 
-def run_rank(root: Path, ids: np.ndarray, *, device: str = "cpu") -> np.ndarray:
-    """This rank's logits [B, S, V] (every rank holds the same, all-gathered)."""
-    from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
+def run_rank(root: Path, ids: np.ndarray, *, device: str = "cpu") -> np.ndarray | None:
+    """This rank's logits [B, S, V] (every rank holds the same, all-gathered). Pipelined: the
+    batch's micro-batches (the artifact's count) through the stages, the logits of the last
+    stage returned on the first (None on the stages between)."""
+    from ernie_ir.runtime.paddle_layer import build_layer, require_paddle, set_model_parallel_group
+
+    from ernie_ir.artifacts import artifact_mapping
 
     paddle = require_paddle()
     rank, world = world_from_env()
-    _, graph = load_rank_graph(root, rank, world)
-    check_token_ids(graph, ids)
+    manifest, graph = load_rank_graph(root, rank, world)
+    mapping = artifact_mapping(manifest)
+    if mapping.pp == 1:
+        check_token_ids(graph, ids)
     layer = build_layer(graph, device=device_for(device))
     layer.eval()
     init_process_group(rank, world)
+    if mapping.pp > 1:
+        from ernie_ir.runtime.pipeline_parallel import PipelineStage, pipeline_groups
+
+        groups = pipeline_groups(rank, mapping.pp, mapping.world_size)
+        if mapping.world_size > 1:
+            set_model_parallel_group(groups.mp)
+        stage = PipelineStage(paddle, layer, graph, groups, micro_batches=mapping.micro_batches)
+        with paddle.no_grad():
+            _, logits = stage.run(ids, logits=True)
+        return stage.logits_to_first(logits)
     with paddle.no_grad():
         out = layer(paddle.to_tensor(ids))
     return np.asarray(out.numpy())
@@ -716,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             logits = run_rank(args.artifact, parse_tokens(args.tokens), device=args.device)
-            if rank == 0:
+            if rank == 0 and logits is not None:
                 if args.save_logits is not None:
                     _save_npy(args.save_logits, logits.astype(np.float32))
                 argmax = np.argmax(logits, axis=-1).tolist()

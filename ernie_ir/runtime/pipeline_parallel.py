@@ -221,6 +221,18 @@ class PipelineStage:
         out = np.concatenate(pieces, axis=0) if pieces else None
         return total, out
 
+    def logits_to_first(self, logits: np.ndarray | None) -> np.ndarray | None:
+        """The last stage's logits handed to the first stage (where rank 0 reports): the array
+        on the first stage, None on the stages between."""
+        if self.first and self.last:
+            return logits
+        if self.last:
+            self._send([self.paddle.to_tensor(logits)], 0, self.groups.ring)
+            return None
+        if self.first:
+            return np.asarray(self._recv(1, self.groups.stages - 1, self.groups.ring)[0].numpy())
+        return None
+
     def _grad_edges(self) -> list[bool]:
         """Whether gradients cross each edge: this stage knows its own two; the ring agrees on the
         rest through the metadata every stage graph carries (the cut is the same for all)."""

@@ -57,3 +57,17 @@ def _advance(run, send, rank, outputs):  # type: ignore[no-untyped-def]
     except StopIteration as done:
         outputs[rank] = done.value
         return None
+
+
+def run_pipeline_spmd(graphs: Sequence[Graph], pp: int, inputs: Mapping[str, np.ndarray],
+                      *, emulate: DType | None = None) -> list[dict[str, np.ndarray]]:
+    """Outputs of every model-parallel rank of the last stage of a pipelined artifact (`graphs`:
+    pp x world rank graphs, stage-major): each stage's ranks in lockstep (`run_spmd`), every
+    rank fed its own peer's outputs of the stage before, as the p2p sends of the runtime."""
+    world = len(graphs) // pp
+    feeds: list[Mapping[str, np.ndarray]] = [inputs] * world
+    outputs: list[dict[str, np.ndarray]] = []
+    for s in range(pp):
+        outputs = run_spmd(graphs[s * world:(s + 1) * world], feeds, emulate=emulate)
+        feeds = outputs
+    return outputs

@@ -21,7 +21,7 @@ from ernie_ir.passes import Pass, PassContext, PassInstrument
 from ernie_ir.passes.infra.base import graph_properties
 from ernie_ir.passes.infra.manager import run_pipeline_ranks
 from ernie_ir.passes.infra.pipeline import Pipeline, describe_restriction, load_pipeline
-from ernie_ir.passes.parallel.pipeline_stages import pipeline_ranks
+from ernie_ir.passes.parallel.pipeline_stages import check_pipeline, layer_count, pipeline_ranks
 from ernie_ir.passes.parallel.split import mapping_for
 from ernie_ir.passes.quant.cli_flags import NO_QUANT, QuantFlagError, adapter_folder, pipeline_for
 from ernie_ir.passes.quant.config import resolve_quant_name
@@ -388,6 +388,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     else:
         graph = load_trained(model, checkpoint)
         quant_text = _trained_pipeline(model, graph, quant, quant_config, quant_text)
+    check_pipeline(pp, layer_count(graph), graph.name or str(model))  # before any pass runs
     # Hashing the source (every file of a checkpoint folder) runs on the other core while the
     # passes run and the rank weights are written; the manifest, written last, waits for it.
     hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ernie-ir-source-sha256")

@@ -91,7 +91,7 @@ def check_emit(emit: Sequence[str], target: str | HardwareTarget, mode: str, wor
         if name in ("onnx", "paddle-inference") and world > 1:
             why = "ONNX has no collectives" if name == "onnx" else "a Paddle Inference program is one rank"
             raise TargetError(f"--emit {name} needs one rank ({why}); this layout has "
-                              f"{world}: drop --tp/--ep or {name}")
+                              f"{world}: drop --tp/--ep/--pp or {name}")
         if name == "paddle-inference":
             from .emit_paddle import paddle_available
 
