@@ -428,9 +428,8 @@ def train(
     nodes = parse_nodes(nnodes, node_rank, master, master_timeout)
     processes = 1
     if nodes is not None:
-        from ernie_ir.runtime.training import check_layout, read_training_artifact
-
         from ernie_ir.artifacts import artifact_mapping
+        from ernie_ir.runtime.training import check_layout, read_training_artifact
 
         manifest, recipe, world = read_training_artifact(artifact)
         mapping = artifact_mapping(manifest)

@@ -713,7 +713,8 @@ def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: 
     mapping = artifact_mapping(manifest)
     if mapping.pp > 1:
         raise PlanError(f"{model} is pipelined (--pp {mapping.pp}): plan its source model with the same "
-                        f"--tp/--ep/--sp and --pp {mapping.pp} (the planner cuts and weighs the stages itself)")
+                        f"--tp/--ep/--sp and --pp {mapping.pp} (the planner cuts and weighs the stages "
+                        "itself)")
     if manifest.get("mode") != opts.mode:
         raise PlanError(f"{model} is a {manifest.get('mode')} artifact: plan it with --mode "
                         f"{manifest.get('mode')} (or plan its source model)")

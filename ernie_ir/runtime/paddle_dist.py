@@ -205,9 +205,8 @@ def run_rank(root: Path, ids: np.ndarray, *, device: str = "cpu") -> np.ndarray 
     """This rank's logits [B, S, V] (every rank holds the same, all-gathered). Pipelined: the
     batch's micro-batches (the artifact's count) through the stages, the logits of the last
     stage returned on the first (None on the stages between)."""
-    from ernie_ir.runtime.paddle_layer import build_layer, require_paddle, set_model_parallel_group
-
     from ernie_ir.artifacts import artifact_mapping
+    from ernie_ir.runtime.paddle_layer import build_layer, require_paddle, set_model_parallel_group
 
     paddle = require_paddle()
     rank, world = world_from_env()
@@ -563,7 +562,10 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
                            replica=replica, pipeline=pipeline)
     if stats_file is not None:
         tmp = stats_file.with_name(f".{stats_file.name}.tmp")
-        tmp.write_text(json.dumps(rank_stats(layer, optimizer, dp_index, mp_rank)), encoding="utf-8")
+        stats = rank_stats(layer, optimizer, dp_index, mp_rank)
+        if pipeline is not None:
+            stats["pipeline"] = pipeline.summary()
+        tmp.write_text(json.dumps(stats), encoding="utf-8")
         os.replace(tmp, stats_file)
     return result
 

@@ -124,6 +124,8 @@ class PipelineStage:
     kind: Schedule = "1f1b"
     ignore_index: int = -100
     timing: StepTiming = field(default_factory=StepTiming)
+    history: list[StepTiming] = field(default_factory=list)
+    """The timing of every training batch run so far."""
 
     def __post_init__(self) -> None:
         info = stage_info(self.graph.metadata)
@@ -217,9 +219,27 @@ class PipelineStage:
             acts.clear()
         timing.total_s = time.perf_counter() - start
         self.timing = timing
+        if train:
+            self.history.append(timing)
         total = self._broadcast_loss(total) if labels is not None else 0.0
         out = np.concatenate(pieces, axis=0) if pieces else None
         return total, out
+
+    def summary(self, skip_first: bool = True) -> dict[str, Any]:
+        """This stage's measured schedule over the training batches (the first left out when
+        there are others: it pays for warm-up): seconds in the schedule and in its own compute,
+        the idle fraction 1 - compute / total (the bubble plus the p2p time), the most
+        micro-batches alive at once, and the schedule's ideal bubble (p - 1) / (m + p - 1)."""
+        from ernie_ir.runtime.pipeline_schedule import bubble_fraction
+
+        runs = self.history[1:] if skip_first and len(self.history) > 1 else self.history
+        total = sum(t.total_s for t in runs)
+        compute = sum(t.compute_s for t in runs)
+        return {"stage": self.groups.stage, "stages": self.groups.stages, "schedule": self.kind,
+                "micro_batches": self.micro_batches, "batches": len(runs), "total_s": total,
+                "compute_s": compute, "idle_fraction": 0.0 if total <= 0 else max(0.0, 1 - compute / total),
+                "peak_in_flight": max((t.peak_in_flight for t in runs), default=0),
+                "ideal_bubble": bubble_fraction(self.groups.stages, self.micro_batches)}
 
     def logits_to_first(self, logits: np.ndarray | None) -> np.ndarray | None:
         """The last stage's logits handed to the first stage (where rank 0 reports): the array
@@ -279,7 +299,10 @@ class PipelineStage:
                       if name in self.outputs_need_grad]
             if chosen:
                 paddle.autograd.backward(chosen, grads.pop(op.mb))
-        acts[op.mb] = (inputs, [])  # the outputs' graph is freed; the inputs' grads are still to send
+        if self.first or not self._grad_edges()[self.groups.stage - 1]:
+            acts.pop(op.mb)  # no gradient to send back: nothing of this micro-batch is kept
+        else:
+            acts[op.mb] = (inputs, [])  # the outputs' graph is freed; the inputs' grads are still to send
 
     def _output_names(self) -> list[str]:
         return list(self.graph.output_names)
