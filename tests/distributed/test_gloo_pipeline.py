@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _dist_testkit import IDS, compile_art, leftover_processes, rel_err
 from _cli_kit import user_error
+from _dist_testkit import IDS, compile_art, leftover_processes, rel_err
 from safetensors.numpy import load_file
 
 from ernie_ir.ir import ErnieIRError
@@ -63,8 +63,8 @@ def one_rank(arts: dict[str, Path]) -> dict[str, object]:
 def test_pp2_training_equals_one_rank(arts: dict[str, Path], one_rank: dict[str, object], fam: str) -> None:
     ref = one_rank[fam]
     schedule = "gpipe" if fam == "gpt" else "1f1b"
-    run = train_artifact(arts[f"{fam}-pp"], STEPS, options={"pipeline_schedule": schedule, "micro_batches": 4},
-                         timeout_s=240)
+    run = train_artifact(arts[f"{fam}-pp"], STEPS, timeout_s=240,
+                         options={"pipeline_schedule": schedule, "micro_batches": 4})
     assert not leftover_processes()
     err = _rel(run.losses, ref.losses)
     print(f"[distributed] {MODELS[fam]} LoRA pp 2 ({schedule}, 4 micro-batches) vs 1 rank: {run.losses} vs "
@@ -86,13 +86,15 @@ def test_pp2_training_equals_one_rank(arts: dict[str, Path], one_rank: dict[str,
 
 def test_tp2_pp2_sp_four_processes_equal_one_rank(tmp_path: Path, arts: dict[str, Path],
                                                   one_rank: dict[str, object]) -> None:
-    art = compile_art(tmp_path, MODELS["moe"], "moe-tp2-sp-pp2", tp=2, sp=True, pp=2, micro_batches=2, **LORA)
+    art = compile_art(tmp_path, MODELS["moe"], "moe-tp2-sp-pp2", tp=2, sp=True, pp=2, micro_batches=2,
+                      **LORA)
     run = train_artifact(art, STEPS, timeout_s=300)
     assert not leftover_processes()
     err = _rel(run.losses, one_rank["moe"].losses)
     print(f"[distributed] {MODELS['moe']} LoRA tp 2 x pp 2 sp (4 processes) vs 1 rank: max rel {err:.2e}")
     assert err < 1e-5
-    assert [(s["mp_rank"], s["pipeline"]["stage"]) for s in run.rank_stats] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    placed = [(s["mp_rank"], s["pipeline"]["stage"]) for s in run.rank_stats]
+    assert placed == [(0, 0), (1, 0), (0, 1), (1, 1)]
     # inference of the same layout: gloo == the interpreter's stages == the unsplit model
     inf = compile_art(tmp_path, MODELS["moe"], "moe-inf", tp=2, sp=True, pp=2, micro_batches=2)
     ref = Interpreter(load_input(MODELS["moe"])).run({"input_ids": IDS})["logits"]
@@ -114,7 +116,8 @@ def test_resume_is_bit_for_bit_and_trained_artifact_compiles(tmp_path: Path, art
     served = compile_art(tmp_path, str(arts["dense-pp"]), "served-pp",
                          checkpoint=whole.checkpoints[-1].name)
     one = train_artifact(arts["dense-one"], STEPS + 1)
-    served_one = compile_art(tmp_path, str(arts["dense-one"]), "served-one", checkpoint=one.checkpoints[-1].name)
+    served_one = compile_art(tmp_path, str(arts["dense-one"]), "served-one",
+                             checkpoint=one.checkpoints[-1].name)
     a = run_artifact(served, IDS, "interpreter")
     b = run_artifact(served_one, IDS, "interpreter")
     assert rel_err(a, b) < 1e-4
@@ -131,8 +134,8 @@ def test_bad_pipeline_input_is_one_line(tmp_path: Path, arts: dict[str, Path],
          "has 2 decoder layer(s) and every stage needs at least one: give --pp 2 or less"),
         (["compile", MODELS["dense"], "--target", "cuda", "--micro-batches", "2", "--out", str(out)],
          "it needs --pp 2 or more"),
-        (["compile", MODELS["dense"], "--target", "cuda", "--mode", "training", "--lora-rank", "2", "--pp", "2",
-          "--dp", "2", "--out", str(out)], "data parallelism of a pipelined model is not built"),
+        (["compile", MODELS["dense"], "--target", "cuda", "--mode", "training", "--lora-rank", "2",
+          "--pp", "2", "--dp", "2", "--out", str(out)], "data parallelism of a pipelined model is not built"),
         (["compile", MODELS["dense"], "--target", "cuda", "--pp", "2", "--emit", "fastdeploy", "--out",
           str(out)], "a FastDeploy checkpoint is tensor-parallel only"),
         (["train", str(arts["dense-pp"]), "--steps", "1", "--micro-batches", "3"],
