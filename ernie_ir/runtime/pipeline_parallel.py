@@ -31,8 +31,8 @@ _DTYPES = ("float32", "int64", "int32", "float64", "int8", "uint8")
 _HEADER = 10  # dtype code, rank, up to 8 dims
 
 
-class PipelineError(ErnieIRError):
-    """A pipelined run that cannot proceed (bad micro-batch count, a graph that is not a stage)."""
+class PipelineStageError(ErnieIRError):
+    """A rank graph that is not the stage its process runs."""
 
 
 @dataclass
@@ -89,16 +89,6 @@ def pipeline_groups(process: int, stages: int, world: int) -> PipelineGroups:
     return out
 
 
-def check_micro_batches(rows: int, micro_batches: int) -> int:
-    """Rows per micro-batch; PipelineError (one line) unless `micro_batches` divides `rows` (a
-    batch size; a data file's short final batch is cut into as even micro-batches as it allows)."""
-    if micro_batches < 1 or rows % micro_batches:
-        ok = [d for d in range(1, rows + 1) if rows % d == 0]
-        raise PipelineError(f"--micro-batches {micro_batches} does not divide the batch of {rows} row(s): "
-                            f"use one of {ok} (or change --batch-size)")
-    return rows // micro_batches
-
-
 @dataclass
 class StepTiming:
     """Wall-clock seconds of the last `run`: the whole schedule and the stage's own compute."""
@@ -130,8 +120,8 @@ class PipelineStage:
     def __post_init__(self) -> None:
         info = stage_info(self.graph.metadata)
         if info is None or int(info["stage"]) != self.groups.stage or int(info["pp"]) != self.groups.stages:
-            raise PipelineError(f"{self.graph.name}: not stage {self.groups.stage} of {self.groups.stages}: "
-                                "recompile the artifact with --pp")
+            raise PipelineStageError(f"{self.graph.name}: not stage {self.groups.stage} of "
+                                     f"{self.groups.stages}: recompile the artifact with --pp")
         self.inputs = [v.name for v in self.graph.inputs]
         self.needs_grad = set(info.get("needs_grad", []))
         self.outputs_need_grad = list(info.get("outputs_need_grad", []))

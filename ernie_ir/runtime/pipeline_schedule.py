@@ -142,6 +142,16 @@ def schedule(kind: Schedule, stages: int, micro_batches: int,
             raise ScheduleError(f"pipeline schedule {kind} deadlocks at {stuck}")
 
 
+def check_micro_batches(rows: int, micro_batches: int) -> int:
+    """Rows per micro-batch; ScheduleError (one line) unless `micro_batches` divides `rows` (a
+    batch size; a data file's short final batch is cut into as even micro-batches as it allows)."""
+    if micro_batches < 1 or rows % micro_batches:
+        ok = [d for d in range(1, rows + 1) if rows % d == 0]
+        raise ScheduleError(f"--micro-batches {micro_batches} does not divide the batch of {rows} row(s): "
+                            f"use one of {ok} (or change --batch-size)")
+    return rows // micro_batches
+
+
 def bubble_fraction(stages: int, micro_batches: int) -> float:
     """The idle share of a 1F1B / GPipe step with equal per-micro-batch costs: (p-1) / (m+p-1)."""
     return (stages - 1) / (micro_batches + stages - 1)

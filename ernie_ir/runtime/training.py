@@ -359,7 +359,7 @@ def check_layout(options: TrainOptions, world: int, pp: int = 1, micro_batches: 
             raise ErnieIRError(f"--dp {options.dp} with {pp} pipeline stages: data parallelism of a "
                                "pipelined artifact is not built; use --dp 1, or compile without --pp for "
                                "--dp")
-        from .pipeline_parallel import check_micro_batches
+        from .pipeline_schedule import check_micro_batches
 
         check_micro_batches(options.batch_size, options.micro_batches or micro_batches)
     check_data_parallel(options.dp, options.sharding, world)

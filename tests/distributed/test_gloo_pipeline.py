@@ -157,7 +157,7 @@ def test_bad_pipeline_input_is_one_line(tmp_path: Path, arts: dict[str, Path],
 
 
 def test_micro_batches_dividing_check_is_library_level() -> None:
-    from ernie_ir.runtime.pipeline_parallel import check_micro_batches
+    from ernie_ir.runtime.pipeline_schedule import check_micro_batches
 
     assert check_micro_batches(8, 4) == 2
     with pytest.raises(ErnieIRError, match="use one of \\[1, 2, 3, 6\\]"):
