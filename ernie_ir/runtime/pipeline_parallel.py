@@ -244,8 +244,8 @@ class PipelineStage:
         return None
 
     def _grad_edges(self) -> list[bool]:
-        """Whether gradients cross each edge: this stage knows its own two; the ring agrees on the
-        rest through the metadata every stage graph carries (the cut is the same for all)."""
+        """Whether gradients cross each edge: the cut records it in every stage graph, so every
+        stage plans the same global schedule (its p2p order depends on all the edges)."""
         info = stage_info(self.graph.metadata) or {}
         return list(info.get("grad_edges", [True] * (self.groups.stages - 1)))
 
