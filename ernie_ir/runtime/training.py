@@ -348,9 +348,9 @@ def resolve_options(recipe: dict[str, Any], overrides: dict[str, Any] | None = N
 def check_layout(options: TrainOptions, world: int, pp: int = 1, micro_batches: int = 1) -> int:
     """The processes a run of `options` on an artifact of `world` rank graphs (`pp` pipeline
     stages of world / pp model-parallel ranks; `micro_batches`: the artifact's default) starts
-    (dp x world); ErnieIRError, one line,
-    for sharding without dp > 1, a batch size dp does not divide, more processes than a
-    launch starts, and micro-batches without a pipeline, with dp, or not dividing the batch."""
+    (dp x world); ErnieIRError, one line, for sharding without dp > 1, a batch size dp does not
+    divide, more processes than a launch starts, and micro-batches without a pipeline, with
+    dp, or not dividing the batch."""
     if pp == 1 and options.micro_batches not in (None, 1):
         raise ErnieIRError(f"--micro-batches {options.micro_batches} cuts batches for a pipeline, and this "
                            "artifact has none: compile it with --pp N (or drop --micro-batches)")
