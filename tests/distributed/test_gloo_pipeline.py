@@ -59,15 +59,22 @@ def one_rank(arts: dict[str, Path]) -> dict[str, object]:
     return {fam: train_artifact(arts[f"{fam}-one"], STEPS) for fam in MODELS}
 
 
+@pytest.fixture(scope="module")
+def dense_pp(arts: dict[str, Path]) -> object:
+    """The dense pp 2 artifact trained with its compiled defaults (1F1B, 2 micro-batches)."""
+    return train_artifact(arts["dense-pp"], STEPS, timeout_s=240)
+
+
 @pytest.mark.parametrize("fam", sorted(MODELS))
-def test_pp2_training_equals_one_rank(arts: dict[str, Path], one_rank: dict[str, object], fam: str) -> None:
+def test_pp2_training_equals_one_rank(arts: dict[str, Path], one_rank: dict[str, object], dense_pp: object,
+                                      fam: str) -> None:
     ref = one_rank[fam]
-    schedule = "gpipe" if fam == "gpt" else "1f1b"
-    run = train_artifact(arts[f"{fam}-pp"], STEPS, timeout_s=240,
-                         options={"pipeline_schedule": schedule, "micro_batches": 4})
+    schedule, m = {"dense": ("1f1b", 2), "moe": ("1f1b", 4), "gpt": ("gpipe", 4)}[fam]
+    run = dense_pp if fam == "dense" else train_artifact(
+        arts[f"{fam}-pp"], STEPS, timeout_s=240, options={"pipeline_schedule": schedule, "micro_batches": m})
     assert not leftover_processes()
     err = _rel(run.losses, ref.losses)
-    print(f"[distributed] {MODELS[fam]} LoRA pp 2 ({schedule}, 4 micro-batches) vs 1 rank: {run.losses} vs "
+    print(f"[distributed] {MODELS[fam]} LoRA pp 2 ({schedule}, {m} micro-batches) vs 1 rank: {run.losses} vs "
           f"{ref.losses}, max rel {err:.2e}")
     assert err < 1e-5
     manifest = json.loads((arts[f"{fam}-pp"] / "manifest.json").read_text())
@@ -79,9 +86,10 @@ def test_pp2_training_equals_one_rank(arts: dict[str, Path], one_rank: dict[str,
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
     stages = [s["pipeline"] for s in run.rank_stats]
     assert [s["stage"] for s in stages] == [0, 1]
-    # 1F1B: stage s holds at most pp - s micro-batches; GPipe: all of them
-    assert stages[0]["peak_in_flight"] == (4 if schedule == "gpipe" else 2)
-    assert all(0.0 <= s["idle_fraction"] < 1.0 and s["ideal_bubble"] == pytest.approx(1 / 5) for s in stages)
+    # 1F1B: stage s holds at most min(pp - s, m) micro-batches; GPipe: all of them
+    assert [s["peak_in_flight"] for s in stages] == ([m, m] if schedule == "gpipe" else [min(2, m), 1])
+    assert all(0.0 <= s["idle_fraction"] < 1.0 and s["ideal_bubble"] == pytest.approx(1 / (m + 1))
+               for s in stages)
 
 
 def test_tp2_pp2_sp_four_processes_equal_one_rank(tmp_path: Path, arts: dict[str, Path],
@@ -105,19 +113,18 @@ def test_tp2_pp2_sp_four_processes_equal_one_rank(tmp_path: Path, arts: dict[str
 
 
 def test_resume_is_bit_for_bit_and_trained_artifact_compiles(tmp_path: Path, arts: dict[str, Path],
-                                                             one_rank: dict[str, object]) -> None:
+                                                             one_rank: dict[str, object],
+                                                             dense_pp: object) -> None:
     art = compile_art(tmp_path, MODELS["dense"], "dense-pp", pp=2, micro_batches=2, **LORA)
-    whole = train_artifact(arts["dense-pp"], STEPS + 1, timeout_s=240)
     train_artifact(art, 2, timeout_s=240)
-    rest = train_artifact(art, STEPS + 1, resume=True, timeout_s=240)
-    assert rest.losses == whole.losses[2:]
+    rest = train_artifact(art, STEPS, resume=True, timeout_s=240)
+    assert rest.losses == dense_pp.losses[2:]
     assert not leftover_processes()
     # serve what it learned: the trained pipelined artifact compiles (one rank) to the 1-rank run's model
     served = compile_art(tmp_path, str(arts["dense-pp"]), "served-pp",
-                         checkpoint=whole.checkpoints[-1].name)
-    one = train_artifact(arts["dense-one"], STEPS + 1)
+                         checkpoint=dense_pp.checkpoints[-1].name)
     served_one = compile_art(tmp_path, str(arts["dense-one"]), "served-one",
-                             checkpoint=one.checkpoints[-1].name)
+                             checkpoint=one_rank["dense"].checkpoints[-1].name)
     a = run_artifact(served, IDS, "interpreter")
     b = run_artifact(served_one, IDS, "interpreter")
     assert rel_err(a, b) < 1e-4

@@ -12,6 +12,7 @@ from safetensors import safe_open
 
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.mapping import Mapping
+from ernie_ir.ir.parser import parse_graph
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
 from ernie_ir.runtime.artifact_runner import run_artifact
@@ -91,6 +92,26 @@ def test_meta_model_compiles_to_a_graph_only_artifact(tmp_path: Path) -> None:
     # the rank graphs are the compiled ones: quantized, adapted, cut and legalized
     text = (root / "rank3" / "graph.ir").read_text()
     assert "all_reduce" in text and "lora" in text and "weight_only_linear_packed" in text
+
+
+def test_meta_300b_compiles_with_tp8_pp2_sp(tmp_path: Path) -> None:
+    """The seeds' FP8 32K layout (tp 8 x pp 2 with sp) on the whole 300B graph: 16 stage rank
+    graphs cut at layer 28 (ERNIEKit's [0, 29, 57] with the embedding counted as a layer)."""
+    root = tmp_path / "m"
+    report = compile_model("ernie-4.5-300b-a47b@meta", "cuda", tp=8, sp=True, pp=2, out=root)
+    assert "pp 2 (layers 0-27, 28-53" in report.parallel
+    manifest = verify_artifact(root)
+    assert manifest["parallel"]["pp"] == 2 and len(manifest["parallel"]["ranks"]) == 16
+    assert manifest["parallel"]["mapping"]["stages"] == [[0, 28], [28, 54]]
+    graphs = {r: parse_graph((root / f"rank{r}" / "graph.ir").read_text()) for r in (0, 8, 15)}
+    first, last = graphs[0], graphs[15]
+    assert [v.name for v in first.inputs] == ["input_ids"]
+    assert [v.name for v in last.inputs] == ["input_ids", "act0"] and last.output_names == ["logits"]
+    assert last.metadata["pipeline"]["rank_varying_inputs"] == ["act0"]  # a sequence shard
+    assert first.metadata["parallel"]["rank"] == 0 and last.metadata["parallel"]["rank"] == 7
+    # tensor rank 0's two stages hold its params between them, the tied embedding on both
+    both = set(graphs[0].params) & set(graphs[8].params)
+    assert both == {"ernie.embed_tokens.weight"}, both
 
 
 def test_folder_read_with_meta_opens_no_weight_file(tmp_path: Path) -> None:
