@@ -53,6 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ernie_ir.backends.onnx.lower import NUMERICS, dense_moe, emit_onnx
+from ernie_ir.backends.onnx.session import full_sequence_feeds, session
 from ernie_ir.frontends.builtins import TINY_SEED, builtin_config
 from ernie_ir.frontends.config import parse_config
 from ernie_ir.frontends.loader import GeneratedWeights, _finish, build_graph
@@ -63,8 +65,6 @@ from ernie_ir.passes.infra.pipeline import load_pipeline
 from ernie_ir.passes.quant.cli_flags import pipeline_for
 from ernie_ir.runtime import run_graph
 from ernie_ir.runtime.compare import compare_logits
-from ernie_ir.runtime.onnx_backend import full_sequence_feeds, session
-from ernie_ir.targets.emit_onnx import NUMERICS, dense_moe, emit_onnx
 
 QUANT = "wint8mix"
 
@@ -130,7 +130,7 @@ def _paddle_runners(graph: Graph, ids: np.ndarray) -> dict[str, Callable[[], np.
     """The eager Paddle layer's MoE sparse and dense (one layer: the form is chosen per call)."""
     import paddle
 
-    from ernie_ir.runtime.paddle_layer import build_layer
+    from ernie_ir.backends.paddle.layer import build_layer
 
     layer = build_layer(graph, device="cpu")
     layer.eval()

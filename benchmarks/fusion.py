@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ernie_ir.backends.onnx.session import full_sequence_feeds, session
 from ernie_ir.frontends.builtins import builtin_config
 from ernie_ir.frontends.loader import load_folder
 from ernie_ir.ir import Graph
@@ -49,7 +50,6 @@ from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
 from ernie_ir.passes.parallel.split import mapping_for, split_graph
 from ernie_ir.runtime import run_graph
-from ernie_ir.runtime.onnx_backend import full_sequence_feeds, session
 from ernie_ir.targets import compile_model
 
 UNFUSE = "unfuse-parallel-block,unfuse-qkv,unfuse-gate-up"
@@ -112,7 +112,7 @@ def paddle_runner(artifact: Path, ids: np.ndarray, threads: int) -> Any:
                               str(artifact / "inference" / "paddle" / "model.pdiparams"))
     config.disable_gpu()
     config.disable_glog_info()
-    config.disable_mkldnn()  # as ernie_ir.runtime.paddle_backend runs it
+    config.disable_mkldnn()  # as ernie_ir.backends.paddle.session runs it
     config.set_cpu_math_library_num_threads(threads)
     predictor = inference.create_predictor(config)
     handle = predictor.get_input_handle(predictor.get_input_names()[0])

@@ -29,6 +29,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from ernie_ir.backends.onnx.lower import emit_onnx
 from ernie_ir.frontends.builtins import TINY_SEED, builtin_config
 from ernie_ir.frontends.config import parse_config
 from ernie_ir.frontends.loader import GeneratedWeights, _finish, build_graph
@@ -38,7 +39,6 @@ from ernie_ir.passes.infra.base import graph_properties
 from ernie_ir.passes.infra.pipeline import load_pipeline
 from ernie_ir.passes.quant.cli_flags import pipeline_for
 from ernie_ir.runtime.interpreter import run_graph
-from ernie_ir.targets.emit_onnx import emit_onnx
 
 BLOCK = 128
 

@@ -88,7 +88,7 @@ def compile_layout(folder: Path, work: Path, args: Any, tp: int, pp: int, sp: bo
 
 def train(art: Path, data: Path, args: Any, pp: int, micro_batches: int | None = None,
           schedule: str | None = None) -> dict[str, Any]:
-    from ernie_ir.runtime.training import StepProgress, train_artifact
+    from ernie_ir.training.loop import StepProgress, train_artifact
 
     marks: list[float] = []
 

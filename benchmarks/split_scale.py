@@ -163,8 +163,8 @@ def measure_meta(case: str, repeat: int) -> dict[str, Any]:
 
 def measure_compile(folder: Path, out: Path, profile: Path | None) -> dict[str, Any]:
     """Run in a fresh process: compile_model(folder, "ascend", tp=2) with the imports as the baseline."""
+    from ernie_ir.backends.paddle.emit import paddle_available
     from ernie_ir.targets.compile import compile_model
-    from ernie_ir.targets.emit_paddle import paddle_available
 
     paddle_available()  # imports Paddle (if installed) before the baseline, as compile does
     baseline_kb = _status_kb("VmRSS")

@@ -70,8 +70,8 @@ def batches(n: int, rows: int, seq: int, vocab: int, seed: int = 7) -> list[tupl
 
 def ours(folder: Path, work: Path, tp: int, data: list[tuple[np.ndarray, np.ndarray]], args: Any,
          dp: int = 1, sharding: str | None = None) -> dict:
-    from ernie_ir.runtime.training import StepProgress, train_artifact
     from ernie_ir.targets.compile import compile_model
+    from ernie_ir.training.loop import StepProgress, train_artifact
 
     art = work / f"train-tp{tp}-dp{dp}"
     t0 = time.perf_counter()

@@ -16,7 +16,7 @@ if ! "$PY" -c "import paddle; assert paddle.is_compiled_with_cuda() and paddle.d
   echo "device_check: this Python's Paddle has no CUDA GPU: install paddlepaddle-gpu matching the CUDA driver (see https://www.paddlepaddle.org.cn/install) and rerun"
   exit 2
 fi
-ARCH=$("$PY" -c "from ernie_ir.runtime.devices import cuda_arch; print(cuda_arch())")
+ARCH=$("$PY" -c "from ernie_ir.backends.paddle.devices import cuda_arch; print(cuda_arch())")
 echo "device_check: GPU arch sm$ARCH, artifacts in $OUT"
 mkdir -p "$OUT"
 "$PY" - <<'PYEOF' > "$OUT/tokens.txt"
@@ -33,7 +33,7 @@ for MODEL in ernie-4.5-21b-a3b@tiny ernie-4.5-0.3b@tiny; do
   "$PY" - "$MODEL" "$ART" <<'PYEOF' || STATUS=1
 import sys
 import numpy as np
-from ernie_ir.runtime.paddle_backend import paddle_device_for
+from ernie_ir.backends.paddle.session import paddle_device_for
 model, art = sys.argv[1], sys.argv[2]
 dev = paddle_device_for(__import__("pathlib").Path(art))
 a, b = np.load(art + ".paddle.npy"), np.load(art + ".interp.npy")

@@ -31,25 +31,41 @@ LAYERS: dict[str, frozenset[str]] = {
     "artifacts": frozenset({"ir"}),
     "passes": frozenset({"ir", "ops"}),
     "frontends": frozenset({"ir", "ops"}),
-    # runs graphs and artifacts; target choices are read from the artifact as data
+    # reference execution: the interpreter, SPMD over rank graphs, the backend-free decoding loop
     "runtime": frozenset({"ir", "ops", "artifacts"}),
+    # other tools' file formats, each read and written in one module (onnxruntime-genai's config,
+    # FastDeploy's checkpoint, paddleformers' adapter folder)
+    "formats": frozenset({"ir", "ops", "artifacts", "passes"}),
+    # each executable kind's lowering, writing and running (interpreter, onnx, paddle), opened
+    # through one `open_backend`; target facts reach them as data, never as a target import
+    "backends": frozenset({"ir", "ops", "artifacts", "passes", "runtime", "formats"}),
+    # training: options, loop, checkpoints, data/vocabulary parallelism, its launcher and rank worker
+    "training": frozenset({"ir", "ops", "artifacts", "passes", "runtime", "formats", "backends"}),
     # resolves a MODEL argument (IR file, graph folder, artifact, checkpoint, built-in name)
     "load": frozenset({"ir", "ops", "artifacts", "frontends"}),
-    "targets": frozenset({"ir", "ops", "artifacts", "passes", "runtime", "load"}),
+    # hardware (capabilities, legalization, packing) and the compile driver, which writes each
+    # executable with its backend (training's recipe for a training artifact)
+    "targets": frozenset({"ir", "ops", "artifacts", "passes", "runtime", "load", "formats", "backends",
+                          "training"}),
     # plans memory from the rank graphs compile would write
-    "planning": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets"}),
+    "planning": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "formats", "backends",
+                           "training", "load", "targets"}),
     # the golden harness, the pytest plugin, tiny models for tests
-    "testing": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets"}),
+    "testing": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "formats", "backends",
+                          "training", "load", "targets"}),
     # text generation: the kv-cache pass's decoder run by runtime, with the frontends' tokenizers
-    "generation": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets"}),
+    "generation": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "formats",
+                             "backends", "load", "targets"}),
     # perplexity and KL over a corpus: models run as generation's decoders (an empty past)
-    "evaluation": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets",
-                             "generation"}),
+    "evaluation": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "formats",
+                             "backends", "load", "targets", "generation"}),
     # fine-tuning data and files: SFT text tokenized with the frontends' tokenizers for runtime's
     # training loop, trained LoRA adapters written in paddleformers' format (the lora passes')
-    "finetune": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load"}),
-    "cli": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "load", "targets",
-                      "planning", "testing", "generation", "evaluation", "finetune"}),
+    "finetune": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "formats", "backends",
+                           "training", "load"}),
+    "cli": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "formats", "backends",
+                      "training", "load", "targets", "planning", "testing", "generation", "evaluation",
+                      "finetune"}),
 }
 
 # The package itself (ernie_ir/__init__.py): it registers the op set once the IR core is

@@ -40,8 +40,8 @@ from .common import (
 if TYPE_CHECKING:
     import numpy as np
 
+    from ernie_ir.backends.paddle.launch import NodeFinished, NodeSpec
     from ernie_ir.ir import Graph
-    from ernie_ir.runtime.launcher import NodeFinished, NodeSpec
 
 
 TimeoutOpt = Annotated[
@@ -80,7 +80,7 @@ def _node_commands(nodes: NodeSpec) -> list[str]:
 def _nodes_launch(nodes: NodeSpec | None, processes: int) -> Iterator[None]:
     """Runs the enclosed launches as this node's share of `nodes` (None: plainly); node 0 first
     prints every node's command on stderr."""
-    from ernie_ir.runtime.launcher import multi_node
+    from ernie_ir.backends.paddle.launch import multi_node
 
     if nodes is not None:
         per = nodes.processes_per_node(processes)
@@ -153,7 +153,7 @@ def _rank_log_on_error() -> Iterator[None]:
     """A failed paddle.distributed run: its one-line error, then the tail of the rank's log."""
     from rich.markup import escape
 
-    from ernie_ir.runtime.launcher import DistributedRunError
+    from ernie_ir.backends.paddle.launch import DistributedRunError
 
     try:
         yield
@@ -217,11 +217,11 @@ def run(
 
     import numpy as np
 
+    from ernie_ir.backends.paddle.launch import NodeFinished, parse_nodes
     from ernie_ir.ir import ErnieIRError
     from ernie_ir.ir.verifier import verify
     from ernie_ir.load import load_input
     from ernie_ir.runtime.compare import compare_logits
-    from ernie_ir.runtime.launcher import NodeFinished, parse_nodes
 
     pipeline = full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
                               lora_adapter, merge_lora)
@@ -255,14 +255,14 @@ def run(
     if (disable_pass or stop_after is not None) and not pipeline:
         raise ErnieIRError("--disable-pass/--stop-after need a pipeline (--pipeline, --quant or --lora-*)")
     if backend == "interpreter" and not pipeline and not emulate and _is_multi_rank(model):
-        from ernie_ir.runtime.artifact_runner import run_artifact
+        from ernie_ir.backends.sessions import run_artifact
 
         logits = run_artifact(Path(model), ids, backend)
     elif backend != "interpreter":
         if pipeline or emulate:
             raise ErnieIRError(f"--backend {backend} runs an artifact as compiled: drop --pipeline, "
                                "--quant, --lora-* and --emulate (or use --backend interpreter)")
-        from ernie_ir.runtime.artifact_runner import run_artifact
+        from ernie_ir.backends.sessions import run_artifact
 
         try:
             with _rank_log_on_error(), _nodes_launch(nodes, processes):
@@ -407,10 +407,10 @@ def train(
     losses and writes the checkpoints, every other node one line."""
     import json
 
+    from ernie_ir.backends.paddle.launch import NodeFinished, parse_nodes
     from ernie_ir.finetune import fine_tune
     from ernie_ir.ir import ErnieIRError
-    from ernie_ir.runtime.launcher import NodeFinished, parse_nodes
-    from ernie_ir.runtime.training import read_config, resolve_options, split_run_keys
+    from ernie_ir.training.loop import read_config, resolve_options, split_run_keys
 
     flags = {"lr": lr, "batch_size": batch_size, "grad_accum": grad_accum, "clip_norm": clip_norm,
              "weight_decay": weight_decay, "beta1": beta1, "beta2": beta2, "eps": eps,
@@ -429,7 +429,7 @@ def train(
     processes = 1
     if nodes is not None:
         from ernie_ir.artifacts import artifact_mapping
-        from ernie_ir.runtime.training import check_layout, read_training_artifact
+        from ernie_ir.training.loop import check_layout, read_training_artifact
 
         manifest, recipe, world = read_training_artifact(artifact)
         mapping = artifact_mapping(manifest)
@@ -449,7 +449,7 @@ def train(
         _node_done(done, json_out)
         return
     if json_out:
-        from ernie_ir.runtime.training import read_training_artifact
+        from ernie_ir.training.loop import read_training_artifact
 
         used = resolve_options(read_training_artifact(artifact)[1], options).model_dump()
         print(json.dumps({"artifact": str(artifact), "steps": steps, "first_step": result.first_step,
@@ -473,7 +473,7 @@ def _train_progress(draw: bool, steps: int) -> Iterator[object]:
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ernie_ir.runtime.training import StepProgress
+    from ernie_ir.training.loop import StepProgress
 
     bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[status]}"), TextColumn("ETA"), TimeRemainingColumn(),

@@ -72,7 +72,7 @@ def _source(model: str | Path, backend: str, trust_pickle: bool) -> tuple[Decode
 
         world = artifact_mapping(read_manifest(root)).world_size
         if world > 1:  # one gloo process per rank, per call; the artifact is verified once, here
-            from ernie_ir.runtime.launcher import run_distributed
+            from ernie_ir.backends.paddle.launch import run_distributed
 
             decoder = open_decoder(model, "interpreter", trust_pickle=trust_pickle)  # vocab, tokenizer
             return decoder, lambda ids: run_distributed(root, ids, world)

@@ -28,7 +28,7 @@ from ernie_ir.artifacts.publish import CHECKPOINT_WAIT_S, clean_stale
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.storage import load_graph
 from ernie_ir.passes.lora.paddleformers_adapter import graph_adapters, write_adapter
-from ernie_ir.runtime.train_state import PARAMS
+from ernie_ir.training.checkpoints import PARAMS
 
 ADAPTER = "adapter"
 """The adapter folder's name inside a checkpoint folder."""

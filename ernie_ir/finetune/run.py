@@ -11,7 +11,7 @@ checkpoint at compile time) turns text and ERNIEKit SFT lines into (input_ids, l
 given (ERNIEKit's rule: the oldest turns first; text and token ids at the tail); without it an
 example longer than the model's positions is refused with its line number, as the runtime
 refuses any over-long row. The rows go to
-`ernie_ir.runtime.training.train_artifact`, whose `on_checkpoint` hook writes each published
+`ernie_ir.training.loop.train_artifact`, whose `on_checkpoint` hook writes each published
 checkpoint's `adapter/` (`export_adapter`) as soon as it is published. Packing is refused
 (`PACKING_REFUSED` says why).
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from ernie_ir.frontends.tokenizer import Tokenizer
 from ernie_ir.ir import ErnieIRError
-from ernie_ir.runtime.train_state import TrainResult
+from ernie_ir.training.checkpoints import TrainResult
 
 from .adapters import export_adapter
 from .sft_data import PACKING_REFUSED, read_sft_data
@@ -74,7 +74,7 @@ def fine_tune(artifact: Path, steps: int, data: Path | None = None, *, eval_data
         raise FineTuneError(f"--packing: {PACKING_REFUSED}")
     if max_seq_len is not None and max_seq_len < 2:
         raise FineTuneError(f"--max-seq-len must be at least 2 tokens, got {max_seq_len}")
-    from ernie_ir.runtime.training import IGNORE, read_training_artifact, resolve_options
+    from ernie_ir.training.loop import IGNORE, read_training_artifact, resolve_options
 
     _, recipe, _ = read_training_artifact(root)
     resolved = resolve_options(recipe, options or {})
@@ -94,7 +94,7 @@ def fine_tune(artifact: Path, steps: int, data: Path | None = None, *, eval_data
         return read_sft_data(Path(path), tokenizer, max_seq_len=max_seq_len, positions=positions,
                              ignore_index=ignore_index if ignore_index is not None else IGNORE)
 
-    from ernie_ir.runtime.training import train_artifact
+    from ernie_ir.training.loop import train_artifact
 
     return train_artifact(root, steps, rows(data), options=options, on_progress=on_progress,
                           timeout_s=timeout_s, eval_sequences=rows(eval_data), resume=resume,

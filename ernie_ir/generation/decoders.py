@@ -11,7 +11,7 @@
 
 Several Paddle ranks cannot step from here: `Decoder.generate` writes each rank's decoder graph
 (its text only: the params are the artifact's rank weights) and the ranks run the loop in
-lockstep (ernie_ir.runtime.launcher.generate_distributed); each step's tokens stream back, and a
+lockstep (ernie_ir.backends.paddle.launch.generate_distributed); each step's tokens stream back, and a
 stop string ends a row here (its tokens after that step are dropped, as the loop would not have
 made them: rows decode independently).
 
@@ -121,7 +121,7 @@ def _vocab(graph: Graph) -> int:
 
 
 def _paddle_step(graph: Graph, device: str) -> StepFn:
-    from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
+    from ernie_ir.backends.paddle.layer import build_layer, require_paddle
 
     paddle = require_paddle()
     layer = build_layer(graph, device=device)
@@ -141,8 +141,8 @@ def _paddle_step(graph: Graph, device: str) -> StepFn:
 
 def _paddle_ranks(root: Path, graphs: list[Graph], timeout_s: float | None) -> tuple[StepFn, RunFn]:
     """(step that refuses, run) of a multi-rank artifact's decoders on one gloo process per rank."""
+    from ernie_ir.backends.paddle.launch import RUN_TIMEOUT_S, generate_distributed
     from ernie_ir.ir.printer import print_graph
-    from ernie_ir.runtime.launcher import RUN_TIMEOUT_S, generate_distributed
 
     texts = [print_graph(g) for g in graphs]
 
@@ -180,7 +180,7 @@ def _paddle_ranks(root: Path, graphs: list[Graph], timeout_s: float | None) -> t
 
 
 def _onnx_step(model: Path) -> tuple[StepFn, tuple[tuple[int, int], ...]]:
-    from ernie_ir.runtime.onnx_backend import session
+    from ernie_ir.backends.onnx.session import session
 
     sess = session(model)
     inputs = {i.name: i for i in sess.get_inputs()}
@@ -206,7 +206,7 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
     """`model` (a MODEL argument or an artifact folder) as a decoder on `backend`.
 
     `timeout_s` bounds each generation of a multi-rank artifact on Paddle (default
-    ernie_ir.runtime.launcher.RUN_TIMEOUT_S); the ranks are stopped when it passes.
+    ernie_ir.backends.paddle.launch.RUN_TIMEOUT_S); the ranks are stopped when it passes.
 
     DecodeError / ErnieIRError (one line) for an unknown backend, one the artifact does not offer,
     or a graph that cannot decode (no attention, not one `input_ids` input)."""
@@ -263,7 +263,7 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
         require_weights(root, manifest)
         step, run = _paddle_ranks(root, graphs, timeout_s)
         return Decoder(step, layers, config, backend, vocab, folder=folder, graphs=graphs, run=run)
-    from ernie_ir.runtime.paddle_backend import paddle_device_for
+    from ernie_ir.backends.paddle.session import paddle_device_for
 
     return Decoder(_paddle_step(graphs[0], paddle_device_for(root)), layers, config, backend, vocab,
                    folder=folder, graphs=graphs, cache_dtype=cache_dtype_of(graphs[0]))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, TensorType, Value
 from ernie_ir.ir.types import Dim, _factor
 from ernie_ir.ir.weights import packed_int4_shape
-from ernie_ir.runtime.vocab_parallel import logits_gather
+from ernie_ir.training.vocab_parallel import logits_gather
 
 
 class PlanError(ErnieIRError):
@@ -366,7 +366,7 @@ def training_activations(graph: Graph, facts: GraphFacts, env: Mapping[str, int]
     Each op keeps its saved set (`saved_for_backward`) from forward until its own backward has run;
     a tensor several ops keep lives until the first of them (in forward order) is done. The loss
     keeps its softmax over the graph's float outputs, and forms their gradient in that buffer; with
-    `vocab_parallel` (the training runtime's default, runtime/vocab_parallel.py) a tensor-parallel
+    `vocab_parallel` (the training runtime's default, training/vocab_parallel.py) a tensor-parallel
     rank graph's gathered logits are not formed: the loss reads, keeps and differentiates this
     rank's vocabulary shard (the all_gather's input) and the all_gather does not run. With
     `recompute` (full, per decoder layer) a layer keeps only its inputs; its saved set is rebuilt

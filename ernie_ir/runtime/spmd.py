@@ -16,8 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ernie_ir.ir import DType, ErnieIRError, Graph
-
-from .interpreter import Interpreter
+from ernie_ir.runtime.interpreter import Interpreter
 
 
 class SpmdError(ErnieIRError):

@@ -11,8 +11,8 @@ the built-in `legalize-<target>` passes; every target's, plugins' included, is a
 through the `ernie_ir.passes` entry point.
 """
 
-from . import passes  # noqa: F401  (registers legalize-cuda/-ascend/-kunlun)
-from .artifact import (
+from ernie_ir.targets import passes  # noqa: F401  (registers legalize-cuda/-ascend/-kunlun)
+from ernie_ir.targets.artifact import (
     ArtifactError,
     artifact_mapping,
     load_artifact,
@@ -22,10 +22,10 @@ from .artifact import (
     verify_artifact,
     write_artifact,
 )
-from .capabilities import ArchOption, FusedMoE, HardwareTarget, WeightOnlyKernel
-from .compile import CompileReport, compile_model
-from .registry import TARGETS, TargetError, all_targets, get_target
-from .rules import LegalizationRules, Legalizing
+from ernie_ir.targets.capabilities import ArchOption, FusedMoE, HardwareTarget, WeightOnlyKernel
+from ernie_ir.targets.compile import CompileReport, compile_model
+from ernie_ir.targets.registry import TARGETS, TargetError, all_targets, get_target
+from ernie_ir.targets.rules import LegalizationRules, Legalizing
 
 __all__ = [
     "TARGETS",

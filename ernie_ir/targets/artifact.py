@@ -61,11 +61,11 @@ from ernie_ir.ir.mapping import Mapping
 from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.storage import GRAPH_FILE, WEIGHTS_FILE, sha256_file, write_graph_files  # noqa: F401
 from ernie_ir.ir.weights import SafetensorsFile
+from ernie_ir.targets.capabilities import HardwareTarget
 
-from .capabilities import HardwareTarget
-
-WORKER_LOOKUP = "python -c 'import ernie_ir.runtime.paddle_dist as w; print(w.__file__)'"
-"""Prints the path of the rank worker (ernie_ir/runtime/paddle_dist.py), which the launcher runs."""
+WORKERS = {"inference": "ernie_ir.backends.paddle.rank_worker run",
+           "training": "ernie_ir.training.rank_worker"}
+"""The rank worker of each mode, as `python -m` takes it (module, then its subcommand)."""
 
 
 def launch_recipe(target: HardwareTarget, mode: str, tp: int = 1) -> dict[str, Any]:
@@ -79,7 +79,6 @@ def launch_recipe(target: HardwareTarget, mode: str, tp: int = 1) -> dict[str, A
     """
     devices = ",".join(str(i) for i in range(tp))
     env = {target.visible_devices_env: devices, **target.extra_env}
-    command = "train" if mode == "training" else "run"
     kind = target.device_kind
     extra = " --save" if mode == "training" else ""
     cpu = ("ernie-ir train <artifact> --steps N" if mode == "training" else
@@ -94,8 +93,8 @@ def launch_recipe(target: HardwareTarget, mode: str, tp: int = 1) -> dict[str, A
         "env": env,
         "paddle_device": target.paddle_device,
         "inference_config": target.inference_config,
-        "entry": f"<worker> {command} <artifact> --device {kind}{extra}",
-        "worker": WORKER_LOOKUP,
+        "entry": f"python -m {WORKERS[mode]} <artifact> --device {kind}{extra}",
+        "worker": f"python -m {WORKERS[mode]}",
         "note": (f"{tp} process(es), one per rank: each checks and loads rank{{r}}/, builds its Paddle "
                  "Layer for the device (collectives are paddle.distributed calls) and rank 0 reports"),
         "cpu": {"collective_backend": "gloo", "command": cpu,
@@ -128,10 +127,11 @@ def launch_script(recipe: dict[str, Any]) -> str:
     kind = recipe["paddle_device"].split(":")[0]
     extra = " --save" if command == "train" else ""
     lines.append("# on a CPU instead: " + recipe["cpu"]["command"].replace("<artifact>", '"$ARTIFACT"'))
-    lines.append(f'WORKER="$({recipe["worker"]})" || exit 1')
-    lines += _multi_node_lines(recipe, vis, f'"$WORKER" {command} "$ARTIFACT" --device {kind}{extra} "$@"')
+    lines.append('PYTHON="$(command -v python || command -v python3)" || exit 1')
+    worker = f'"$PYTHON" -m {WORKERS[recipe.get("mode", "inference")]}'
+    lines += _multi_node_lines(recipe, vis, f'{worker} "$ARTIFACT" --device {kind}{extra} "$@"')
     lines.append(f'exec {recipe["launcher"]} --nproc_per_node {recipe["nproc"]} {recipe["flag"]} '
-                 f'"${{{vis}}}" "$WORKER" {command} "$ARTIFACT" --device {kind}{extra} "$@"')
+                 f'"${{{vis}}}" {worker} "$ARTIFACT" --device {kind}{extra} "$@"')
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from .rules import DEFAULT_RULES, LegalizationRules
+from ernie_ir.targets.rules import DEFAULT_RULES, LegalizationRules
 
 
 class _Data(BaseModel):

@@ -25,16 +25,15 @@ from ernie_ir.passes.parallel.pipeline_stages import check_pipeline, layer_count
 from ernie_ir.passes.parallel.split import mapping_for
 from ernie_ir.passes.quant.cli_flags import NO_QUANT, QuantFlagError, adapter_folder, pipeline_for
 from ernie_ir.passes.quant.config import resolve_quant_name
-
-from .artifact import check_out, write_artifact
-from .capabilities import HardwareTarget
-from .coverage import check_coverage
-from .executables import backend_of, check_emit, default_emit, parse_emit, select_emitters
-from .registry import TargetError, all_targets, get_target
+from ernie_ir.targets.artifact import check_out, write_artifact
+from ernie_ir.targets.capabilities import HardwareTarget
+from ernie_ir.targets.coverage import check_coverage
+from ernie_ir.targets.executables import backend_of, check_emit, default_emit, parse_emit, select_emitters
+from ernie_ir.targets.registry import TargetError, all_targets, get_target
 
 MODES = ("inference", "training")
 ONNX_NUMERICS = ("weight-only", "exact", "fast")
-"""`onnx_numerics` choices (ernie_ir.targets.emit_onnx): float32 activations with every weight
+"""`onnx_numerics` choices (ernie_ir.backends.onnx.lower): float32 activations with every weight
 dequantized in float32 (the default), the interpreter's numerics bit for bit (the bf16 rounding of
 dequantized weights kept), or int8 activations; recorded in the model and the manifest."""
 DEFAULT_ONNX_NUMERICS = "weight-only"
@@ -132,7 +131,7 @@ def source_info(model: str, graph: Graph, *, meta: bool = False) -> dict[str, An
     path = Path(model)
     trained = graph.metadata.get("trained")
     if isinstance(trained, dict) and (path / "manifest.json").is_file():  # ernie_ir.load.load_trained
-        from .artifact import read_manifest
+        from ernie_ir.targets.artifact import read_manifest
 
         done = read_manifest(path)
         return {"model": model, "kind": "training-artifact", **trained,
@@ -423,7 +422,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
     if len(ranks) != mapping.world_size:
         mapping = Mapping.create()  # the split left one rank (tp = ep = 1)
     if pp > 1:
-        from ernie_ir.runtime.paddle_layer import rank_varying
+        from ernie_ir.backends.paddle.layer import rank_varying
 
         ranks, bounds = pipeline_ranks(ranks, pp, rank_varying)
         mapping = mapping.with_pipeline(bounds, micro_batches or 1)
@@ -431,7 +430,7 @@ def compile_model(model: str, target: str, quant: str | None = None, mode: str =
         mapping = mapping.with_data_parallel(dp, sharding)
     first = ranks[0]
     if mode == "training":
-        from .emit_paddle import check_trainable
+        from ernie_ir.training.recipe import check_trainable
 
         check_trainable(first)
     warnings = list(result.warnings)
@@ -484,7 +483,7 @@ def _trained_artifact(model: str, mode: str, checkpoint: str | None, meta: bool)
             raise TargetError(f"--checkpoint picks a checkpoint of a training artifact, and {model} is not "
                               "one: drop --checkpoint")
         return None
-    from .artifact import read_manifest
+    from ernie_ir.targets.artifact import read_manifest
 
     done = read_manifest(model)
     if done.get("mode") != "training":

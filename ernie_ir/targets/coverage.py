@@ -21,8 +21,7 @@ from typing import Any
 
 from ernie_ir.ir import Graph, OpDef
 from ernie_ir.ir.registry import LOWERINGS
-
-from .registry import TargetError
+from ernie_ir.targets.registry import TargetError
 
 LOWERING_OF = {"onnx": "onnx", "onnxruntime": "onnx", "paddle": "paddle", "paddle-inference": "paddle"}
 """The lowering kind each op-lowered executable needs, by executable (`--emit`) or backend name
@@ -50,10 +49,10 @@ class Gap:
 def lowers(kind: str) -> Callable[[OpDef], bool]:
     """The test of the emitter of `kind` ("onnx" or "paddle"): does it lower an op?"""
     if kind == "onnx":
-        from .emit_onnx import lowers as onnx_lowers
+        from ernie_ir.backends.onnx.lower import lowers as onnx_lowers
 
         return onnx_lowers
-    from ernie_ir.runtime.paddle_layer import lowers as paddle_lowers
+    from ernie_ir.backends.paddle.layer import lowers as paddle_lowers
 
     return paddle_lowers
 

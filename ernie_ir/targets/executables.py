@@ -32,9 +32,8 @@ from typing import Any
 
 from ernie_ir.ir import Graph
 from ernie_ir.ir.mapping import Mapping
-
-from .capabilities import HardwareTarget
-from .registry import TargetError, all_targets, get_target
+from ernie_ir.targets.capabilities import HardwareTarget
+from ernie_ir.targets.registry import TargetError, all_targets, get_target
 
 EXECUTABLES: dict[str, str] = {
     "paddle": "the Paddle Layer, built from rank{r}/ at load (device kernels on the device); "
@@ -93,7 +92,7 @@ def check_emit(emit: Sequence[str], target: str | HardwareTarget, mode: str, wor
             raise TargetError(f"--emit {name} needs one rank ({why}); this layout has "
                               f"{world}: drop --tp/--ep/--pp or {name}")
         if name == "paddle-inference":
-            from .emit_paddle import paddle_available
+            from ernie_ir.backends.paddle.emit import paddle_available
 
             if not paddle_available():
                 raise TargetError("--emit paddle-inference needs PaddlePaddle to trace the program: "
@@ -115,7 +114,7 @@ def select_emitters(emit: Sequence[str], *, explicit: bool, target: HardwareTarg
     one that does not apply (e.g. fastdeploy for GPT) is left out, with a warning where the
     model nearly qualified. `kv_cache_dtype`: the element type of the ONNX decoder's KV cache
     (None: the attention's key dtype)."""
-    from .fastdeploy import fastdeploy_emitters
+    from ernie_ir.targets.fastdeploy import fastdeploy_emitters
 
     first = ranks[0]
     emitters: dict[str, Emitter] = {}
@@ -144,11 +143,10 @@ def _onnx_emitter(graph: Graph, numerics: str, kv_cache_dtype: str | None = None
     executables and the rank files are made from, and stays as it is). Checked here, before any
     file is written: an op without an ONNX lowering, a graph that cannot become a decoder, a bad
     cache dtype are one-line errors; token ids onnxruntime-genai must guess are a warning."""
+    from ernie_ir.backends.onnx.lower import emit_onnx, first_refusal, unsupported_ops
+    from ernie_ir.formats.genai_config import GenaiConfigError, missing_token_ids, write_genai_config
     from ernie_ir.ir.storage import clone_graph
     from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
-
-    from .emit_onnx import emit_onnx, first_refusal, unsupported_ops
-    from .genai_config import GenaiConfigError, missing_token_ids, write_genai_config
 
     missing = unsupported_ops(graph)
     if missing:
@@ -190,7 +188,7 @@ def _onnx_emitter(graph: Graph, numerics: str, kv_cache_dtype: str | None = None
 
 
 def _paddle_inference_emitter() -> Emitter:
-    from .emit_paddle import emit_paddle_inference
+    from ernie_ir.backends.paddle.emit import emit_paddle_inference
 
     return lambda g, exe: emit_paddle_inference(g, exe / "paddle")
 
@@ -199,7 +197,7 @@ def _paddle_emitter(target: HardwareTarget, mode: str, mapping: Mapping) -> Emit
     """Training: the recipe. Inference: nothing to write; `run --backend paddle` and the launch
     recipe build each rank's Layer from `rank{r}/` (the bytes already in the artifact)."""
     if mode == "training":
-        from .emit_paddle import emit_paddle_training
+        from ernie_ir.training.recipe import emit_paddle_training
 
         layout = None if mapping.processes == 1 else mapping  # dp replicas of one rank: a layout too
         return lambda g, exe: emit_paddle_training(g, exe, target, layout)

@@ -38,10 +38,9 @@ from ernie_ir.load import load_input
 from ernie_ir.passes.infra.base import graph_properties
 from ernie_ir.passes.infra.pipeline import load_pipeline
 from ernie_ir.passes.quant.cli_flags import pipeline_for
-
-from .compile import adapter_provenance, params_by_dtype, source_info
-from .fastdeploy import published_tensors, source_config, write_checkpoint_files
-from .registry import TargetError
+from ernie_ir.targets.compile import adapter_provenance, params_by_dtype, source_info
+from ernie_ir.targets.fastdeploy import published_tensors, source_config, write_checkpoint_files
+from ernie_ir.targets.registry import TargetError
 
 EXPORT_RECORD = "ernie_ir_export.json"
 EXPORT_FORMAT = "ernie-ir-export"

@@ -61,9 +61,8 @@ from ernie_ir.ops.cuda_layout import DEFAULT_CUDA_ARCH, unpack
 from ernie_ir.ops.fastdeploy_experts import unpack_int4_rows_array, w4a8_float_weight
 from ernie_ir.ops.moe_w4a8 import FASTDEPLOY_INT4_FACTOR, hadamard_blocks
 from ernie_ir.ops.wint2 import wint2_dequantize
-
-from .capabilities import HardwareTarget
-from .legalize import FASTDEPLOY_KEY
+from ernie_ir.targets.capabilities import HardwareTarget
+from ernie_ir.targets.legalize import FASTDEPLOY_KEY
 
 FD_WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

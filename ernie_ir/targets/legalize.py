@@ -35,9 +35,8 @@ import numpy as np
 from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, TensorType, Value
 from ernie_ir.ir.weights import WeightSource
 from ernie_ir.passes.infra.param_placer import ParamPlacer
-
-from .capabilities import HardwareTarget
-from .errors import TargetError
+from ernie_ir.targets.capabilities import HardwareTarget
+from ernie_ir.targets.errors import TargetError
 
 PLAN_KEY = "kernel_plan"
 LAYOUT_KEY = "cuda_layout"

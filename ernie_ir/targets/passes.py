@@ -15,10 +15,9 @@ from pydantic import create_model, field_validator
 
 from ernie_ir.ir import Graph
 from ernie_ir.passes import NoOptions, Pass, PassContext, PassOptions, register_pass
-
-from .capabilities import ArchOption, HardwareTarget
-from .legalize import legalize
-from .registry import BUILTIN, all_targets
+from ernie_ir.targets.capabilities import ArchOption, HardwareTarget
+from ernie_ir.targets.legalize import legalize
+from ernie_ir.targets.registry import BUILTIN, all_targets
 
 _PASSES: dict[str, type[Pass]] = {}
 

@@ -15,12 +15,11 @@ from collections.abc import Iterator, Mapping
 from importlib.metadata import entry_points
 
 from ernie_ir.ir.registry import BrokenPlugin
-
-from .ascend import ASCEND
-from .capabilities import HardwareTarget
-from .cuda import CUDA
-from .errors import TargetError
-from .kunlun import KUNLUN
+from ernie_ir.targets.ascend import ASCEND
+from ernie_ir.targets.capabilities import HardwareTarget
+from ernie_ir.targets.cuda import CUDA
+from ernie_ir.targets.errors import TargetError
+from ernie_ir.targets.kunlun import KUNLUN
 
 ENTRY_POINT_GROUP = "ernie_ir.targets"
 BUILTIN: tuple[HardwareTarget, ...] = (CUDA, ASCEND, KUNLUN)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ernie_ir.runtime.paddle_dist import init_process_group, world_from_env
-from ernie_ir.runtime.paddle_layer import require_paddle
-from ernie_ir.runtime.vocab_parallel import vocab_parallel_cross_entropy
+from ernie_ir.backends.paddle.layer import require_paddle
+from ernie_ir.backends.paddle.rank_worker import init_process_group, world_from_env
+from ernie_ir.training.vocab_parallel import vocab_parallel_cross_entropy
 
 
 def main() -> None:

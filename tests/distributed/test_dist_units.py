@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from _dist_testkit import compile_art
 
+from ernie_ir.backends.paddle.layer import PaddleEmitError, build_layer, rank_varying, require_paddle
 from ernie_ir.ir import GraphBuilder, i64, tensor
 from ernie_ir.ir.storage import load_graph
 from ernie_ir.ir.weights import ArraySource
 from ernie_ir.runtime.interpreter import run_graph
-from ernie_ir.runtime.paddle_dist import merge_shards
-from ernie_ir.runtime.paddle_layer import PaddleEmitError, build_layer, rank_varying, require_paddle
+from ernie_ir.training.rank_worker import merge_shards
 
 
 def _parallel_ops_graph() -> GraphBuilder:
@@ -109,10 +109,11 @@ def test_multi_rank_launch_recipe_starts_the_rank_worker(tmp_path: Path, target:
         assert recipe["collective_backend"].startswith(backend)
         assert recipe["cpu"]["collective_backend"] == "gloo"
         script = (out / mode / "launch.sh").read_text()
-        command = "train" if mode == "training" else "run"
-        launch = f'--nproc_per_node 2 {flag} "${{{env}}}" "$WORKER" {command} "$ARTIFACT" --device {device}'
+        worker = ("ernie_ir.training.rank_worker" if mode == "training" else
+                  "ernie_ir.backends.paddle.rank_worker run")
+        launch = f'--nproc_per_node 2 {flag} "${{{env}}}" "$PYTHON" -m {worker} "$ARTIFACT" --device {device}'
         assert launch in script
-        assert "ernie_ir.runtime.paddle_dist" in script and "command -v ernie-ir" not in script
+        assert "command -v ernie-ir" not in script
         assert ("PADDLE_XCCL_BACKEND" in script) == (target == "ascend")
         if mode == "training":
             train = json.loads((out / "training/train.json").read_text())
@@ -122,7 +123,7 @@ def test_multi_rank_launch_recipe_starts_the_rank_worker(tmp_path: Path, target:
 
 def test_a_cpu_launch_strips_the_device_variables_the_artifact_names(tmp_path: Path) -> None:
     """The built-in targets' variables, plus whatever a (plugin) target's recipe sets."""
-    from ernie_ir.runtime.launcher import device_env
+    from ernie_ir.backends.paddle.launch import device_env
 
     (tmp_path / "inference").mkdir()
     (tmp_path / "inference" / "launch.json").write_text(json.dumps(

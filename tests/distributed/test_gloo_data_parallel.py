@@ -26,10 +26,10 @@ import pytest
 from _dist_testkit import compile_art, leftover_processes
 from safetensors.numpy import load_file
 
+from ernie_ir.backends.paddle.layer import build_layer, require_paddle
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.storage import load_graph
-from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
-from ernie_ir.runtime.training import (
+from ernie_ir.training.loop import (
     read_training_artifact,
     resolve_options,
     token_loss_sum,

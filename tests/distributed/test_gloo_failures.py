@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from _dist_testkit import IDS, compile_art, leftover_processes
 
+from ernie_ir.backends.paddle.launch import DistributedRunError
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.cli.app import main
-from ernie_ir.runtime.artifact_runner import run_artifact
-from ernie_ir.runtime.launcher import DistributedRunError
 from ernie_ir.targets import verify_artifact
 
 

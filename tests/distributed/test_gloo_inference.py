@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from _dist_testkit import IDS, compile_art, leftover_processes, rel_err
 
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.cli.app import main
-from ernie_ir.runtime.artifact_runner import run_artifact
 
 CASES = {
     "dense": ("ernie-4.5-0.3b@tiny", {"tp": 2}),

@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 from _dist_testkit import IDS, compile_art, leftover_processes, processes_with_env
 
+from ernie_ir.backends.paddle.launch import free_port_block
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.cli.app import main
-from ernie_ir.runtime.artifact_runner import run_artifact
-from ernie_ir.runtime.launcher import free_port_block
-from ernie_ir.runtime.training import train_artifact
+from ernie_ir.training.loop import train_artifact
 
 MODEL = "ernie-4.5-0.3b@tiny"
 PAIR_TIMEOUT_S = 180.0

@@ -29,11 +29,11 @@ from _cli_kit import user_error
 from _dist_testkit import IDS, compile_art, leftover_processes, rel_err
 from safetensors.numpy import load_file
 
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.load import load_input
 from ernie_ir.runtime import Interpreter
-from ernie_ir.runtime.artifact_runner import run_artifact
-from ernie_ir.runtime.training import train_artifact
+from ernie_ir.training.loop import train_artifact
 
 STEPS = 3
 MODELS = {"dense": "ernie-4.5-0.3b@tiny", "moe": "ernie-4.5-21b-a3b@tiny", "gpt": "gpt-345m@tiny"}
@@ -164,7 +164,7 @@ def test_bad_pipeline_input_is_one_line(tmp_path: Path, arts: dict[str, Path],
 
 
 def test_micro_batches_dividing_check_is_library_level() -> None:
-    from ernie_ir.runtime.pipeline_schedule import check_micro_batches
+    from ernie_ir.backends.paddle.pipeline_schedule import check_micro_batches
 
     assert check_micro_batches(8, 4) == 2
     with pytest.raises(ErnieIRError, match="use one of \\[1, 2, 3, 6\\]"):

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from _dist_testkit import IDS, compile_art, leftover_processes, rel_err
 
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir.storage import load_graph
 from ernie_ir.load import load_input
 from ernie_ir.runtime import Interpreter
-from ernie_ir.runtime.artifact_runner import run_artifact
-from ernie_ir.runtime.training import train_artifact
+from ernie_ir.training.loop import train_artifact
 
 STEPS = 3
 MODELS = {"dense": "ernie-4.5-0.3b@tiny", "moe": "ernie-4.5-300b-a47b@tiny", "gpt": "gpt-345m@tiny"}

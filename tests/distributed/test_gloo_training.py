@@ -18,16 +18,17 @@ import pytest
 from _dist_testkit import compile_art, leftover_processes
 from safetensors.numpy import load_file
 
+from ernie_ir.backends.paddle.launch import RankProcesses
+from ernie_ir.backends.paddle.layer import build_layer, require_paddle
 from ernie_ir.ir.storage import load_graph
-from ernie_ir.runtime.launcher import RankProcesses
-from ernie_ir.runtime.paddle_layer import build_layer, require_paddle
-from ernie_ir.runtime.training import (
+from ernie_ir.targets import verify_artifact
+from ernie_ir.training.launch import WORKER as TRAINING_WORKER
+from ernie_ir.training.loop import (
     next_token_loss,
     read_training_artifact,
     train_artifact,
     training_batches,
 )
-from ernie_ir.targets import verify_artifact
 
 STEPS = 3
 MODEL = "ernie-4.5-0.3b@tiny"
@@ -99,7 +100,8 @@ def test_tp2_global_grad_norm_is_the_whole_models(arts: dict[str, Path], tmp_pat
                              for p in layer.trainable_parameters())))
     assert want > recipe["optimizer"]["grad_clip_norm"]  # so the clip is active in these runs
     losses = tmp_path / "losses.jsonl"
-    ranks = RankProcesses(arts["tp2"], "train", ["--steps", "1", "--losses", str(losses)], 2, tmp_path)
+    ranks = RankProcesses(arts["tp2"], None, ["--steps", "1", "--losses", str(losses)], 2, tmp_path,
+                          worker=TRAINING_WORKER)
     ranks.start()
     ranks.wait(120)
     got = json.loads(losses.read_text().splitlines()[0])["grad_norm"]

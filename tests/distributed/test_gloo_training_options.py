@@ -13,8 +13,9 @@ import pytest
 from _dist_testkit import compile_art, leftover_processes
 from safetensors.numpy import load_file
 
-from ernie_ir.runtime.launcher import RankProcesses
-from ernie_ir.runtime.training import StepProgress, train_artifact
+from ernie_ir.backends.paddle.launch import RankProcesses
+from ernie_ir.training.launch import WORKER as TRAINING_WORKER
+from ernie_ir.training.loop import StepProgress, train_artifact
 
 MODEL = "ernie-4.5-0.3b@tiny"
 OPTIONS = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "learning_rate": 5e-3,
@@ -53,7 +54,7 @@ def test_tp2_with_every_option_equals_one_rank(tmp_path: Path) -> None:
         "lr": 1e-2, "weight_decay": 0.1, "schedule": "linear", "batch_size": 2, "seed": 3}).losses
     losses = tmp_path / "losses.jsonl"
     args = ["--steps", "2", "--config", str(config), "--losses", str(losses)]
-    ranks = RankProcesses(tp2_art, "train", args, 2, tmp_path)
+    ranks = RankProcesses(tp2_art, None, args, 2, tmp_path, worker=TRAINING_WORKER)
     ranks.start()
     ranks.wait(120)
     got = [json.loads(line)["loss"] for line in losses.read_text().splitlines()]

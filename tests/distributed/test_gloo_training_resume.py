@@ -15,8 +15,8 @@ from _dist_testkit import compile_art, leftover_processes
 from safetensors.numpy import load_file
 
 from ernie_ir.ir import ErnieIRError
-from ernie_ir.runtime.training import train_artifact
 from ernie_ir.targets import verify_artifact
+from ernie_ir.training.loop import train_artifact
 
 MODEL = "ernie-4.5-0.3b@tiny"
 OPTIONS = {"batch_size": 2, "grad_accum": 2, "lr": 5e-3, "schedule": "cosine", "warmup_steps": 1}

@@ -1,4 +1,4 @@
-"""The vocabulary-parallel loss of tensor-parallel training (ernie_ir/runtime/vocab_parallel.py).
+"""The vocabulary-parallel loss of tensor-parallel training (ernie_ir/training/vocab_parallel.py).
 
 - The PyLayer on 2 gloo ranks equals paddle.nn.functional.cross_entropy on the whole logits, the
   per-token loss and d logits (each rank's slice), with ignore_index positions, labels on each
@@ -26,13 +26,13 @@ import pytest
 from _dist_testkit import compile_art, leftover_processes, processes_with_env
 from safetensors.numpy import load_file
 
+from ernie_ir.backends.paddle.launch import free_port_block
+from ernie_ir.backends.paddle.layer import require_paddle
+from ernie_ir.backends.paddle.rank_worker import load_rank_graph
 from ernie_ir.ir.storage import load_graph
 from ernie_ir.planning.graph_memory import tensor_bytes
-from ernie_ir.runtime.launcher import free_port_block
-from ernie_ir.runtime.paddle_dist import load_rank_graph
-from ernie_ir.runtime.paddle_layer import require_paddle
-from ernie_ir.runtime.training import train_artifact
-from ernie_ir.runtime.vocab_parallel import VOCAB_LOSS, keep_vocab_shards
+from ernie_ir.training.loop import train_artifact
+from ernie_ir.training.vocab_parallel import VOCAB_LOSS, keep_vocab_shards
 
 STEPS = 3
 WORKER = Path(__file__).with_name("_vocab_loss_worker.py")

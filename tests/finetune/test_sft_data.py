@@ -266,7 +266,7 @@ def test_input_ids_lines(tmp_path: Path) -> None:
 
 def test_rows_feed_the_training_loop(tok: Tokenizer, tmp_path: Path) -> None:
     """The rows are what runtime's training data reader accepts and returns unchanged."""
-    from ernie_ir.runtime.training import _read_data
+    from ernie_ir.training.loop import _read_data
 
     system, turns, labels = CHATS[1]
     rows = read_sft_data(write(tmp_path, {"system": system, "src": [q for q, _ in turns],

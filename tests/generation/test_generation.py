@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "frontends"))
 from _fe_testkit import hf_to_paddle, random_hf_ernie, write_checkpoint
 
 from ernie_ir.artifacts import load_rank_graphs
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.generation import DecodeError, DecodeOptions, Generator, SamplingOptions
 from ernie_ir.ir.parser import parse_graph
 from ernie_ir.ir.printer import print_graph
@@ -26,7 +27,6 @@ from ernie_ir.ir.verifier import verify
 from ernie_ir.load import load_input
 from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
 from ernie_ir.runtime import Interpreter
-from ernie_ir.runtime.artifact_runner import run_artifact
 from ernie_ir.runtime.decoding import choose, decode, empty_cache
 from ernie_ir.targets.compile import compile_model
 

@@ -30,17 +30,17 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from ernie_ir.backends.onnx.session import full_sequence_feeds, run_onnx
+from ernie_ir.formats.genai_config import GenaiConfigError, genai_config, missing_token_ids
 from ernie_ir.ir import Graph
 from ernie_ir.ir.storage import clone_graph
 from ernie_ir.load import load_input
 from ernie_ir.passes.decoding.kv_cache import CacheLayout, add_kv_cache
 from ernie_ir.runtime.decoding import DecodeOptions, decode, empty_cache, left_pad
 from ernie_ir.runtime.interpreter import run_graph
-from ernie_ir.runtime.onnx_backend import full_sequence_feeds, run_onnx
 from ernie_ir.targets import TargetError, load_artifact
 from ernie_ir.targets.compile import compile_model
 from ernie_ir.targets.executables import _onnx_emitter
-from ernie_ir.targets.genai_config import GenaiConfigError, genai_config, missing_token_ids
 from ernie_ir.testing.stability import stable_positions
 
 og = pytest.importorskip("onnxruntime_genai")
@@ -341,8 +341,8 @@ def test_a_narrow_cache_for_a_float32_model(tmp_path: Path, dtype: str) -> None:
 def test_fully_masked_rows_give_zeros_not_nan(tmp_path: Path, mask_type: str) -> None:
     """An attention whose mask hides every key of some query rows: zeros there, as the
     interpreter gives (a keep mask and an additive -inf mask alike)."""
+    from ernie_ir.backends.onnx.lower import emit_onnx
     from ernie_ir.ir.parser import parse_graph
-    from ernie_ir.targets.emit_onnx import emit_onnx
 
     text = (f"graph @masked(%q: f32[2,3,2,4], %k: f32[2,5,1,4], %v: f32[2,5,1,4], %m: {mask_type}[2,1,3,5])"
             " -> (out: f32[2,3,2,4]) {\n"

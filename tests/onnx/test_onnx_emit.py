@@ -16,10 +16,10 @@ import numpy as np
 import onnx
 import pytest
 
+from ernie_ir.backends.onnx.lower import OnnxExportError, emit_onnx
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir import ErnieIRError
-from ernie_ir.runtime.artifact_runner import run_artifact
 from ernie_ir.targets import ArtifactError, compile_model, load_artifact, read_manifest
-from ernie_ir.targets.emit_onnx import OnnxExportError, emit_onnx
 
 REL_TOL = 2e-5
 
@@ -81,8 +81,8 @@ def test_matmulnbits_form_is_exact(artifacts: dict, tmp_path: Path, case: tuple[
     path, _ = emit_onnx(graph, tmp_path, form="matmulnbits", numerics="exact")
     model = onnx.load(str(path), load_external_data=False)
     assert any(n.op_type == "MatMulNBits" and n.domain == "com.microsoft" for n in model.graph.node)
+    from ernie_ir.backends.onnx.session import run_onnx
     from ernie_ir.runtime import run_graph
-    from ernie_ir.runtime.onnx_backend import run_onnx
 
     ids = _ids(2, 5)
     _check(run_graph(graph, {"input_ids": ids})["logits"], run_onnx(path, ids))

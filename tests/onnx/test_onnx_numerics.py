@@ -25,13 +25,13 @@ import pytest
 from _cli_kit import cli
 from onnx import numpy_helper
 
+from ernie_ir.backends.onnx.lower import OnnxExportError, emit_onnx
+from ernie_ir.backends.onnx.session import full_sequence_feeds, run_onnx
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.load import load_input
-from ernie_ir.runtime.artifact_runner import run_artifact
 from ernie_ir.runtime.interpreter import run_graph
-from ernie_ir.runtime.onnx_backend import full_sequence_feeds, run_onnx
 from ernie_ir.targets import compile_model, load_artifact, read_manifest
-from ernie_ir.targets.emit_onnx import OnnxExportError, emit_onnx
 from ernie_ir.testing.stability import stable_positions
 
 MODELS = ("ernie-4.5-0.3b@tiny", "ernie-4.5-21b-a3b@tiny")

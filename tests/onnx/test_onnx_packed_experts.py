@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from ernie_ir.backends.onnx.session import full_sequence_feeds
 from ernie_ir.runtime.interpreter import run_graph
-from ernie_ir.runtime.onnx_backend import full_sequence_feeds
 from ernie_ir.targets import compile_model, load_artifact
 
 IDS = np.array([[1, 2, 3, 400, 5, 77]])

@@ -35,14 +35,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from ernie_ir.backends.onnx.lower import OnnxExportError, build_onnx
+from ernie_ir.backends.onnx.session import full_sequence_feeds
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir import DType, ErnieIRError, Graph, GraphBuilder, Node, TensorType
 from ernie_ir.ir.weights import ArraySource
 from ernie_ir.ops.quant_numerics import paddle_inverse
-from ernie_ir.runtime.artifact_runner import run_artifact
 from ernie_ir.runtime.interpreter import Interpreter, run_graph
-from ernie_ir.runtime.onnx_backend import full_sequence_feeds
 from ernie_ir.targets import compile_model, load_artifact, read_manifest
-from ernie_ir.targets.emit_onnx import OnnxExportError, build_onnx
 
 MODELS = {"gpt": "gpt-345m@tiny", "ernie": "ernie-4.5-0.3b@tiny"}
 # PaddleSlim's QAT config with a scale per output channel (ERNIE); GPT uses the qat-int8 preset
@@ -241,7 +241,7 @@ def test_the_training_form_is_refused_in_one_line(tmp_path: Path) -> None:
 def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """name -> the trained QAT artifact compiled for cuda inference with the ONNX executable."""
     pytest.importorskip("paddle")  # training
-    from ernie_ir.runtime.training import train_artifact
+    from ernie_ir.training.loop import train_artifact
 
     tmp = tmp_path_factory.mktemp("qat-onnx")
     cfg = tmp / "channel_wise.yaml"

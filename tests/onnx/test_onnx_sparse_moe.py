@@ -17,8 +17,8 @@ import onnxruntime as ort
 import pytest
 from _moe_kit import CASES, EXPERTS64, IDS, moe_graph
 
+from ernie_ir.backends.onnx.lower import dense_moe, emit_onnx
 from ernie_ir.runtime.interpreter import run_graph
-from ernie_ir.targets.emit_onnx import dense_moe, emit_onnx
 
 
 def bare_session(path: Path) -> ort.InferenceSession:

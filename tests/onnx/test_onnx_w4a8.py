@@ -29,13 +29,13 @@ import onnxruntime as ort
 import pytest
 
 import ernie_ir.ops.moe_w4a8 as moe_w4a8
+from ernie_ir.backends.onnx.lower import build_onnx
+from ernie_ir.backends.onnx.session import full_sequence_feeds
 from ernie_ir.ir import DType, GraphBuilder, Param, TensorType, get_op
 from ernie_ir.ir.weights import ArraySource
 from ernie_ir.ops.fastdeploy_experts import pack_int4_rows
 from ernie_ir.runtime.interpreter import Interpreter, run_graph
-from ernie_ir.runtime.onnx_backend import full_sequence_feeds
 from ernie_ir.targets import load_artifact
-from ernie_ir.targets.emit_onnx import build_onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
 from _parallel_testkit import tiny_config, write_paddle_checkpoint

@@ -228,7 +228,7 @@ def test_a_model_using_the_plugin_op_compiles_to_every_target_and_runs(
     pytest.importorskip("paddle")
     import onnxruntime as ort
 
-    from ernie_ir.runtime.onnx_backend import full_sequence_feeds
+    from ernie_ir.backends.onnx.session import full_sequence_feeds
 
     art = sites["root"] / f"art-{target}"
     # every executable: ONNX where the lowered ops have ONNX forms (kunlun's int8 has none)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from _cli_kit import user_error
 
+from ernie_ir.backends.paddle.rank_worker import WorkerError, load_rank_graph
 from ernie_ir.ir.mapping import Mapping, MappingError
-from ernie_ir.runtime.data_parallel import partition, replica_rows
-from ernie_ir.runtime.paddle_dist import WorkerError, load_rank_graph
 from ernie_ir.targets import compile_model, verify_artifact
+from ernie_ir.training.data_parallel import partition, replica_rows
 
 MODEL = "ernie-4.5-0.3b@tiny"
 

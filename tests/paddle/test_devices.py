@@ -1,4 +1,5 @@
-"""Device detection and weight-only kernel dispatch (ernie_ir.runtime.devices), on CPU with fake probes."""
+"""Device detection and weight-only kernel dispatch (ernie_ir.backends.paddle.devices), on CPU with
+fake probes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ernie_ir.runtime import devices, paddle_backend
+from ernie_ir.backends.paddle import devices
+from ernie_ir.backends.paddle import session as paddle_backend
 
 pytest.importorskip("paddle")
 
@@ -69,7 +71,7 @@ def test_launcher_selects_device_index(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLAGS_selected_gpus", "3")
     assert devices.set_device_string("gpu") == "gpu:3"
     assert devices.set_device_string("cpu") == "cpu"
-    from ernie_ir.runtime.paddle_dist import device_for
+    from ernie_ir.backends.paddle.rank_worker import device_for
 
     assert device_for("gpu") == "gpu:3"
 
@@ -116,7 +118,7 @@ def _lowered(pipeline: str):
 
 
 def test_build_layer_on_fake_sm80_plans_the_gpu_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ernie_ir.runtime.paddle_layer import build_layer
+    from ernie_ir.backends.paddle.layer import build_layer
 
     fake_machine(monkeypatch, gpus=1, cc=(8, 0))
     monkeypatch.setattr(devices, "set_device", lambda device: None)  # build only: no GPU here
@@ -131,7 +133,7 @@ def test_build_layer_on_fake_sm80_plans_the_gpu_kernel(monkeypatch: pytest.Monke
 
 
 def test_build_layer_on_fake_npu_records_the_npu_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ernie_ir.runtime.paddle_layer import build_layer
+    from ernie_ir.backends.paddle.layer import build_layer
 
     fake_machine(monkeypatch, custom=("npu",))
     monkeypatch.setattr(devices, "set_device", lambda device: None)

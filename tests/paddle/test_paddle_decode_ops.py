@@ -16,7 +16,7 @@ from ernie_ir.ops.rope import Rope, RopeAttrs
 
 paddle = pytest.importorskip("paddle")
 
-from ernie_ir.runtime import paddle_layer  # noqa: E402
+from ernie_ir.backends.paddle import layer as paddle_layer  # noqa: E402
 
 
 class _Traced(paddle.nn.Layer):  # type: ignore[misc, name-defined]

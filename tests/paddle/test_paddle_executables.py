@@ -16,10 +16,10 @@ from ernie_ir.targets import compile_model, load_artifact, verify_artifact
 
 paddle = pytest.importorskip("paddle")
 
-from ernie_ir.runtime import paddle_layer  # noqa: E402
-from ernie_ir.runtime.artifact_runner import run_artifact  # noqa: E402
-from ernie_ir.runtime.paddle_backend import run_paddle  # noqa: E402
-from ernie_ir.runtime.training import train_artifact  # noqa: E402
+from ernie_ir.backends.paddle import layer as paddle_layer  # noqa: E402
+from ernie_ir.backends.paddle.session import run_paddle  # noqa: E402
+from ernie_ir.backends.sessions import run_artifact  # noqa: E402
+from ernie_ir.training.loop import train_artifact  # noqa: E402
 
 IDS = np.random.default_rng(1).integers(0, 1000, size=(2, 7))
 

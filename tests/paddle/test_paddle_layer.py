@@ -25,7 +25,7 @@ from ernie_ir.testing.stability import stable_positions
 
 paddle = pytest.importorskip("paddle")
 
-from ernie_ir.runtime.paddle_layer import build_layer  # noqa: E402
+from ernie_ir.backends.paddle.layer import build_layer  # noqa: E402
 
 MODELS = ["ernie-4.5-0.3b@tiny", "ernie-4.5-21b-a3b@tiny"]
 PIPELINES = {
@@ -123,7 +123,7 @@ def test_a_near_tie_moved_by_a_few_ulps_is_excluded_not_failed(monkeypatch: pyte
     at (row 0, position 5, channel 62) is 11.5 ulps from an e4m3 midpoint; moved 12 ulps away
     from zero, its fp8 value flips and the logits move by ~3 from position 5 on. A whole-logits
     comparison fails; the stable positions exclude exactly row 0 from position 5."""
-    from ernie_ir.runtime import paddle_layer
+    from ernie_ir.backends.paddle import layer as paddle_layer
 
     g = lowered("ernie-4.5-21b-a3b@tiny", PIPELINES["fp8-cuda90"])
     ref = run_graph(g, {"input_ids": IDS})["logits"]

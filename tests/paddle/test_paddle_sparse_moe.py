@@ -18,8 +18,8 @@ from ernie_ir.runtime.interpreter import run_graph
 
 paddle = pytest.importorskip("paddle")
 
-from ernie_ir.runtime import paddle_layer  # noqa: E402
-from ernie_ir.runtime.paddle_layer import build_layer  # noqa: E402
+from ernie_ir.backends.paddle import layer as paddle_layer  # noqa: E402
+from ernie_ir.backends.paddle.layer import build_layer  # noqa: E402
 
 
 def forward(layer: Any, ids: np.ndarray) -> np.ndarray:
@@ -172,7 +172,7 @@ def test_lora_expert_gradients_equal_dense() -> None:
 def test_traced_inference_program_is_sparse_and_exact(tmp_path: Path) -> None:
     from paddle import inference
 
-    from ernie_ir.targets.emit_paddle import emit_paddle_inference
+    from ernie_ir.backends.paddle.emit import emit_paddle_inference
 
     g = moe_graph("wint8mix,legalize-cuda{cuda_arch=80}", **EXPERTS64)
     folder = tmp_path / "art" / "inference" / "paddle"

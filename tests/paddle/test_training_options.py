@@ -19,7 +19,7 @@ paddle = pytest.importorskip("paddle")
 
 from safetensors.numpy import load_file  # noqa: E402
 
-from ernie_ir.runtime.training import (  # noqa: E402
+from ernie_ir.training.loop import (  # noqa: E402
     RECIPE,
     StepProgress,
     TrainOptions,

@@ -22,8 +22,8 @@ paddle = pytest.importorskip("paddle")
 from safetensors.numpy import load_file  # noqa: E402
 
 from ernie_ir.artifacts import record_files  # noqa: E402
-from ernie_ir.runtime.train_state import OPTIMIZER, PARAMS, TRAINER_STATE  # noqa: E402
-from ernie_ir.runtime.training import TrainResult, train_artifact  # noqa: E402
+from ernie_ir.training.checkpoints import OPTIMIZER, PARAMS, TRAINER_STATE  # noqa: E402
+from ernie_ir.training.loop import TrainResult, train_artifact  # noqa: E402
 
 MODEL = "ernie-4.5-0.3b@tiny"
 # 6 sequences in batches of 2 (3 batches), 2 batches a step: step k takes batches 2k, 2k+1 mod 3,
@@ -113,7 +113,7 @@ def test_a_resumed_run_is_the_uninterrupted_run_bit_for_bit(arts: dict[str, Path
         assert b["resumed_from"] == "run-001-step-2"
     if kind == "lora":  # dropout drew random numbers: the checkpoint's RNG state is not the seed's
         paddle.seed(0)
-        from ernie_ir.runtime.train_state import rng_state
+        from ernie_ir.training.checkpoints import rng_state
 
         assert state["rng_state"]["rank0"] != rng_state(paddle)
     verify_artifact(art)
@@ -146,7 +146,7 @@ def test_save_steps_total_limit_and_on_checkpoint(art: Path, seqs) -> None:
     end = train_artifact(art, 3, data=seqs, options=OPTIONS)
     assert [p.name for p in end.checkpoints] == ["run-003-step-3"]
     # checkpoints whose on_checkpoint has not run yet (a multi-rank run's launcher) are spared
-    from ernie_ir.runtime.train_state import prune_checkpoints
+    from ernie_ir.training.checkpoints import prune_checkpoints
 
     assert prune_checkpoints(art, 0, spare=lambda name: name.startswith("run-003")) == [
         art / "training/checkpoints/run-002-step-1"]

@@ -1,4 +1,4 @@
-"""Pipeline schedules (runtime/pipeline_schedule.py): 1F1B / GPipe / forward-only programs.
+"""Pipeline schedules (backends/paddle/pipeline_schedule.py): 1F1B / GPipe / forward-only programs.
 
 - `compute_order`: 1F1B's warm-up forwards, each micro-batch's forward before its backward, and
   the activations alive on a stage (at most min(p - s, m) for 1F1B, m for GPipe).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from ernie_ir.runtime.pipeline_schedule import (
+from ernie_ir.backends.paddle.pipeline_schedule import (
     Op,
     ScheduleError,
     bubble_fraction,

@@ -21,6 +21,7 @@ import re
 import numpy as np
 import pytest
 
+from ernie_ir.backends.paddle.layer import rank_varying
 from ernie_ir.ir import Graph
 from ernie_ir.ir.mapping import PIPELINE_STAGE, Mapping, stage_info
 from ernie_ir.ir.storage import clone_graph
@@ -38,7 +39,6 @@ from ernie_ir.passes.parallel.pipeline_stages import (
 )
 from ernie_ir.passes.parallel.split import mapping_for, split_graph
 from ernie_ir.runtime import Interpreter
-from ernie_ir.runtime.paddle_layer import rank_varying
 from ernie_ir.runtime.spmd import run_pipeline_spmd, run_spmd
 
 IDS = np.array([[1, 5, 900, 77, 3, 1000], [7, 8, 9, 10, 511, 512]], dtype=np.int64)  # 12 tokens

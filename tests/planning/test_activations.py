@@ -153,7 +153,7 @@ def test_kv_cache_by_hand() -> None:
 
 def test_tp2_training_keeps_the_vocabulary_shard_of_the_logits() -> None:
     """At tp 2 the loss reads, keeps and differentiates each rank's [T, V/2] shard (the
-    vocabulary-parallel loss, runtime/vocab_parallel.py): the saved logits term halves, and
+    vocabulary-parallel loss, training/vocab_parallel.py): the saved logits term halves, and
     lm_head's backward no longer holds a [T, V/2] gradient of its own (it is the loss's buffer)."""
     g = lora_graph("lora{rank=4},split{tp=2}")
     trainable = {p.name for p in g.params.values() if p.trainable}

@@ -27,13 +27,13 @@ from _cli_kit import cli, user_error
 from safetensors.numpy import load_file
 
 from ernie_ir.artifacts import read_manifest, record_files, write_manifest
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir import DType, ErnieIRError, Graph
 from ernie_ir.load import load_input, load_trained
 from ernie_ir.passes import run_pipeline
-from ernie_ir.runtime.artifact_runner import run_artifact
 from ernie_ir.runtime.interpreter import Interpreter
-from ernie_ir.runtime.training import train_artifact
 from ernie_ir.targets import compile_model, load_artifact, verify_artifact
+from ernie_ir.training.loop import train_artifact
 
 pytest.importorskip("paddle")  # training and the paddle backend
 

@@ -472,7 +472,7 @@ def test_split_slices_the_global_kv_scales_by_heads(model: str, tp: int, ep: int
 
 def test_paddle_lowerings_match_the_interpreter() -> None:
     paddle = pytest.importorskip("paddle")
-    from ernie_ir.runtime.paddle_layer import build_layer
+    from ernie_ir.backends.paddle.layer import build_layer
 
     g = load_model(MOE)
     run_pipeline(g, "w4a8c8{calibration_tokens=64,hadamard_block=16}", evaluator=Interpreter)

@@ -29,10 +29,10 @@ import pytest
 from _quant_testkit import rel_error, top1
 from safetensors import safe_open
 
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.frontends import load_model
 from ernie_ir.ops.cuda_layout import unpack
 from ernie_ir.passes.quant.wint2_encoder import wint2_encode
-from ernie_ir.runtime.artifact_runner import run_artifact
 from ernie_ir.runtime.interpreter import Interpreter, run_graph
 from ernie_ir.targets import compile_model, verify_artifact
 from ernie_ir.targets.fastdeploy import load_fastdeploy_checkpoint, merge_ranks

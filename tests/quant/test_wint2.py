@@ -29,6 +29,7 @@ import onnxruntime as ort
 import pytest
 from _quant_testkit import logits, rel_error, token_ids, top1
 
+from ernie_ir.backends.onnx.lower import build_onnx
 from ernie_ir.frontends import load_model
 from ernie_ir.ir import DType, ErnieIRError, Graph, GraphBuilder, OpError, TensorType, get_op, tensor
 from ernie_ir.ir.weights import ArraySource
@@ -45,7 +46,6 @@ from ernie_ir.passes.quant.wint2_encoder import (
     wint2_encode,
 )
 from ernie_ir.runtime.interpreter import Interpreter, run_graph
-from ernie_ir.targets.emit_onnx import build_onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
 from _parallel_testkit import build
@@ -273,7 +273,7 @@ def test_onnx_lowering_in_a_bare_session_is_bit_exact(dtype: DType) -> None:
 
 def test_paddle_lowering_matches_the_kernel() -> None:
     paddle = pytest.importorskip("paddle")
-    from ernie_ir.runtime.paddle_layer import build_layer
+    from ernie_ir.backends.paddle.layer import build_layer
 
     rng = np.random.default_rng(6)
     for dtype in (DType.F32, DType.BF16):

@@ -177,7 +177,7 @@ def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path) -> N
     removed."""
     import threading
 
-    from ernie_ir.runtime.train_state import CheckpointRun, checkpoint_expected, save_checkpoint
+    from ernie_ir.training.checkpoints import CheckpointRun, checkpoint_expected, save_checkpoint
 
     root = tmp_path / "a"
     compile_model(MODEL, "kunlun", out=root)
@@ -208,7 +208,7 @@ def test_older_checkpoints_are_removed_and_unlisted_under_the_lock(tmp_path: Pat
     deleted with every manifest entry under them (files added to a folder later too); other
     entries of the folder are never touched; verify passes."""
     from ernie_ir.artifacts.publish import retire_published
-    from ernie_ir.runtime.train_state import CheckpointRun, checkpoint_order, save_checkpoint
+    from ernie_ir.training.checkpoints import CheckpointRun, checkpoint_order, save_checkpoint
 
     root = tmp_path / "a"
     compile_model(MODEL, "kunlun", out=root)

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.frontends import load_model
 from ernie_ir.runtime import run_graph
-from ernie_ir.runtime.artifact_runner import run_artifact
 from ernie_ir.runtime.compare import compare_logits
 from ernie_ir.targets import compile_model, load_artifact, verify_artifact
 from ernie_ir.testing.stability import stable_positions

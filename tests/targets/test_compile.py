@@ -81,7 +81,7 @@ def test_compile_load_run_within_budget(tmp_path: Path, model: str, quant: str, 
     # the rank worker on the device (its Paddle Layer), never `ernie-ir run`'s CPU interpreter
     device, visible = tgt.paddle_device.split(":")[0], tgt.visible_devices_env
     assert (f'paddle.distributed.launch --nproc_per_node 1 {tgt.launch_flag} "${{{visible}}}" '
-            f'"$WORKER" run "$ARTIFACT" --device {device}') in script
+            f'"$PYTHON" -m ernie_ir.backends.paddle.rank_worker run "$ARTIFACT" --device {device}') in script
     assert "command -v ernie-ir" not in script
     g = load_artifact(out)
     y = logits(g)

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.mapping import Mapping
 from ernie_ir.ir.parser import parse_graph
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
-from ernie_ir.runtime.artifact_runner import run_artifact
 from ernie_ir.runtime.interpreter import run_graph
 from ernie_ir.targets import compile_model, load_rank_graphs, read_manifest, verify_artifact
 

@@ -114,7 +114,7 @@ paddle_cases = [(MOE, "wint8", "kunlun"), (MOE, "wint8mix", "kunlun"), (DENSE, "
 @pytest.mark.parametrize("model,quant,target", paddle_cases)
 def test_paddle_layer_agrees_with_the_interpreter(model: str, quant: str, target: str) -> None:
     paddle = pytest.importorskip("paddle")
-    from ernie_ir.runtime.paddle_layer import build_layer
+    from ernie_ir.backends.paddle.layer import build_layer
 
     pipeline = f"{quant},legalize-{target}"
     ref = logits(model, pipeline)
@@ -127,7 +127,7 @@ def test_paddle_layer_agrees_with_the_interpreter(model: str, quant: str, target
 
 def test_kunlun_artifact_runs_on_the_paddle_backend(tmp_path: Path) -> None:
     pytest.importorskip("paddle")
-    from ernie_ir.runtime.artifact_runner import run_artifact
+    from ernie_ir.backends.sessions import run_artifact
     from ernie_ir.targets import compile_model
 
     out = tmp_path / "art"

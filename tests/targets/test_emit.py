@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from _cli_kit import cli, user_error
 
+from ernie_ir.backends.onnx.session import full_sequence_feeds
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir import ErnieIRError
-from ernie_ir.runtime.artifact_runner import run_artifact
-from ernie_ir.runtime.onnx_backend import full_sequence_feeds
 from ernie_ir.targets import compile_model, verify_artifact
 from ernie_ir.targets.executables import default_emit, parse_emit
 

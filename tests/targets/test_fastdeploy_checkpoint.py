@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.frontends import load_model
 from ernie_ir.ops.cuda_layout import unpack
-from ernie_ir.runtime.artifact_runner import run_artifact
 from ernie_ir.runtime.interpreter import run_graph
 from ernie_ir.targets import compile_model, verify_artifact
 from ernie_ir.targets.fastdeploy import FastDeployError, load_fastdeploy_checkpoint, write_float_checkpoint

@@ -183,8 +183,8 @@ def test_the_artifact_verifies_and_runs_against_the_float_model(sites: dict[str,
 
 def test_the_runtime_reads_the_device_kind_from_the_artifact(compiled: dict,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from ernie_ir.runtime import devices
-    from ernie_ir.runtime.paddle_backend import paddle_device_for
+    from ernie_ir.backends.paddle import devices
+    from ernie_ir.backends.paddle.session import paddle_device_for
 
     monkeypatch.setattr(devices, "available_kinds", lambda: {"gpu"})
     assert "dcu" not in devices.TARGET_KINDS

@@ -27,14 +27,11 @@ from pydantic import Field
 
 from ernie_ir.ir import DType, Graph
 from ernie_ir.ir.weights import ArraySource
-
-from ..infra.base import Pass, PassContext, PassOptions
-from ..infra.param_placer import ParamPlacer
-from ..infra.registry import register_pass
-from ..quant.cli_flags import adapter_folder
-from ..quant.config import WeightSite, find_targets
-from .insert import AdapterValues, LoraError, attach_adapters, freeze_all_but
-from .paddleformers_adapter import (
+from ernie_ir.passes.infra.base import Pass, PassContext, PassOptions
+from ernie_ir.passes.infra.param_placer import ParamPlacer
+from ernie_ir.passes.infra.registry import register_pass
+from ernie_ir.passes.lora.insert import AdapterValues, LoraError, attach_adapters, freeze_all_but
+from ernie_ir.passes.lora.paddleformers_adapter import (
     CONFIG_FILE,
     PREFIX_MAP,
     adapter_settings,
@@ -45,6 +42,8 @@ from .paddleformers_adapter import (
     qkv_width,
     read_adapter,
 )
+from ernie_ir.passes.quant.cli_flags import adapter_folder
+from ernie_ir.passes.quant.config import WeightSite, find_targets
 
 __all__ = ["LoraImport", "LoraImportOptions", "kv_group_to_plain", "read_adapter"]
 

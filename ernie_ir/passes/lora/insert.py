@@ -32,12 +32,18 @@ from pydantic import Field, model_validator
 
 from ernie_ir.ir import DType, ErnieIRError, Graph, GraphBuilder, Node, Param, TensorType
 from ernie_ir.ir.weights import GeneratedSource, WeightSource
-
-from ..infra.base import Pass, PassContext, PassOptions
-from ..infra.param_placer import ParamPlacer
-from ..infra.registry import register_pass
-from ..parallel.split import shard_of
-from ..quant.config import EXPERT_OPS, LINEAR_OPS, WeightSite, compile_pattern, expert_paths, find_targets
+from ernie_ir.passes.infra.base import Pass, PassContext, PassOptions
+from ernie_ir.passes.infra.param_placer import ParamPlacer
+from ernie_ir.passes.infra.registry import register_pass
+from ernie_ir.passes.parallel.split import shard_of
+from ernie_ir.passes.quant.config import (
+    EXPERT_OPS,
+    LINEAR_OPS,
+    WeightSite,
+    compile_pattern,
+    expert_paths,
+    find_targets,
+)
 
 ERNIEKIT_TARGETS = (".*qkv_proj.*", ".*o_proj.*", ".*up_gate_proj.*", ".*down_proj.*")
 

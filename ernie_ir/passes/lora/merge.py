@@ -21,13 +21,12 @@ import numpy as np
 from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, TensorType, Value
 from ernie_ir.ir.weights import WeightSource
 from ernie_ir.ops.quant_numerics import weight_dequantize
-
-from ..infra.base import Pass, PassContext, PassOptions
-from ..infra.param_placer import ParamPlacer
-from ..infra.registry import register_pass
-from ..quant.annotate import ANNOTATION
-from ..quant.config import module_path
-from .insert import LoraError
+from ernie_ir.passes.infra.base import Pass, PassContext, PassOptions
+from ernie_ir.passes.infra.param_placer import ParamPlacer
+from ernie_ir.passes.infra.registry import register_pass
+from ernie_ir.passes.lora.insert import LoraError
+from ernie_ir.passes.quant.annotate import ANNOTATION
+from ernie_ir.passes.quant.config import module_path
 
 
 class LoraMergeOptions(PassOptions):

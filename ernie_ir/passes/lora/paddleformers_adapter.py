@@ -56,9 +56,8 @@ from ernie_ir.ir.errors import WeightError
 from ernie_ir.ir.inputs import read_json
 from ernie_ir.ir.mapping import shard_of
 from ernie_ir.ir.weights import SafetensorsFile, count_nonfinite, write_safetensors
-
-from ..quant.config import WeightSite, expert_paths, find_targets
-from .insert import MAX_LORA_RANK, LoraError
+from ernie_ir.passes.lora.insert import MAX_LORA_RANK, LoraError
+from ernie_ir.passes.quant.config import WeightSite, expert_paths, find_targets
 
 CONFIG_FILE = "lora_config.json"
 WEIGHTS_FILE = "peft_model-00001-of-00001.safetensors"

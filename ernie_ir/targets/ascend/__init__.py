@@ -1,7 +1,7 @@
 """Huawei Ascend NPUs through PaddleCustomDevice ("npu"); int8 [K, N], the NPU binding's layout."""
 
-from ..capabilities import REFERENCE, FusedMoE, HardwareTarget, WeightOnlyKernel
-from .legalize import RULES
+from ernie_ir.targets.ascend.legalize import RULES
+from ernie_ir.targets.capabilities import REFERENCE, FusedMoE, HardwareTarget, WeightOnlyKernel
 
 ASCEND = HardwareTarget(
     name="ascend",

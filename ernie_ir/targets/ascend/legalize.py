@@ -4,9 +4,8 @@ dtype, which is the logical layout; params are annotated `device_layout`, values
 from __future__ import annotations
 
 from ernie_ir.ir import Node, Param
-
-from ..legalize import DEVICE_LAYOUT_KEY
-from ..rules import LegalizationRules, Legalizing
+from ernie_ir.targets.legalize import DEVICE_LAYOUT_KEY
+from ernie_ir.targets.rules import LegalizationRules, Legalizing
 
 
 class AscendRules(LegalizationRules):

@@ -1,8 +1,8 @@
 """NVIDIA GPUs through Paddle's CUDA kernels; weights in Paddle's arch-permuted layout."""
 
-from ..capabilities import REFERENCE, ArchOption, FusedMoE, HardwareTarget, WeightOnlyKernel
-from .legalize import RULES
-from .packing import CUDA_ARCHS, DEFAULT_CUDA_ARCH, pack, packable, unpack
+from ernie_ir.targets.capabilities import REFERENCE, ArchOption, FusedMoE, HardwareTarget, WeightOnlyKernel
+from ernie_ir.targets.cuda.legalize import RULES
+from ernie_ir.targets.cuda.packing import CUDA_ARCHS, DEFAULT_CUDA_ARCH, pack, packable, unpack
 
 FP8_ARCHS = (89, 90)
 

@@ -19,10 +19,9 @@ import numpy as np
 from ernie_ir.ir import DType, GraphBuilder, Node, Param, TensorType, Value
 from ernie_ir.ir.weights import ArraySource, WeightSource
 from ernie_ir.ops.fastdeploy_experts import pack_int4_rows
-
-from ..legalize import FASTDEPLOY_KEY, LAYOUT_KEY, ExpertSource, expert_name
-from ..rules import LegalizationRules, Legalizing
-from .packing import pack, packable, packed_shape
+from ernie_ir.targets.cuda.packing import pack, packable, packed_shape
+from ernie_ir.targets.legalize import FASTDEPLOY_KEY, LAYOUT_KEY, ExpertSource, expert_name
+from ernie_ir.targets.rules import LegalizationRules, Legalizing
 
 
 class PackedSource(ExpertSource):

@@ -1,7 +1,7 @@
 """Kunlunxin XPUs (P800) through Paddle's XPU kernels; int8 weights in the XPU kernel's [N, K] layout."""
 
-from ..capabilities import REFERENCE, FusedMoE, HardwareTarget, WeightOnlyKernel
-from .legalize import RULES
+from ernie_ir.targets.capabilities import REFERENCE, FusedMoE, HardwareTarget, WeightOnlyKernel
+from ernie_ir.targets.kunlun.legalize import RULES
 
 KUNLUN = HardwareTarget(
     name="kunlun",

@@ -17,9 +17,8 @@ import numpy as np
 from ernie_ir.ir import DType, GraphBuilder, Node, Param, TensorType
 from ernie_ir.ir.weights import WeightSource
 from ernie_ir.ops.xpu_layout import pack_xpu
-
-from ..legalize import DEVICE_LAYOUT_KEY, ExpertSource, expert_name
-from ..rules import LegalizationRules, Legalizing
+from ernie_ir.targets.legalize import DEVICE_LAYOUT_KEY, ExpertSource, expert_name
+from ernie_ir.targets.rules import LegalizationRules, Legalizing
 
 
 class XpuSource(ExpertSource):

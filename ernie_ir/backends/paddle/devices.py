@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .paddle_import import require_paddle
+from ernie_ir.backends.paddle.paddle_import import require_paddle
 
 KINDS = ("gpu", "npu", "xpu")
 """Paddle device kinds with weight-only kernels (the `--device` choices of the rank worker)."""

@@ -122,7 +122,7 @@ def _loss_function() -> Any:
     """The PyLayer (built once; its collectives span paddle_layer's model-parallel group)."""
     if _FUNCTIONS:
         return _FUNCTIONS["loss"]
-    from ernie_ir.runtime.paddle_layer import _MODEL_PARALLEL, require_paddle
+    from ernie_ir.backends.paddle.layer import _MODEL_PARALLEL, require_paddle
 
     paddle = require_paddle()
     import paddle.distributed as dist

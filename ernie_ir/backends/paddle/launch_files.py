@@ -1,6 +1,6 @@
-"""The files the launcher (launcher.py) and the rank worker (paddle_dist.py) both name.
+"""The files the launchers (launch.py, training/launch.py) and the rank workers both name.
 
-The launcher starts the rank worker as a file and reads what the ranks leave behind: the
+The launcher starts the rank worker as a module (`python -m`) and reads what the ranks leave behind: the
 one-line error of a failing rank, rank 0's training events (losses, evaluations, published
 checkpoints), and the staging folder of a checkpoint that a failed run must remove. Both
 sides take the names from here, so neither imports the other.
@@ -29,7 +29,7 @@ def staging_dir(root: Path, master: str) -> Path:
     return root / CHECKPOINTS / f".partial-{master.replace(':', '-')}"
 
 
-# -- generation (`paddle_dist.py generate`): what the launcher asks, what rank 0 answers ------------
+# -- generation (`rank_worker generate`): what the launcher asks, what rank 0 answers ------------
 
 DECODE_REQUEST = "request.json"
 """The prompts and DecodeOptions every rank decodes with (written by the launcher)."""
@@ -55,7 +55,7 @@ def write_decode_request(path: Path, prompts: list[list[int]], options: Any) -> 
 
 def read_decode_request(path: Path) -> tuple[list[list[int]], Any]:
     """(prompts, DecodeOptions) of a request file."""
-    from .decoding import DecodeOptions, SamplingOptions
+    from ernie_ir.runtime.decoding import DecodeOptions, SamplingOptions
 
     data = json.loads(path.read_text(encoding="utf-8"))
     options = DecodeOptions(max_new_tokens=int(data["max_new_tokens"]),

@@ -1,7 +1,7 @@
 """`train_artifact`: the training executable of a `--mode training` artifact, on this machine.
 
 Reads `training/train.json` (written at compile time) and `rank0/` (graph + weights), builds the
-Paddle Layer (ernie_ir.runtime.paddle_layer; trainable: the params the IR marks trainable, every
+Paddle Layer (ernie_ir.backends.paddle.layer; trainable: the params the IR marks trainable, every
 other param frozen), and runs a real AdamW loop (`paddle.optimizer.AdamW` over the trainable
 params only, per-param learning-rate multipliers such as PACT's 1000x) on next-token
 cross-entropy. QAT moving-average state is written back into its params after every step.
@@ -34,17 +34,17 @@ library never prints, the CLI draws the bar.
 Results (`TrainResult`: losses, eval losses, checkpoints): `rank0/` is never modified. With
 `save=True` each checkpoint is a folder `training/checkpoints/run-K-step-N/` (the trained
 params and QAT state at global names and shapes, each rank's optimizer state, the trainer
-state: ernie_ir.runtime.train_state has the layout), written at the end and every
+state: ernie_ir.training.checkpoints has the layout), written at the end and every
 `save_steps` steps, listed in the manifest with its sha256 (rewritten atomically, under the
 artifact's lock), so `verify` keeps passing; `save_total_limit` keeps the newest. `resume`
 continues a checkpoint's run bit for bit (optimizer, RNG, data position and schedule).
 
 A multi-rank artifact (`--tp`/`--ep`) trains on one paddle.distributed gloo process per rank
-(ernie_ir.runtime.launcher, ernie_ir.runtime.paddle_dist) with the same batches, optimizer and
+(ernie_ir.backends.paddle.launch, ernie_ir.backends.paddle.rank_worker) with the same batches, optimizer and
 loss as here, and exact tensor-parallel gradients, so its losses are the one-rank losses; its
 checkpoints hold each rank's params (`rank{r}.safetensors`) beside their merge. Data
 parallelism (`dp`, `sharding`: TrainOptions, the artifact's layout by default) runs dp x ranks
-processes, each replica on its rows of every batch (ernie_ir.runtime.data_parallel).
+processes, each replica on its rows of every batch (ernie_ir.training.data_parallel).
 """
 
 from __future__ import annotations
@@ -68,12 +68,13 @@ from pydantic import (
     model_validator,
 )
 
+from ernie_ir.backends.paddle.layer import require_paddle
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.inputs import MAX_JSON_BYTES, read_bytes
 from ernie_ir.ir.mapping import MAX_PROCESSES, Sharding, check_data_parallel
-
-from .paddle_layer import require_paddle
-from .train_state import TrainResult as TrainResult  # re-exported: what train_artifact returns
+from ernie_ir.training.checkpoints import (
+    TrainResult as TrainResult,  # re-exported: what train_artifact returns
+)
 
 RECIPE = Path("training") / "train.json"
 IGNORE = -100
@@ -245,7 +246,7 @@ class TrainOptions(BaseModel):
     vocab_parallel_loss: bool = Field(True, validation_alias=_alias("vocab_parallel_loss",
                                                                     "use_sparse_head_and_loss_fn"))
     """Tensor parallel: the cross-entropy on each rank's vocabulary shard of the logits, never
-    gathered (runtime/vocab_parallel.py); False: the logits all-gathered, the loss on them whole."""
+    gathered (training/vocab_parallel.py); False: the logits all-gathered, the loss on them whole."""
     micro_batches: int | None = Field(None, ge=1, le=65536,
                                       validation_alias=_alias("micro_batches", "accumulate_steps"))
     """Pipeline parallel: micro-batches each batch is cut into (None: the artifact's, from
@@ -359,7 +360,7 @@ def check_layout(options: TrainOptions, world: int, pp: int = 1, micro_batches: 
             raise ErnieIRError(f"--dp {options.dp} with {pp} pipeline stages: data parallelism of a "
                                "pipelined artifact is not built; use --dp 1, or compile without --pp for "
                                "--dp")
-        from .pipeline_schedule import check_micro_batches
+        from ernie_ir.backends.paddle.pipeline_schedule import check_micro_batches
 
         check_micro_batches(options.batch_size, options.micro_batches or micro_batches)
     check_data_parallel(options.dp, options.sharding, world)
@@ -646,7 +647,7 @@ def token_loss_sum(paddle: Any, layer: Any, ids: np.ndarray, labels: np.ndarray,
                    ignore_index: int = IGNORE) -> tuple[Any, int]:
     """(summed cross-entropy of logits[:, :-1] against labels[:, 1:] over the positions whose
     label is not `ignore_index`, their count). A Layer with a `vocab_shard` (a tensor-parallel
-    rank graph that keeps its vocabulary shard of the logits, runtime/vocab_parallel.py): the
+    rank graph that keeps its vocabulary shard of the logits, training/vocab_parallel.py): the
     vocabulary-parallel cross-entropy over the shards, the same loss on every rank."""
     logits = layer(paddle.to_tensor(ids))
     return logits_loss_sum(paddle, logits, labels, ignore_index, getattr(layer, "vocab_shard", None),
@@ -661,7 +662,7 @@ def logits_loss_sum(paddle: Any, logits: Any, labels: np.ndarray, ignore_index: 
     target = labels[:, 1:].reshape(-1)
     keep = target != ignore_index
     if shard is not None:
-        from ernie_ir.runtime.vocab_parallel import vocab_parallel_cross_entropy
+        from ernie_ir.training.vocab_parallel import vocab_parallel_cross_entropy
 
         per_token = vocab_parallel_cross_entropy(
             logits[:, :-1].reshape([-1, v]), paddle.to_tensor(target.astype(np.int64)), shard.start,
@@ -731,11 +732,11 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
     `resume_from_checkpoint` instead.
     `on_step(step, loss)` and `on_progress(StepProgress)` are called after each step.
     A multi-rank artifact runs on one paddle.distributed process per rank (gloo on this CPU,
-    ernie_ir.runtime.launcher), bounded by `timeout_s` (default 3600 s). Data parallelism (the
+    ernie_ir.backends.paddle.launch), bounded by `timeout_s` (default 3600 s). Data parallelism (the
     options' `dp` and `sharding`: the artifact's layout unless given) runs dp x ranks processes
-    (ernie_ir.runtime.data_parallel).
+    (ernie_ir.training.data_parallel).
     """
-    from .train_state import (
+    from ernie_ir.training.checkpoints import (
         artifact_fingerprint,
         checkpoint_expected,
         resume_point,
@@ -763,13 +764,12 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
 
     mapping = artifact_mapping(manifest)
     processes = check_layout(opts, world, mapping.pp, mapping.micro_batches)
-    from .data_parallel import refuse_qat_state
+    from ernie_ir.training.data_parallel import refuse_qat_state
 
     refuse_qat_state(recipe, opts.dp)
 
+    from ernie_ir.backends.paddle.layer import build_layer
     from ernie_ir.ir.storage import load_graph
-
-    from .paddle_layer import build_layer
 
     graph = load_graph(root / "rank0") if mapping.pp == 1 else whole_graph(root)
     batches = training_batches(recipe, graph, data, options=opts)  # bad data fails before any process
@@ -783,7 +783,7 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
     start = point.step if point is not None else 0
     report = _progress_reporter(batches, steps, opts, on_step, on_progress, start)
     if processes > 1:
-        from .launcher import TRAIN_TIMEOUT_S, train_distributed
+        from ernie_ir.training.launch import TRAIN_TIMEOUT_S, train_distributed
 
         return train_distributed(root, processes, steps, batches, options=opts, save=save, on_step=report,
                                  eval_batches=evals, resume=None if point is None else point.folder,
@@ -805,14 +805,14 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
                                            opts, steps, fingerprint, batches, point, on_checkpoint)
     names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
     if point is not None:
-        from .train_state import restore_rank
+        from ernie_ir.training.checkpoints import restore_rank
 
         restore_rank(paddle, layer, optimizer, point, names, 0, 1)
     result = train_session(paddle, layer, optimizer, batches, steps, options=opts, start=start, report=report,
                            eval_batches=evals, checkpoint=checkpoint)
     from dataclasses import replace
 
-    from .data_parallel import rank_stats
+    from ernie_ir.training.data_parallel import rank_stats
 
     return replace(result, rank_stats=[rank_stats(layer, optimizer, 0, 0)])
 
@@ -825,7 +825,7 @@ def _one_rank_checkpoints(root: Path, expected: dict[str, Any], layer: Any, opti
     """The `checkpoint` of a one-rank train_session: each call writes the folder (params at
     global names, optimizer.rank0, trainer_state.json), publishes it as run-K-step-N (K chosen
     by the first one), calls `on_checkpoint`, then keeps the newest save_total_limit."""
-    from .train_state import (
+    from ernie_ir.training.checkpoints import (
         CheckpointRun,
         prune_checkpoints,
         save_checkpoint,

@@ -1,5 +1,6 @@
 """Training checkpoints: their folder, what `--resume` reads back, and the pieces that one-rank
-training (`training.train_artifact`) and each rank of a multi-rank run (`paddle_dist.train_rank`)
+training (`training.loop.train_artifact`) and each rank of a multi-rank run
+(`training.rank_worker.train_rank`)
 share. Imports neither of them (both import this module), nor Paddle at module level.
 
 Every checkpoint is a folder, published whole (written under a temp name, renamed and listed
@@ -55,9 +56,8 @@ from typing import Any
 
 import numpy as np
 
+from ernie_ir.backends.paddle.launch_files import CHECKPOINTS
 from ernie_ir.ir import ErnieIRError
-
-from .launch_files import CHECKPOINTS
 
 STATE_FORMAT = "ernie-ir-trainer-state"
 STATE_VERSION = 1

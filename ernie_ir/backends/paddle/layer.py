@@ -41,15 +41,16 @@ from typing import Any
 
 import numpy as np
 
+from ernie_ir.backends.paddle import devices
+from ernie_ir.backends.paddle.paddle_import import (
+    PaddleMissingError as PaddleMissingError,  # re-exported: build_layer raises it
+)
+from ernie_ir.backends.paddle.paddle_import import require_paddle
 from ernie_ir.ir import DType, ErnieIRError, Graph, Node, OpDef, Param, Value
 from ernie_ir.ir.mapping import SHARD, stage_info
 from ernie_ir.ops.cuda_layout import pack, packable, unpack
 from ernie_ir.ops.quant_numerics import FP8_MAX
 from ernie_ir.ops.rope import rope_angles
-
-from . import devices
-from .paddle_import import PaddleMissingError as PaddleMissingError  # re-exported: build_layer raises it
-from .paddle_import import require_paddle
 
 
 class PaddleEmitError(ErnieIRError):
@@ -867,7 +868,7 @@ def _param_array(p: Param) -> np.ndarray:
 
 
 def device_arch(paddle: Any) -> int:
-    """The CUDA arch Paddle's weight-only kernel takes for the current GPU (ernie_ir.runtime.devices)."""
+    """The CUDA arch Paddle's weight-only kernel takes for the current GPU (backends.paddle.devices)."""
     return devices.cuda_arch()
 
 
@@ -1088,7 +1089,7 @@ def _plan_weight_only(layer: Any, paddle: Any, node: Node, device: str, portable
                       arch: int | None, logical_packed: Callable[[Node], np.ndarray],
                       value_array: Callable[[Value], np.ndarray | None]) -> None:
     """Choose Paddle's device kernel or the portable form for one weight-only linear
-    (ernie_ir.runtime.devices.weight_only_kernel decides; the Layer calls the GPU kernel)."""
+    (ernie_ir.backends.paddle.devices.weight_only_kernel decides; the Layer calls the GPU kernel)."""
     packed = node.op == "weight_only_linear_packed"
     q = logical_packed(node) if packed else None
     where = node.scope or node.outputs[0].name or "?"

@@ -1,6 +1,6 @@
 """ONNX emitter: a (lowered or float) IR graph -> `model.onnx` + `model.onnx.data` (opset 21).
 
-    from ernie_ir.targets.emit_onnx import emit_onnx
+    from ernie_ir.backends.onnx.lower import emit_onnx
     files = emit_onnx(graph, Path("out"), form="qdq")   # [out/model.onnx, out/model.onnx.data]
 
 The ONNX graph computes in float32 exactly like the reference interpreter:
@@ -37,7 +37,7 @@ Weight-only int8/int4 (`form`, `numerics`):
 - "qdq": `DequantizeLinear` (per-axis for per-channel scales, blocked for
   group-wise; int4 initializers are INT4) + `MatMul`, no contrib op. Exact
   only at ORT_ENABLE_BASIC: onnxruntime's default level rewrites it into
-  MatMulNBits with accuracy_level 4 (see `ernie_ir.runtime.onnx_backend`).
+  MatMulNBits with accuracy_level 4 (see `ernie_ir.backends.onnx.session`).
 The choice is recorded in the model's metadata (`ernie_ir.onnx_numerics`,
 `ernie_ir.onnx_form`), which `run_onnx` reads.
 

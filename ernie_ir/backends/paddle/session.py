@@ -3,7 +3,7 @@
 `run_paddle(artifact, input_ids)`: inference artifacts load `inference/paddle/model.json` +
 `model.pdiparams` with Paddle Inference (`Config(...).disable_gpu()`); artifacts without that
 model (training artifacts) get their Layer built from `rank0/` (the portable form) and run in
-dygraph. Where this Paddle has the artifact's target device (ernie_ir.runtime.devices: a cuda
+dygraph. Where this Paddle has the artifact's target device (ernie_ir.backends.paddle.devices: a cuda
 artifact on paddlepaddle-gpu with a GPU, ascend with the npu plugin, kunlun on an XPU build),
 the Layer is built from `rank0/` on that device instead, with the device kernels the kernel
 plan names. The Paddle files' sha256 are checked against the manifest first.
@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ernie_ir.backends.paddle.layer import require_paddle
 from ernie_ir.ir import ErnieIRError
-
-from .paddle_layer import require_paddle
 
 MODEL = Path("inference") / "paddle" / "model.json"
 PARAMS = Path("inference") / "paddle" / "model.pdiparams"
@@ -36,7 +35,7 @@ def paddle_device_for(root: Path) -> str:
     run), so it reads the manifest and the recipe leniently."""
     import json
 
-    from .devices import run_device
+    from ernie_ir.backends.paddle.devices import run_device
 
     try:
         manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
@@ -89,9 +88,8 @@ def run_paddle(artifact: Path, input_ids: np.ndarray) -> np.ndarray:
 
 def _run_layer(paddle: object, root: Path, ids: np.ndarray, device: str) -> np.ndarray:
     """The Layer built from `rank0/` on `device` (device kernels there, the portable form on CPU)."""
+    from ernie_ir.backends.paddle.layer import build_layer
     from ernie_ir.ir.storage import load_graph
-
-    from .paddle_layer import build_layer
 
     if not (root / "rank0").is_dir():
         raise ErnieIRError(f"{root} has no Paddle model ({MODEL}) and no rank0/ graph")

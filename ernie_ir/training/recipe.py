@@ -1,31 +1,23 @@
-"""Paddle executables of an artifact: the inference model and the training recipe.
+"""The training executable of an artifact: `training/train.json`, what `ernie-ir train` reads.
 
-- `emit_paddle_inference(graph, folder)`: the portable Layer (ernie_ir.runtime.paddle_layer),
-  traced with `paddle.jit.to_static` on one int64 [None, None] input (`input_ids`) and saved with
-  `paddle.jit.save` as `folder/model.json` + `folder/model.pdiparams` (Paddle Inference format).
-  The portable form is what a CPU can trace (REFERENCE.md 4.1: `weight_only_linear` has no CPU
-  kernel and cannot be traced there); a device rebuilds the Layer from `rank0/` with its own
-  kernels (`ernie_ir.runtime.paddle_layer.build_layer(graph, device="gpu:0")`).
-- `training_recipe(graph, target, mapping)`: `train.json`, what `ernie-ir train` reads: the
-  trainable params, the QAT state params, optimizer defaults and the launch command for the
-  target (several ranks: the rank worker, ernie_ir/runtime/paddle_dist.py, once per device).
+`training_recipe(graph, target, mapping)`: the trainable params, the QAT state params, the
+run's defaults (optimizer, schedule, batch, padding) and the launch command on the target's
+devices (several ranks: the training rank worker, `python -m ernie_ir.training.rank_worker`,
+once per device). The target reaches it as data (`DeviceLaunch`: the facts a launch line
+needs, which every `HardwareTarget` has), so training never imports a target.
 """
 
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping
-from ernie_ir.runtime.paddle_layer import PaddleEmitError, build_layer, require_paddle
 
-from .capabilities import HardwareTarget
-
-INFERENCE_DIR = "paddle"
-MODEL_STEM = "model"
+WORKER = "ernie_ir.training.rank_worker"
+"""The training rank worker's module, started with `python -m` once per process."""
 TRAIN_RECIPE = "train.json"
 OPTIMIZER_DEFAULTS = {"name": "AdamW", "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999,
                       "epsilon": 1e-8, "weight_decay": 0.0, "grad_clip_norm": 1.0}
@@ -35,57 +27,22 @@ PADDING_DEFAULTS = {"pad_id": 0, "ignore_index": -100}
 """The run's defaults in `train.json`; every `ernie-ir train` option overrides one of them."""
 
 
+class DeviceLaunch(Protocol):
+    """What a training launch line needs of a target (every HardwareTarget has these)."""
+
+    name: str
+    paddle_device: str
+    visible_devices_env: str
+    launch_flag: str
+    extra_env: dict[str, str]
+    collective_backend: str
+
+    @property
+    def device_kind(self) -> str: ...
+
+
 class TrainingModeError(ErnieIRError):
     """A training artifact was asked for but the pipeline leaves nothing to train."""
-
-
-def paddle_available() -> bool:
-    try:
-        require_paddle()
-    except ErnieIRError:
-        return False
-    return True
-
-
-def emit_paddle_inference(graph: Graph, folder: Path) -> dict[str, Any]:
-    """jit.save the portable Layer of `graph` into `folder` (created); returns a manifest entry."""
-    paddle = require_paddle()
-    if [v.name for v in graph.inputs] != ["input_ids"]:
-        raise PaddleEmitError(f"the Paddle inference model takes one input `input_ids`; this graph has "
-                              f"{[v.name for v in graph.inputs]}")
-    prev = paddle.get_device()
-    try:
-        layer = build_layer(graph, device="cpu", portable=True)
-        layer.eval()
-        wrapper = _ids_wrapper(paddle, layer)
-        spec = [paddle.static.InputSpec([None, None], "int64", "input_ids")]
-        folder.mkdir(parents=True, exist_ok=True)
-        with warnings.catch_warnings():  # Paddle warns about `place` on every traced tensor
-            warnings.filterwarnings("ignore", message=".*'place' interface.*")
-            paddle.jit.save(paddle.jit.to_static(wrapper, input_spec=spec, full_graph=True),
-                            str(folder / MODEL_STEM))
-    finally:
-        paddle.set_device(prev)
-    for extra in folder.glob("*.pdiparams.info"):
-        extra.unlink()  # a dygraph bookkeeping file Paddle Inference does not read
-    return {"format": "paddle-inference", "model": f"{INFERENCE_DIR}/{MODEL_STEM}.json",
-            "params": f"{INFERENCE_DIR}/{MODEL_STEM}.pdiparams", "input": "input_ids int64 [B, S]",
-            "output": layer.output_names[0], "kernels": "portable",
-            "paddle_version": paddle.__version__,
-            "note": "traced on CPU with portable weight-only (int values * scale, matmul); on a GPU "
-                    "rebuild the Layer from rank0/ to use paddle.nn.quant.weight_only_linear"}
-
-
-def _ids_wrapper(paddle: Any, layer: Any) -> Any:
-    class IdsModel(paddle.nn.Layer):  # type: ignore[misc, name-defined]
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids: Any) -> Any:
-            return self.inner(input_ids)
-
-    return IdsModel(layer)
 
 
 def check_trainable(graph: Graph) -> list[str]:
@@ -97,7 +54,8 @@ def check_trainable(graph: Graph) -> list[str]:
     return names
 
 
-def training_recipe(graph: Graph, target: HardwareTarget, mapping: Mapping | None = None) -> dict[str, Any]:
+def training_recipe(graph: Graph, target: DeviceLaunch, mapping: Mapping | None = None) -> dict[str, Any]:
+    """`train.json` of `graph` for `target`'s devices (one rank graph; `mapping`: the layout)."""
     trainable = check_trainable(graph)
     state = sorted(p.name for p in graph.params.values() if "qat_state" in p.annotations)
     lr_mult = {p.name: float(p.annotations["learning_rate"]) for p in graph.params.values()
@@ -107,13 +65,12 @@ def training_recipe(graph: Graph, target: HardwareTarget, mapping: Mapping | Non
     world = 1 if mapping is None else mapping.world_size
     processes = 1 if mapping is None else mapping.processes  # dp replicas share the rank graphs
     devices = ",".join(str(i) for i in range(processes))
-    from .artifact import WORKER_LOOKUP
-
     # On the device, the rank worker trains each rank's Layer with the device's kernels (one
     # rank too): never the CPU path of `ernie-ir train`.
     kind = target.device_kind
     device_cmd = (f'{target.visible_devices_env}={devices} python -m paddle.distributed.launch '
-                  f'--nproc_per_node {processes} {target.launch_flag} {devices} "$({WORKER_LOOKUP})" train '
+                  f'--nproc_per_node {processes} {target.launch_flag} {devices} '
+                  f'"$(command -v python)" -m {WORKER} '
                   f"<artifact> --device {kind} --save --steps N [--data FILE.jsonl] "
                   "[--config train.yaml|json]")
     if processes > 1:
@@ -160,7 +117,7 @@ def training_recipe(graph: Graph, target: HardwareTarget, mapping: Mapping | Non
     }
 
 
-def emit_paddle_training(graph: Graph, folder: Path, target: HardwareTarget,
+def emit_paddle_training(graph: Graph, folder: Path, target: DeviceLaunch,
                          mapping: Mapping | None = None) -> dict[str, Any]:
     recipe = training_recipe(graph, target, mapping)
     folder.mkdir(parents=True, exist_ok=True)

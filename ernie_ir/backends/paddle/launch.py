@@ -2,10 +2,9 @@
 
     logits = run_distributed(Path("art"), ids, world=2)                    # 2 gloo processes
     result = generate_distributed(Path("art"), decoder_texts, prompts, DecodeOptions())
-    result = train_distributed(Path("art"), 2, steps=3, batches=batches)   # a TrainResult
 
 One `python -m paddle.distributed.launch` per call runs the rank worker
-(ernie_ir/runtime/paddle_dist.py) once per rank over gloo, with the rendezvous on a port
+(ernie_ir/backends/paddle/rank_worker.py) once per rank over gloo, with the rendezvous on a port
 picked free for this run (`--ips 127.0.0.1 --start_port P`), so concurrent runs do not
 collide. The call is bounded by a timeout. The launcher and each rank run in their own
 sessions, so on a failure, a timeout or an interrupt every process the call started is
@@ -46,26 +45,23 @@ from typing import Any
 
 import numpy as np
 
-from ernie_ir.ir import ErnieIRError
-
-from .decoding import DecodeResult
-from .launch_files import (
+from ernie_ir.backends.paddle.launch_files import (
     DECODE_LOGITS,
     DECODE_REQUEST,
     DECODE_RESULT,
     DECODE_TOKENS,
     DECODER_GRAPH,
     ERROR_FILE,
-    staging_dir,
     write_decode_request,
 )
-from .train_state import TrainResult
+from ernie_ir.ir import ErnieIRError
+from ernie_ir.runtime.decoding import DecodeResult
 
 RUN_TIMEOUT_S = 600.0
-TRAIN_TIMEOUT_S = 3600.0
 MASTER_TIMEOUT_S = 60.0
 """Seconds a node of a multi-node launch waits for every node to join at the master."""
-WORKER = Path(__file__).resolve().with_name("paddle_dist.py")
+WORKER = "ernie_ir.backends.paddle.rank_worker"
+"""The inference rank worker's module (`run`, `generate`), started with `python -m`."""
 TOKEN_ENV = "ERNIE_IR_LAUNCH_TOKEN"
 HOST = "127.0.0.1"
 # A CPU run: the launcher must not pick devices from the caller's environment.
@@ -230,7 +226,7 @@ def _kill_tagged(token: str) -> None:
         time.sleep(0.05)
 
 
-def _tail(path: Path, lines: int = TAIL_LINES) -> str:
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -242,8 +238,10 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
 class RankProcesses:
     """One launch of the rank worker: `start`, then `wait` (which always leaves no process)."""
 
-    def __init__(self, artifact: Path, command: str, args: list[str], world: int, workdir: Path) -> None:
-        self.artifact, self.command, self.args = artifact, command, args
+    def __init__(self, artifact: Path, command: str | None, args: list[str], world: int, workdir: Path,
+                 *, worker: str = WORKER) -> None:
+        """`worker`: the module each rank runs (`python -m`), `command` its subcommand (None: none)."""
+        self.artifact, self.command, self.args, self.worker = artifact, command, args, worker
         self.world, self.workdir = world, workdir
         self.token = uuid.uuid4().hex
         self.nodes = current_nodes()
@@ -269,7 +267,8 @@ class RankProcesses:
                      "--master", self.master, "--nproc_per_node", str(self.per_node),
                      "--job_id", self.nodes.job_id]
         cmd = [sys.executable, "-m", "paddle.distributed.launch", *where, "--log_dir", str(self.logs),
-               str(WORKER), self.command, str(self.artifact.resolve()), *self.args]
+               sys.executable, "-m", self.worker, *([self.command] if self.command else []),
+               str(self.artifact.resolve()), *self.args]
         strip = device_env(self.artifact)
         # An inherited launch variable would override the flags (PADDLE_TRAINER_ID the node rank).
         env = {k: v for k, v in os.environ.items() if k not in strip and not k.startswith("PADDLE_")}
@@ -310,7 +309,7 @@ class RankProcesses:
                     raise DistributedRunError(
                         f"the {self.world} ranks did not finish within {timeout_s:g} s: stopped them; "
                         "allow more time (--timeout SECONDS) for a larger model",
-                        _tail(self.logs / "workerlog.0"))
+                        log_tail(self.logs / "workerlog.0"))
             if on_poll is not None:
                 on_poll()
         finally:
@@ -367,19 +366,20 @@ class RankProcesses:
             rank = int(re.findall(r"\d+", errors[0].name)[-1])
             line = errors[0].read_text(encoding="utf-8").strip() or "failed"
             return DistributedRunError(f"rank {rank} of {self.world} failed: {line}",
-                                       _tail(self.logs / f"workerlog.{rank - self.first_rank}"))
+                                       log_tail(self.logs / f"workerlog.{rank - self.first_rank}"))
         for local in range(self.per_node):  # the log names count this node's ranks from 0
             rank = self.first_rank + local
             log = self.logs / f"workerlog.{local}"
-            if "Traceback" in _tail(log, 10_000) or "Error" in _tail(log, 5):
+            if "Traceback" in log_tail(log, 10_000) or "Error" in log_tail(log, 5):
                 return DistributedRunError(f"rank {rank} of {self.world} exited with an error (launcher "
-                                           f"exit code {code}); see the log tail", _tail(log))
+                                           f"exit code {code}); see the log tail", log_tail(log))
         return DistributedRunError(f"paddle.distributed.launch failed (exit code {code}) before any rank "
-                                   "reported an error; see the log tail", _tail(self.workdir / "launch.log"))
+                                   "reported an error; see the log tail",
+                                   log_tail(self.workdir / "launch.log"))
 
 
-def _require_paddle() -> None:
-    from .paddle_layer import require_paddle
+def require_paddle() -> None:
+    from ernie_ir.backends.paddle.layer import require_paddle
 
     require_paddle()
 
@@ -387,7 +387,7 @@ def _require_paddle() -> None:
 def run_distributed(artifact: Path, input_ids: np.ndarray, world: int, *,
                     timeout_s: float = RUN_TIMEOUT_S) -> np.ndarray:
     """Logits [B, S, V] of a multi-rank artifact, run by `world` gloo processes (rank 0's)."""
-    _require_paddle()
+    require_paddle()
     workdir = Path(tempfile.mkdtemp(prefix="ernie-ir-dist-"))
     try:
         np.save(workdir / "ids.npy", np.ascontiguousarray(input_ids, dtype=np.int64))
@@ -396,10 +396,10 @@ def run_distributed(artifact: Path, input_ids: np.ndarray, world: int, *,
                                                       "--save-logits", str(out)], world, workdir)
         ranks.start()
         ranks.wait(timeout_s)
-        _finish_node(ranks)
+        finish_node(ranks)
         if not out.is_file():
             raise DistributedRunError("rank 0 finished without writing its logits",
-                                      _tail(ranks.logs / "workerlog.0"))
+                                      log_tail(ranks.logs / "workerlog.0"))
         return np.load(out)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -417,7 +417,7 @@ def generate_distributed(artifact: Path, decoders: Sequence[str], prompts: list[
     its params are read from the artifact's rank{r}/weights.safetensors) and every rank runs
     the generation loop in lockstep; rank 0's DecodeResult. `options` is a DecodeOptions;
     sampling without a seed gets a random one here (every rank draws from the same one)."""
-    _require_paddle()
+    require_paddle()
     if not options.sampling.greedy and options.sampling.seed is None:
         seed = random.SystemRandom().getrandbits(63)
         options = replace(options, sampling=replace(options.sampling, seed=seed))
@@ -445,11 +445,11 @@ def generate_distributed(artifact: Path, decoders: Sequence[str], prompts: list[
         ranks = RankProcesses(Path(artifact), "generate", ["--workdir", str(workdir)], world, workdir)
         ranks.start()
         ranks.wait(timeout_s, poll)
-        _finish_node(ranks)
+        finish_node(ranks)
         done = workdir / DECODE_RESULT
         if not done.is_file():
             raise DistributedRunError("rank 0 finished without writing its result",
-                                      _tail(ranks.logs / "workerlog.0"))
+                                      log_tail(ranks.logs / "workerlog.0"))
         data = json.loads(done.read_text(encoding="utf-8"))
         logits = list(np.load(workdir / DECODE_LOGITS)) if options.keep_logits else []
         return DecodeResult(prompts=[list(p) for p in prompts], new_tokens=data["new_tokens"],
@@ -459,119 +459,7 @@ def generate_distributed(artifact: Path, decoders: Sequence[str], prompts: list[
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def train_distributed(artifact: Path, world: int, steps: int, batches: list[tuple[np.ndarray, np.ndarray]],
-                      *, options: Any = None, save: bool = True,
-                      on_step: Callable[[int, float], Any] | None = None,
-                      eval_batches: list[tuple[np.ndarray, np.ndarray]] | None = None,
-                      resume: Path | None = None, start: int = 0,
-                      on_checkpoint: Callable[[Path], Any] | None = None,
-                      timeout_s: float = TRAIN_TIMEOUT_S) -> TrainResult:
-    """Train a multi-rank training artifact on `world` gloo processes (data parallel: dp x the
-    artifact's ranks, the options' dp); a TrainResult, with what each process held at the end
-    (`rank_stats`).
-
-    Every rank takes `batches` (cycled) and the same `options` (a TrainOptions, or a dict of
-    its names; None: the recipe's), evaluates on `eval_batches` every eval_steps and at the end,
-    and with `resume` (a checkpoint folder; `start` its step) restores its state from it first.
-    `on_step(step, loss)` is called as rank 0 reports each step. With `save`, rank 0 writes
-    `training/checkpoints/run-K-step-N/` (every rank's trainable params, their merge to global
-    names and shapes, every rank's optimizer state, trainer_state.json) at the end and every
-    save_steps, and lists it in the manifest; as rank 0 reports each one, `on_checkpoint(folder)`
-    is called here, then the artifact's newest save_total_limit are kept (removed here, not by
-    the ranks, so the callback never races a removal). A failed run leaves no partial checkpoint.
-    """
-    from .launch_files import EVENT_CHECKPOINT, EVENT_EVAL
-    from .train_state import checkpoint_order, prune_checkpoints
-
-    _require_paddle()
-    root = Path(artifact)
-    workdir = Path(tempfile.mkdtemp(prefix="ernie-ir-dist-"))
-    ranks: RankProcesses | None = None
-    values = dict(options if isinstance(options, dict) or options is None else options.model_dump())
-    keep = values.get("save_total_limit")
-    try:
-        _save_batches(workdir / "batches.npz", batches)
-        losses_file = workdir / "losses.jsonl"
-        losses: list[float] = []
-        evals: list[tuple[int, float]] = []
-        published: list[Path] = []
-        handled: set[str] = set()
-        seen = 0
-
-        def unhandled(name: str) -> bool:
-            """A checkpoint of this run whose event is not read yet: rank 0 may publish several
-            before a poll reads them, and each must reach on_checkpoint before any removal."""
-            key, ours = checkpoint_order(name), checkpoint_order(published[0].name)
-            return key is not None and ours is not None and key[0] == ours[0] and name not in handled
-        args = ["--steps", str(steps), "--batches", str(workdir / "batches.npz"),
-                "--losses", str(losses_file), "--stats", str(workdir / "stats.rank{rank}.json")]
-        if options is not None:
-            values["save_total_limit"] = None  # removed here, after on_checkpoint
-            (workdir / "options.json").write_text(json.dumps(values), encoding="utf-8")
-            args += ["--options", str(workdir / "options.json")]
-        if eval_batches is not None:
-            _save_batches(workdir / "eval.npz", eval_batches)
-            args += ["--eval-batches", str(workdir / "eval.npz")]
-        if resume is not None:
-            args += ["--resume", str(Path(resume).resolve())]
-        if save:
-            args.append("--save")
-
-        def poll() -> None:
-            nonlocal seen
-            if not losses_file.is_file():
-                return
-            lines = losses_file.read_text(encoding="utf-8").splitlines(keepends=True)
-            for line in lines[seen:]:
-                if not line.endswith("\n"):
-                    break  # rank 0 is still writing it
-                seen += 1
-                record = json.loads(line)
-                kind = record.get("event")
-                if kind == EVENT_CHECKPOINT:
-                    folder = Path(record["path"])
-                    published.append(folder)
-                    if on_checkpoint is not None:
-                        on_checkpoint(folder)
-                    handled.add(folder.name)
-                    if keep is not None:
-                        prune_checkpoints(root, int(keep), unhandled)
-                elif kind == EVENT_EVAL:
-                    evals.append((int(record["step"]), float(record["loss"])))
-                else:
-                    losses.append(float(record["loss"]))
-                    if on_step is not None:
-                        on_step(int(record["step"]), losses[-1])
-
-        ranks = RankProcesses(root, "train", args, world, workdir)
-        ranks.start()
-        ranks.wait(timeout_s, poll)
-        _finish_node(ranks)
-        if len(losses) != steps - start:
-            raise DistributedRunError(f"rank 0 reported {len(losses)} of {steps - start} steps",
-                                      _tail(ranks.logs / "workerlog.0"))
-        stats = []
-        for r in range(world):
-            with contextlib.suppress(OSError, ValueError):
-                stats.append(json.loads((workdir / f"stats.rank{r}.json").read_text(encoding="utf-8")))
-        return TrainResult(losses, evals, [p for p in published if p.exists()], start + 1, stats)
-    except BaseException:
-        # Node 0 only: another node's ranks never publish, and its files are node 0's to remove.
-        if ranks is not None and ranks.first_rank == 0 and ranks.rendezvous is not None:
-            shutil.rmtree(staging_dir(root, ranks.rendezvous), ignore_errors=True)
-        raise
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _finish_node(ranks: RankProcesses) -> None:
+def finish_node(ranks: RankProcesses) -> None:
     """NodeFinished on a node other than 0 (whose ranks hold no result) once its ranks exited well."""
     if ranks.nodes is not None and ranks.nodes.node_rank != 0:
         raise NodeFinished(ranks.nodes.node_rank, ranks.nodes.nnodes)
-
-
-def _save_batches(path: Path, batches: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    arrays = {}
-    for i, (ids, labels) in enumerate(batches):
-        arrays[f"ids{i}"], arrays[f"labels{i}"] = ids, labels
-    np.savez(path, **arrays)

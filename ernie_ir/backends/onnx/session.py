@@ -1,4 +1,4 @@
-"""Run an ONNX artifact (`ernie_ir.targets.emit_onnx`) in onnxruntime on the CPU.
+"""Run an ONNX artifact (`ernie_ir.backends.onnx.lower`) in onnxruntime on the CPU.
 
 The model's metadata says which numerics it was written for
 (`ernie_ir.onnx_numerics`: "weight-only", "exact" or "fast", `ernie_ir.onnx_form`):

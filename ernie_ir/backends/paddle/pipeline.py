@@ -6,7 +6,7 @@ of each stage (the stage graph's collectives), one 2-rank group per pipeline edg
 model-parallel rank (Paddle's gloo p2p tags count per group, so each edge gets its own), and the
 group of each model-parallel rank's stages (the loss and the gradient norm).
 
-`PipelineStage.run` executes one batch under a schedule (ernie_ir.runtime.pipeline_schedule):
+`PipelineStage.run` executes one batch under a schedule (ernie_ir.backends.paddle.pipeline_schedule):
 the batch's rows cut into micro-batches; forwards on the stage's Paddle Layer; activations sent
 to the next stage and gradients of the received activations sent back, each tensor preceded by
 a small header (dtype and shape: a stage cannot know the next one's symbolic shapes); the loss
@@ -18,17 +18,22 @@ gradients are the one-rank step's; the step's loss sum broadcast from the last s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ernie_ir.backends.paddle.pipeline_schedule import Op, Schedule, schedule
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import stage_info
-from ernie_ir.runtime.pipeline_schedule import Op, Schedule, schedule
 
 _DTYPES = ("float32", "int64", "int32", "float64", "int8", "uint8")
 _HEADER = 10  # dtype code, rank, up to 8 dims
+
+
+LossSum = Callable[..., tuple[Any, Any]]
+"""(paddle, logits, labels, ignore_index, vocab_shard, world_size) -> (loss sum, token count)."""
 
 
 class PipelineStageError(ErnieIRError):
@@ -116,6 +121,8 @@ class PipelineStage:
     timing: StepTiming = field(default_factory=StepTiming)
     history: list[StepTiming] = field(default_factory=list)
     """The timing of every training batch run so far."""
+    loss_sum: LossSum | None = None
+    """The last stage's loss of a micro-batch (training's `logits_loss_sum`); None: no labels."""
 
     def __post_init__(self) -> None:
         info = stage_info(self.graph.metadata)
@@ -220,7 +227,7 @@ class PipelineStage:
         there are others: it pays for warm-up): seconds in the schedule and in its own compute,
         the idle fraction 1 - compute / total (the bubble plus the p2p time), the most
         micro-batches alive at once, and the schedule's ideal bubble (p - 1) / (m + p - 1)."""
-        from ernie_ir.runtime.pipeline_schedule import bubble_fraction
+        from ernie_ir.backends.paddle.pipeline_schedule import bubble_fraction
 
         runs = self.history[1:] if skip_first and len(self.history) > 1 else self.history
         total = sum(t.total_s for t in runs)
@@ -267,10 +274,10 @@ class PipelineStage:
             return 0.0
         value = 0.0
         if labels is not None:
-            from ernie_ir.runtime.training import logits_loss_sum
-
-            loss_sum, _ = logits_loss_sum(paddle, outs[0], labels[lo:hi], self.ignore_index,
-                                          getattr(self.layer, "vocab_shard", None), self.layer.world_size)
+            if self.loss_sum is None:
+                raise PipelineStageError("a pipeline stage given labels needs a loss (loss_sum)")
+            loss_sum, _ = self.loss_sum(paddle, outs[0], labels[lo:hi], self.ignore_index,
+                                        getattr(self.layer, "vocab_shard", None), self.layer.world_size)
             value = float(loss_sum.numpy())
             if train:
                 acts[op.mb] = (inputs, [loss_sum / max(count, 1)])
