@@ -239,8 +239,9 @@ def run(
         from ernie_ir.targets import read_manifest, require_weights
 
         require_weights(Path(model), read_manifest(model))
-    if backend not in ("interpreter", "onnxruntime", "paddle"):
-        raise ErnieIRError(f"--backend {backend!r}: choose interpreter, onnxruntime or paddle")
+    from ernie_ir.backends import check_backend
+
+    check_backend(backend)
     ids = _parse_tokens(tokens)
     if timeout is not None and not 0 < timeout < float("inf"):
         raise ErnieIRError(f"--timeout {timeout}: give a finite number of seconds above 0")
@@ -255,14 +256,14 @@ def run(
     if (disable_pass or stop_after is not None) and not pipeline:
         raise ErnieIRError("--disable-pass/--stop-after need a pipeline (--pipeline, --quant or --lora-*)")
     if backend == "interpreter" and not pipeline and not emulate and _is_multi_rank(model):
-        from ernie_ir.backends.sessions import run_artifact
+        from ernie_ir.backends import run_artifact
 
         logits = run_artifact(Path(model), ids, backend)
     elif backend != "interpreter":
         if pipeline or emulate:
             raise ErnieIRError(f"--backend {backend} runs an artifact as compiled: drop --pipeline, "
                                "--quant, --lora-* and --emulate (or use --backend interpreter)")
-        from ernie_ir.backends.sessions import run_artifact
+        from ernie_ir.backends import run_artifact
 
         try:
             with _rank_log_on_error(), _nodes_launch(nodes, processes):

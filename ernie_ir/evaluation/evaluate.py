@@ -66,18 +66,14 @@ def full_logits(decoder: Decoder) -> LogitsFn:
 
 
 def _source(model: str | Path, backend: str, trust_pickle: bool) -> tuple[Decoder | None, LogitsFn]:
-    root = Path(model)
-    if backend == "paddle" and (root / "manifest.json").is_file():
-        from ernie_ir.artifacts import artifact_mapping, read_manifest
-
-        world = artifact_mapping(read_manifest(root)).world_size
-        if world > 1:  # one gloo process per rank, per call; the artifact is verified once, here
-            from ernie_ir.backends.paddle.launch import run_distributed
-
-            decoder = open_decoder(model, "interpreter", trust_pickle=trust_pickle)  # vocab, tokenizer
-            return decoder, lambda ids: run_distributed(root, ids, world)
     decoder = open_decoder(model, backend, trust_pickle=trust_pickle)
-    return decoder, full_logits(decoder)
+    if decoder.step_here:
+        return decoder, full_logits(decoder)
+    # several Paddle ranks: one gloo process per rank and per call, scoring whole windows
+    from ernie_ir.backends import open_backend
+
+    session = open_backend(Path(model), backend)
+    return decoder, lambda ids: session.logits(ids)
 
 
 def evaluate(model: str | Path, data: str | Path, *, compare_to: str | Path | None = None,

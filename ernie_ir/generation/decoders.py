@@ -20,13 +20,15 @@ The cache's dtype is the artifact's (`kv_cache_dtype` in its manifest) unless gi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ernie_ir.backends import check_backend, open_backend
+from ernie_ir.backends.base import RunFn, StopFn, TokensFn
+from ernie_ir.backends.interpreter.session import interpreter_step
 from ernie_ir.ir import Graph
 from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
 from ernie_ir.runtime.decoding import (
@@ -37,12 +39,6 @@ from ernie_ir.runtime.decoding import (
     cache_dtype_of,
     decode,
 )
-
-BACKENDS = ("interpreter", "onnxruntime", "paddle")
-ONNX_MODEL = Path("inference") / "onnx" / "model.onnx"
-StopFn = Callable[[int, list[int]], bool]
-TokensFn = Callable[[int, np.ndarray, list[bool]], None]
-RunFn = Callable[[list[list[int]], DecodeOptions, StopFn | None, TokensFn | None], DecodeResult]
 
 
 @dataclass
@@ -73,6 +69,11 @@ class Decoder:
                       stop=stop, on_tokens=on_tokens)
 
     @property
+    def step_here(self) -> bool:
+        """Whether `step` runs in this process (False: the loop runs in several Paddle ranks)."""
+        return self.run is None
+
+    @property
     def context_length(self) -> int | None:
         """The most positions the model has (`max_position_embeddings`), None if unknown."""
         n = self.config.get("max_position_embeddings")
@@ -90,115 +91,11 @@ def _decoder_graphs(graphs: list[Graph], kv_cache_dtype: str | None) -> tuple[tu
     return layout.layers
 
 
-def _interpreter_step(graphs: list[Graph]) -> StepFn:
-    if len(graphs) == 1:
-        from ernie_ir.runtime import Interpreter
-
-        it = Interpreter(graphs[0])
-        return it.run
-    from ernie_ir.runtime.spmd import run_spmd
-
-    def step(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        # Each rank keeps its own cache (its own KV heads): the loop carries them stacked on a
-        # leading rank axis, and a first step's empty past serves every rank.
-        per_rank = [{k: (v[r] if k.startswith("past_key_values.") and v.ndim == 5 else v)
-                     for k, v in feeds.items()} for r in range(len(graphs))]
-        outs = run_spmd(graphs, per_rank)
-        result = dict(outs[0])
-        for k in result:
-            if k.startswith("present."):
-                result[k] = np.stack([o[k] for o in outs])
-        return result
-
-    return step
-
-
 def _vocab(graph: Graph) -> int:
     logits = graph.outputs[0].type.shape
     if not logits or not isinstance(logits[-1], int):
         raise DecodeError(f"graph {graph.name}: its first output is not logits [B, S, vocab]")
     return int(logits[-1])
-
-
-def _paddle_step(graph: Graph, device: str) -> StepFn:
-    from ernie_ir.backends.paddle.layer import build_layer, require_paddle
-
-    paddle = require_paddle()
-    layer = build_layer(graph, device=device)
-    layer.eval()
-    names = [v.name for v in graph.inputs]
-    outs = list(graph.output_names)
-
-    def step(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with paddle.no_grad():
-            args = [paddle.to_tensor(np.ascontiguousarray(feeds[n])) for n in names]
-            res = layer(*args)
-        res = res if isinstance(res, tuple) else (res,)
-        return {n: np.asarray(r.numpy()) for n, r in zip(outs, res, strict=True)}
-
-    return step
-
-
-def _paddle_ranks(root: Path, graphs: list[Graph], timeout_s: float | None) -> tuple[StepFn, RunFn]:
-    """(step that refuses, run) of a multi-rank artifact's decoders on one gloo process per rank."""
-    from ernie_ir.backends.paddle.launch import RUN_TIMEOUT_S, generate_distributed
-    from ernie_ir.ir.printer import print_graph
-
-    texts = [print_graph(g) for g in graphs]
-
-    def step(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        raise DecodeError(f"artifact {root} has {len(graphs)} ranks: its Paddle decoders run the whole "
-                          "loop in their rank processes (Decoder.generate), not one step at a time")
-
-    def run(prompts: list[list[int]], options: DecodeOptions, stop: StopFn | None,
-            on_tokens: TokensFn | None) -> DecodeResult:
-        new: list[list[int]] = [[] for _ in prompts]
-        ended = [False] * len(prompts)  # by a stop string: the ranks know only eos and the length
-
-        def on_step(s: int, tokens: np.ndarray, live: list[bool]) -> None:
-            was_live = [a and not e for a, e in zip(live, ended, strict=True)]
-            for b, t in enumerate(tokens):
-                if was_live[b]:
-                    new[b].append(int(t))
-                    if stop is not None and stop(b, new[b]):
-                        ended[b] = True
-            if on_tokens is not None and any(was_live):
-                on_tokens(s, tokens, was_live)
-
-        result = generate_distributed(root, texts, prompts, options, on_step=on_step,
-                                      timeout_s=RUN_TIMEOUT_S if timeout_s is None else timeout_s)
-        for b, done in enumerate(ended):
-            if done:
-                result.new_tokens[b] = new[b]
-                result.finish_reasons[b] = "stop"
-        steps = max(len(n) for n in result.new_tokens)  # the loop ends once every row has
-        result.decode_ms = result.decode_ms[: steps - 1]
-        result.step_logits = result.step_logits[:steps]
-        return result
-
-    return step, run
-
-
-def _onnx_step(model: Path) -> tuple[StepFn, tuple[tuple[int, int], ...]]:
-    from ernie_ir.backends.onnx.session import session
-
-    sess = session(model)
-    inputs = {i.name: i for i in sess.get_inputs()}
-    if "attention_mask" not in inputs:
-        raise DecodeError(f"{model} is not a decoder (no attention_mask, no past_key_values): it was "
-                          "written before ernie-ir decoded with a KV cache; recompile the artifact")
-    layers = []
-    i = 0
-    while f"past_key_values.{i}.key" in inputs:
-        _, kv, _, d = inputs[f"past_key_values.{i}.key"].shape
-        layers.append((int(kv), int(d)))
-        i += 1
-    names = [o.name for o in sess.get_outputs()]
-
-    def step(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(names, sess.run(None, {k: v for k, v in feeds.items() if k in inputs}), strict=True))
-
-    return step, tuple(layers)
 
 
 def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dtype: str | None = None,
@@ -210,8 +107,7 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
 
     DecodeError / ErnieIRError (one line) for an unknown backend, one the artifact does not offer,
     or a graph that cannot decode (no attention, not one `input_ids` input)."""
-    if backend not in BACKENDS:
-        raise DecodeError(f"unknown --backend {backend!r}: choose {', '.join(BACKENDS)}")
+    check_backend(backend)
     root = Path(model)
     if not (root / "manifest.json").is_file():
         if backend != "interpreter":
@@ -223,17 +119,14 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
         config = dict(graph.metadata.get("config") or {})
         vocab = _vocab(graph)
         layers = _decoder_graphs([graph], kv_cache_dtype)
-        return Decoder(_interpreter_step([graph]), layers, config, backend, vocab,
+        return Decoder(interpreter_step([graph]), layers, config, backend, vocab,
                        folder=root if root.is_dir() else None, graphs=[graph],
                        cache_dtype=cache_dtype_of(graph))
 
-    from ernie_ir.artifacts import artifact_mapping, load_rank_graphs, verify_artifact
+    from ernie_ir.artifacts import artifact_mapping, load_rank_graphs
 
-    manifest = verify_artifact(root)
-    offered = list(manifest.get("backends", ["interpreter"]))
-    if backend not in offered:
-        raise DecodeError(f"artifact {root} does not offer backend {backend!r}; it offers "
-                          f"{', '.join(offered)}")
+    session = open_backend(root, backend)
+    manifest = session.manifest
     if manifest.get("mode") != "inference":
         raise DecodeError(f"artifact {root} was compiled for {manifest.get('mode')}; generating needs an "
                           "inference artifact: compile with --mode inference")
@@ -247,23 +140,14 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
     _, graphs = load_rank_graphs(root, verify=False)
     config = dict(graphs[0].metadata.get("config") or {})
     vocab = _vocab(graphs[0])
-    if backend == "onnxruntime":
+    if session.compiled_decoder:
         if kv_cache_dtype is not None and kv_cache_dtype != manifest.get("kv_cache_dtype"):
             raise DecodeError("--kv-cache-dtype is fixed in the ONNX model when it is compiled: give it to "
                               "`ernie-ir compile` instead")
-        step, layers = _onnx_step(root / ONNX_MODEL)
-        return Decoder(step, layers, config, backend, vocab, folder=folder)
+        parts = session.decoder([], timeout_s=timeout_s)
+        assert parts.layers is not None
+        return Decoder(parts.step, parts.layers, config, backend, vocab, folder=folder)
     layers = _decoder_graphs(graphs, dtype)
-    if backend == "interpreter":
-        return Decoder(_interpreter_step(graphs), layers, config, backend, vocab, folder=folder,
-                       graphs=graphs, cache_dtype=cache_dtype_of(graphs[0]))
-    if artifact_mapping(manifest).world_size > 1:
-        from ernie_ir.artifacts import require_weights
-
-        require_weights(root, manifest)
-        step, run = _paddle_ranks(root, graphs, timeout_s)
-        return Decoder(step, layers, config, backend, vocab, folder=folder, graphs=graphs, run=run)
-    from ernie_ir.backends.paddle.session import paddle_device_for
-
-    return Decoder(_paddle_step(graphs[0], paddle_device_for(root)), layers, config, backend, vocab,
-                   folder=folder, graphs=graphs, cache_dtype=cache_dtype_of(graphs[0]))
+    parts = session.decoder(graphs, timeout_s=timeout_s)
+    return Decoder(parts.step, layers, config, backend, vocab, folder=folder, graphs=graphs, run=parts.run,
+                   cache_dtype=cache_dtype_of(graphs[0]))

@@ -23,15 +23,20 @@ a model without those inputs (`emit_onnx` of a plain graph) is fed `input_ids` a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ernie_ir.ir import ErnieIRError
+from ernie_ir.backends.base import BackendSession, CacheLayers, DecoderParts
+from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.runtime.decoding import DecodeError, StepFn
 
 META_NUMERICS = "ernie_ir.onnx_numerics"
 META_FORM = "ernie_ir.onnx_form"
+ONNX_MODEL = Path("inference") / "onnx" / "model.onnx"
+"""Where an artifact holds its ONNX decoder."""
 
 
 def model_numerics(model_path: Path) -> tuple[str, str]:
@@ -125,3 +130,40 @@ def run_onnx(model_path: Path, input_ids: np.ndarray, *, fast: bool = False,
         detail = " ".join(str(e).split())[:300]
         raise ErnieIRError(f"onnxruntime cannot run {model_path} ({detail}): recompile the artifact, and "
                            "report this as an ernie-ir bug with the compile command") from None
+
+
+def decoder_step(model: Path) -> tuple[StepFn, CacheLayers]:
+    """One step of the ONNX decoder at `model` and its cache layout (read from its inputs)."""
+    sess = session(model)
+    inputs = {i.name: i for i in sess.get_inputs()}
+    if "attention_mask" not in inputs:
+        raise DecodeError(f"{model} is not a decoder (no attention_mask, no past_key_values): it was "
+                          "written before ernie-ir decoded with a KV cache; recompile the artifact")
+    layers = []
+    i = 0
+    while f"past_key_values.{i}.key" in inputs:
+        _, kv, _, d = inputs[f"past_key_values.{i}.key"].shape
+        layers.append((int(kv), int(d)))
+        i += 1
+    names = [o.name for o in sess.get_outputs()]
+
+    def step(feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        return dict(zip(names, sess.run(None, {k: v for k, v in feeds.items() if k in inputs}), strict=True))
+
+    return step, tuple(layers)
+
+
+class OnnxSession(BackendSession):
+    """`inference/onnx/model.onnx` in onnxruntime, at the numerics the manifest records."""
+
+    name = "onnxruntime"
+    compiled_decoder = True
+
+    def logits(self, input_ids: np.ndarray, *, timeout_s: float | None = None) -> np.ndarray:
+        ids = np.asarray(input_ids)
+        self.check_ids(ids)
+        return run_onnx(self.root / ONNX_MODEL, ids, numerics=self.manifest.get("onnx_numerics"))
+
+    def decoder(self, graphs: list[Graph], *, timeout_s: float | None = None) -> DecoderParts:
+        step, layers = decoder_step(self.root / ONNX_MODEL)
+        return DecoderParts(step, layers)
