@@ -139,13 +139,9 @@ def _logits(graph: Graph, ids: np.ndarray, emulate: str | None) -> np.ndarray:
     return outputs[graph.output_names[0]]
 
 
-def _is_multi_rank(model: str) -> bool:
-    """An artifact folder with more than one rank (the interpreter runs its ranks as SPMD)."""
-    if not (Path(model) / "manifest.json").is_file():
-        return False
-    from ernie_ir.targets import artifact_mapping, read_manifest
-
-    return artifact_mapping(read_manifest(model)).world_size > 1
+def _is_artifact(model: str) -> bool:
+    """An artifact folder: it runs through its backend session (several ranks as SPMD)."""
+    return (Path(model) / "manifest.json").is_file()
 
 
 @contextmanager
@@ -228,12 +224,13 @@ def run(
     nodes = parse_nodes(nnodes, node_rank, master, master_timeout)
     processes = 1
     if nodes is not None:
-        if backend != "paddle" or not _is_multi_rank(model):
-            raise ErnieIRError(f"--nnodes {nodes.nnodes}: a multi-node launch runs a multi-rank artifact "
-                               "with --backend paddle")
         from ernie_ir.targets import artifact_mapping, read_manifest
 
-        processes = artifact_mapping(read_manifest(model)).world_size
+        if _is_artifact(model):
+            processes = artifact_mapping(read_manifest(model)).world_size
+        if backend != "paddle" or processes == 1:
+            raise ErnieIRError(f"--nnodes {nodes.nnodes}: a multi-node launch runs a multi-rank artifact "
+                               "with --backend paddle")
         nodes.processes_per_node(processes)  # refused before anything starts
     if (Path(model) / "manifest.json").is_file():
         from ernie_ir.targets import read_manifest, require_weights
@@ -255,7 +252,7 @@ def run(
                            f"file, e.g. {save_logits / 'logits.npy'}")
     if (disable_pass or stop_after is not None) and not pipeline:
         raise ErnieIRError("--disable-pass/--stop-after need a pipeline (--pipeline, --quant or --lora-*)")
-    if backend == "interpreter" and not pipeline and not emulate and _is_multi_rank(model):
+    if backend == "interpreter" and not pipeline and not emulate and _is_artifact(model):
         from ernie_ir.backends import run_artifact
 
         logits = run_artifact(Path(model), ids, backend)

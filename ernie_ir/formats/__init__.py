@@ -1,1 +1,2 @@
-"""formats."""
+"""Other tools' file formats, each read and written in one module: onnxruntime-genai's config
+(`genai_config`)."""
