@@ -35,7 +35,7 @@ from ernie_ir.evaluation import evaluate, windows
 from ernie_ir.evaluation.sensitivity import sensitivity
 from ernie_ir.load import load_input
 from ernie_ir.runtime import Interpreter
-from ernie_ir.targets.compile import compile_model
+from ernie_ir.targets.compile import CompileOptions, compile_model
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="eval-throughput-"))
     model = larger_moe(work / "float")
-    art = compile_model(model, "cuda", quant="wint4", cuda_arch=70, out=work / "wint4").out
+    art = compile_model(model, "cuda", CompileOptions(quant="wint4", cuda_arch=70, out=work / "wint4")).out
     rng = np.random.default_rng(0)
     docs = [rng.integers(0, 4096, args.tokens).tolist() for _ in range(args.docs)]
     data = work / "c.jsonl"

@@ -50,7 +50,7 @@ from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
 from ernie_ir.passes.parallel.split import mapping_for, split_graph
 from ernie_ir.runtime import run_graph
-from ernie_ir.targets import compile_model
+from ernie_ir.targets import CompileOptions, compile_model
 
 UNFUSE = "unfuse-parallel-block,unfuse-qkv,unfuse-gate-up"
 FORMS = {"unfused": UNFUSE, "imported": "", "fused": UNFUSE + ",O2"}
@@ -178,8 +178,8 @@ def main() -> None:
             row: dict[str, Any] = structure(graph)
             t0 = time.perf_counter()
             artifact = Path(tmp) / f"artifact-{form}"
-            compile_model(str(ckpt), "cuda", pipeline=pipeline or None, out=artifact,
-                          emit="onnx,paddle-inference")
+            compile_model(str(ckpt), "cuda", CompileOptions(pipeline=pipeline or None, out=artifact,
+                          emit="onnx,paddle-inference"))
             row["compile_s"] = round(time.perf_counter() - t0, 2)
             onnx[form] = onnx_runner(artifact, ids, args.threads)
             paddle[form] = paddle_runner(artifact, ids, args.threads)

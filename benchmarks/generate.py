@@ -462,7 +462,7 @@ def main() -> None:
 
 def run(args: argparse.Namespace, work: Path, refs: dict[str, RefServer]) -> dict[str, Any]:
     from ernie_ir.generation import Generator
-    from ernie_ir.targets.compile import compile_model
+    from ernie_ir.targets.compile import CompileOptions, compile_model
 
     log = lambda msg: print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)  # noqa: E731
     copier = Copier(args.copy_mib)
@@ -484,7 +484,8 @@ def run(args: argparse.Namespace, work: Path, refs: dict[str, RefServer]) -> dic
     compile_s: dict[str, float] = {}
     for name, kw in builds.items():
         t0 = time.perf_counter()
-        arts[name] = Path(compile_model(str(ckpt), "cuda", out=work / name, force=True, **kw).out)
+        options = CompileOptions(out=work / name, force=True, **kw)
+        arts[name] = Path(compile_model(str(ckpt), "cuda", options).out)
         compile_s[name] = round(time.perf_counter() - t0, 1)
         gc.collect()
         log(f"compiled {name} in {compile_s[name]} s")

@@ -210,7 +210,7 @@ def measure_pipeline(repeat: int) -> dict[str, Any]:
 def measure_compile(repeat: int) -> dict[str, Any]:
     """compile_model end to end into a temp dir, `repeat` times; then plan the artifact."""
     from ernie_ir.planning import plan_memory
-    from ernie_ir.targets.compile import compile_model
+    from ernie_ir.targets.compile import CompileOptions, compile_model
 
     baseline_kb = _status_kb("VmRSS")
     sampler = RssSampler().start()
@@ -220,7 +220,8 @@ def measure_compile(repeat: int) -> dict[str, Any]:
         for i in range(repeat):
             out = root / f"artifact{i}"
             start = time.perf_counter()
-            report = compile_model(MODEL, TARGET, quant=QUANT, lora_rank=LORA_RANK, tp=TP, out=out)
+            report = compile_model(MODEL, TARGET, CompileOptions(quant=QUANT, lora_rank=LORA_RANK, tp=TP,
+                                   out=out))
             times.append(time.perf_counter() - start)
             if i == 0:
                 peaks = sampler.reset()

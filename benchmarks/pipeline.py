@@ -75,14 +75,14 @@ def write_data(path: Path, batches: int, rows: int, seq: int, vocab: int, seed: 
 
 
 def compile_layout(folder: Path, work: Path, args: Any, tp: int, pp: int, sp: bool) -> tuple[Path, float]:
-    from ernie_ir.targets import compile_model
+    from ernie_ir.targets import CompileOptions, compile_model
 
     art = work / f"train-tp{tp}-pp{pp}{'-sp' if sp else ''}"
     t0 = time.perf_counter()
     if not art.is_dir():
-        compile_model(str(folder), "cuda", mode="training", lora_rank=args.rank, lora_alpha=2.0 * args.rank,
-                      tp=tp, pp=pp, sp=sp, micro_batches=args.micro_batches if pp > 1 else None,
-                      out=art, force=True)
+        compile_model(str(folder), "cuda", CompileOptions(mode="training", lora_rank=args.rank,
+                      lora_alpha=2.0 * args.rank, tp=tp, pp=pp, sp=sp,
+                      micro_batches=args.micro_batches if pp > 1 else None, out=art, force=True))
     return art, time.perf_counter() - t0
 
 

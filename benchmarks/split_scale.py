@@ -164,7 +164,7 @@ def measure_meta(case: str, repeat: int) -> dict[str, Any]:
 def measure_compile(folder: Path, out: Path, profile: Path | None) -> dict[str, Any]:
     """Run in a fresh process: compile_model(folder, "ascend", tp=2) with the imports as the baseline."""
     from ernie_ir.backends.paddle.emit import paddle_available
-    from ernie_ir.targets.compile import compile_model
+    from ernie_ir.targets.compile import CompileOptions, compile_model
 
     paddle_available()  # imports Paddle (if installed) before the baseline, as compile does
     baseline_kb = _status_kb("VmRSS")
@@ -189,7 +189,7 @@ def measure_compile(folder: Path, out: Path, profile: Path | None) -> dict[str, 
         report = prof.runcall(compile_model, str(folder), "ascend", tp=TP, out=out)
         prof.dump_stats(str(profile))
     else:
-        report = compile_model(str(folder), "ascend", tp=TP, out=out)
+        report = compile_model(str(folder), "ascend", CompileOptions(tp=TP, out=out))
     compile_s = time.perf_counter() - start
     done.set()
     sampler.join()

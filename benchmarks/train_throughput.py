@@ -70,14 +70,14 @@ def batches(n: int, rows: int, seq: int, vocab: int, seed: int = 7) -> list[tupl
 
 def ours(folder: Path, work: Path, tp: int, data: list[tuple[np.ndarray, np.ndarray]], args: Any,
          dp: int = 1, sharding: str | None = None) -> dict:
-    from ernie_ir.targets.compile import compile_model
+    from ernie_ir.targets.compile import CompileOptions, compile_model
     from ernie_ir.training.loop import StepProgress, train_artifact
 
     art = work / f"train-tp{tp}-dp{dp}"
     t0 = time.perf_counter()
     if not art.is_dir():  # the dp 2 artifact serves the three sharding runs
-        compile_model(str(folder), "cuda", mode="training", lora_rank=args.rank, lora_alpha=2.0 * args.rank,
-                      lora_targets=TARGETS, tp=tp, dp=dp, out=art, force=True)
+        compile_model(str(folder), "cuda", CompileOptions(mode="training", lora_rank=args.rank,
+                      lora_alpha=2.0 * args.rank, lora_targets=TARGETS, tp=tp, dp=dp, out=art, force=True))
     compile_s = time.perf_counter() - t0
     data_file = work / "data.jsonl"
     with data_file.open("w") as f:

@@ -25,10 +25,10 @@ def tree(root: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ernie_ir.targets import compile_model
+    from ernie_ir.targets import CompileOptions, compile_model
 
     out = tmp_path_factory.mktemp("review") / "art"
-    compile_model(GPT, "cuda", out=out, emit="onnx")
+    compile_model(GPT, "cuda", CompileOptions(out=out, emit="onnx"))
     return out
 
 
@@ -270,10 +270,11 @@ def test_out_inside_an_artifact_is_refused(artifact: Path, capsys):
 @pytest.fixture(scope="module")
 def training_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("paddle")
-    from ernie_ir.targets import compile_model
+    from ernie_ir.targets import CompileOptions, compile_model
 
     out = tmp_path_factory.mktemp("review-train") / "art"
-    compile_model(GPT, "cuda", mode="training", lora_rank=4, lora_targets=[".*qkv_proj"], out=out)
+    compile_model(GPT, "cuda", CompileOptions(mode="training", lora_rank=4, lora_targets=[".*qkv_proj"],
+                  out=out))
     return out
 
 

@@ -11,7 +11,8 @@ Like every module of the CLI, this one imports nothing of the library at module 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -45,6 +46,26 @@ class _LazyConsole:
 
 err = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 out = _LazyConsole(highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def progress_bar(*, transient: bool = False) -> Iterator[Callable[[str, int, int], None]]:
+    """A `progress(stage, done, total)` callback drawing one bar per stage on stderr (a terminal
+    only): one bar per first word of the stage ("pass", "weights", ...)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err.get(), transient=transient,
+                  disable=not err.is_terminal) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            key = stage.split(" ")[0]
+            if key not in tasks:
+                tasks[key] = bar.add_task(stage, total=total)
+            bar.update(tasks[key], completed=done, total=total, description=stage)
+
+        yield progress
 
 
 BUILTIN_TARGETS = ("cuda", "ascend", "kunlun")
@@ -223,9 +244,11 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
                                              before=print_before, after=print_after))
     if dump_dir is not None:
         instruments.append(DumpInstrument(dump_dir))  # refuses a non-empty folder
+    from ernie_ir.formats.paddleformers_adapter import read_adapter
     from ernie_ir.runtime import Interpreter
 
-    result = run_pipeline(graph, pl, instruments=instruments, evaluator=Interpreter)
+    result = run_pipeline(graph, pl, instruments=instruments, evaluator=Interpreter,
+                          adapter_reader=read_adapter)
     for w in result.warnings:
         err.print(f"warning: {w}", markup=False)
     if timing:

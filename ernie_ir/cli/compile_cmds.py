@@ -30,6 +30,7 @@ from .common import (
     TrustOpt,
     err,
     out,
+    progress_bar,
     split_names,
 )
 
@@ -94,78 +95,29 @@ def compile(
     """Compile a model for a target into an artifact folder (written atomically)."""
     import json
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
-    from ernie_ir.targets import compile_model
+    from ernie_ir.cli.compile_view import report_lines
+    from ernie_ir.targets import CompileOptions, compile_model
     from ernie_ir.targets.compile import check_arch_flag
 
     check_arch_flag(target, cuda_arch)
     targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
+    options = CompileOptions(
+        mode=mode, pipeline=pipeline, quant=quant, quant_config=quant_config, calib_data=calib_data,
+        lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets, lora_adapter=lora_adapter,
+        merge_lora=merge_lora, tp=tp, ep=ep, sp=sp, pp=pp, micro_batches=micro_batches, dp=dp,
+        sharding=sharding, cuda_arch=cuda_arch, emit=emit, onnx_numerics=onnx_numerics,
+        kv_cache_dtype=kv_cache_dtype, out=out_dir, force=force, trust_pickle=trust_pickle, meta=meta,
+        disabled_passes=split_names(disable_pass), stop_after=stop_after, checkpoint=checkpoint)
     # Progress goes to stderr, so --json output stays one clean object on stdout.
-    with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err.get(), transient=json_out,
-                  disable=not err.is_terminal) as bar:
-        tasks: dict[str, object] = {}
-
-        def progress(stage: str, done: int, total: int) -> None:
-            key = stage.split(" ")[0]
-            if key not in tasks:
-                tasks[key] = bar.add_task(stage, total=total)
-            bar.update(tasks[key], completed=done, total=total, description=stage)  # type: ignore[arg-type]
-
-        report = compile_model(model, target, quant=quant, mode=mode, pipeline=pipeline,
-                               lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
-                               lora_adapter=lora_adapter, quant_config=quant_config,
-                               cuda_arch=cuda_arch, tp=tp, ep=ep, dp=1 if dp is None else dp,
-                               sharding=None if sharding in (None, "none") else sharding,
-                               out=out_dir, force=force,
-                               trust_pickle=trust_pickle, meta=meta, progress=progress,
-                               onnx_numerics=onnx_numerics, emit=emit,
-                               disabled_passes=split_names(disable_pass), stop_after=stop_after,
-                               kv_cache_dtype=kv_cache_dtype, checkpoint=checkpoint,
-                               merge_lora=merge_lora, calib_data=calib_data, sp=sp, pp=pp,
-                               micro_batches=micro_batches)
-    data = report.as_dict()
+    with progress_bar(transient=json_out) as progress:
+        report = compile_model(model, target, options, progress=progress)
     if json_out:
-        print(json.dumps(data, default=str))
+        print(json.dumps(report.as_dict(), default=str))
         return
     for w in report.warnings:
         err.print(f"warning: {w}", markup=False)
-    if report.stopped:
-        out.print(f"{report.stopped}: wrote the graph folder {report.out} (not an artifact; "
-                  f"`ernie-ir show {report.out}` prints it)", markup=False)
-        return
-    out.print(f"compiled {model} for {target} ({mode}) -> {report.out}", markup=False)
-    if report.parallel:
-        out.print(f"layout: {report.parallel}", markup=False)
-    out.print(f"pipeline: {report.pipeline}", markup=False)
-    out.print(f"executables: {', '.join(report.emit) or 'none (graph only)'}", markup=False)
-    if report.onnx_numerics is not None:
-        out.print(f"onnx numerics: {report.onnx_numerics}", markup=False)
-    t = Table(title="params by dtype")
-    t.add_column("dtype")
-    t.add_column("before", justify="right")
-    t.add_column("after", justify="right")
-    for dtype in sorted(set(report.params_before) | set(report.params_after)):
-        b = report.params_before.get(dtype, {})
-        a = report.params_after.get(dtype, {})
-        t.add_row(dtype, f"{b.get('count', 0)} / {b.get('bytes', 0):,} B",
-                  f"{a.get('count', 0)} / {a.get('bytes', 0):,} B")
-    out.print(t)
-    plan = Table(title="kernel plan")
-    plan.add_column("kernel")
-    plan.add_column("nodes", justify="right")
-    counts: dict[str, int] = {}
-    for k in report.kernel_plan:
-        counts[k["kernel"]] = counts.get(k["kernel"], 0) + 1
-    for kernel, n in sorted(counts.items()):
-        plan.add_row(kernel, str(n))
-    out.print(plan)
-    from ernie_ir.cli.compile_view import fallback_lines
-
-    for line in fallback_lines(report.fallback_groups(), verbose=verbose):  # one line per reason
-        out.print(line, markup=False)
+    for item in report_lines(report, verbose=verbose):
+        out.print(item, markup=False)
 
 
 def export_cmd(

@@ -1,8 +1,11 @@
-"""Lines of `ernie-ir compile`'s output that summarise the report: the fallbacks, grouped."""
+"""`ernie-ir compile`'s report as lines and tables: where the artifact went, its pipeline and
+executables, params by dtype, the kernel plan and the fallbacks, grouped. Prints nothing."""
 
 from __future__ import annotations
 
-from ernie_ir.targets.compile import FallbackGroup
+from typing import Any
+
+from ernie_ir.targets.compile import CompileReport, FallbackGroup
 
 HEAD_SCOPES = 3
 """Scopes named per fallback line without --verbose; the rest are counted ("and N more")."""
@@ -30,3 +33,37 @@ def fallback_lines(groups: list[FallbackGroup], *, verbose: bool = False,
         more = f" and {rest} more (--verbose lists them)" if rest > 0 else ""
         lines.append(f"{line}; at {shown}{more}")
     return lines
+
+
+def report_lines(report: CompileReport, *, verbose: bool = False) -> list[Any]:
+    """What `compile` prints after its warnings: text lines and rich tables, in order."""
+    from rich.table import Table
+
+    if report.stopped:
+        return [f"{report.stopped}: wrote the graph folder {report.out} (not an artifact; "
+                f"`ernie-ir show {report.out}` prints it)"]
+    lines: list[Any] = [f"compiled {report.model} for {report.target} ({report.mode}) -> {report.out}"]
+    if report.parallel:
+        lines.append(f"layout: {report.parallel}")
+    lines.append(f"pipeline: {report.pipeline}")
+    lines.append(f"executables: {', '.join(report.emit) or 'none (graph only)'}")
+    if report.onnx_numerics is not None:
+        lines.append(f"onnx numerics: {report.onnx_numerics}")
+    params = Table(title="params by dtype")
+    params.add_column("dtype")
+    params.add_column("before", justify="right")
+    params.add_column("after", justify="right")
+    for dtype in sorted(set(report.params_before) | set(report.params_after)):
+        b = report.params_before.get(dtype, {})
+        a = report.params_after.get(dtype, {})
+        params.add_row(dtype, f"{b.get('count', 0)} / {b.get('bytes', 0):,} B",
+                       f"{a.get('count', 0)} / {a.get('bytes', 0):,} B")
+    plan = Table(title="kernel plan")
+    plan.add_column("kernel")
+    plan.add_column("nodes", justify="right")
+    counts: dict[str, int] = {}
+    for k in report.kernel_plan:
+        counts[k["kernel"]] = counts.get(k["kernel"], 0) + 1
+    for kernel, n in sorted(counts.items()):
+        plan.add_row(kernel, str(n))
+    return [*lines, params, plan, *fallback_lines(report.fallback_groups(), verbose=verbose)]

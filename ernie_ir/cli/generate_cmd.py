@@ -87,34 +87,16 @@ def generate(
     """Generate tokens after prompts, decoding with a KV cache; text streams as it is produced."""
     import json
 
-    from ernie_ir.generation import DecodeOptions, Generator, SamplingOptions
+    from ernie_ir.generation import DecodeOptions, Generator
     from ernie_ir.generation import compare_to as compare
     from ernie_ir.ir import ErnieIRError
 
-    given = [f for f, v in (("--prompt", prompt), ("--prompt-ids", prompt_ids), ("--prompts", prompts))
-             if v is not None]
-    if len(given) != 1:
-        raise ErnieIRError("give one of --prompt TEXT, --prompt-ids IDS or --prompts FILE.jsonl"
-                           + (f" (got {' and '.join(given)})" if given else ""))
-    if max_new_tokens < 1:
-        raise ErnieIRError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
-    sampled = [f for f, v in (("--temperature", temperature), ("--top-p", top_p), ("--top-k", top_k))
-               if v is not None]
-    if greedy and sampled:
-        raise ErnieIRError(f"--greedy and {sampled[0]} contradict: drop one (greedy takes the most likely "
-                           "token)")
-    sampling = SamplingOptions(greedy=not sampled, temperature=1.0 if temperature is None else temperature,
-                               top_p=1.0 if top_p is None else top_p, top_k=top_k, seed=seed)
-    sampling.check()
+    _check_prompt_flags(prompt, prompt_ids, prompts, max_new_tokens, timeout)
+    sampling = _sampling(greedy, temperature, top_p, top_k, seed)
     if kv_cache_dtype is not None:
-        from ernie_ir.targets.compile import check_kv_cache_dtype
+        from ernie_ir.targets.options import check_kv_cache_dtype
 
         kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype, "inference")
-    if timeout is not None and not 0 < timeout < float("inf"):
-        raise ErnieIRError(f"--timeout {timeout}: give a finite number of seconds above 0")
-    if prompts is not None and not prompts.is_file():
-        raise ErnieIRError(f"--prompts {prompts}: no such file")
-
     gen = Generator(model, backend, kv_cache_dtype=kv_cache_dtype, trust_pickle=trust_pickle,
                     timeout_s=timeout)
     if prompt is not None:
@@ -151,26 +133,72 @@ def generate(
         out.print("")
     comparison = compare(compare_to, result, trust_pickle=trust_pickle) if compare_to is not None else None
     if json_out:
-        data: dict[str, Any] = {
-            "model": model, "backend": backend, "sequences": result.sequences,
-            "new_tokens": result.new_tokens, "finish_reasons": result.finish_reasons,
-            "prefill_ms": round(result.prefill_ms, 3),
-            "decode_ms_per_token": round(result.decode_ms_per_token, 3),
-        }
-        if texts is not None:
-            data["texts"] = texts
-        if comparison is not None:
-            data["compare"] = {"reference": comparison.reference,
-                               "first_divergence": comparison.first_divergence,
-                               "top1_agreement": comparison.agreement}
-        print(json.dumps(data))
+        print(json.dumps(_json_report(model, backend, result, texts, comparison)))
         return
     if not streaming:
         for r, new in enumerate(result.new_tokens):
             shown = texts[r] if texts is not None else " ".join(map(str, new))
             out.print(f"[{r}] {shown}", markup=False, highlight=False)
+    _print_summary(result, len(rows), backend, comparison, compare_to)
+
+
+def _check_prompt_flags(prompt: str | None, prompt_ids: str | None, prompts: Path | None,
+                        max_new_tokens: int, timeout: float | None) -> None:
+    """One source of prompts, a positive token budget, a finite timeout, an existing file."""
+    from ernie_ir.ir import ErnieIRError
+
+    given = [f for f, v in (("--prompt", prompt), ("--prompt-ids", prompt_ids), ("--prompts", prompts))
+             if v is not None]
+    if len(given) != 1:
+        raise ErnieIRError("give one of --prompt TEXT, --prompt-ids IDS or --prompts FILE.jsonl"
+                           + (f" (got {' and '.join(given)})" if given else ""))
+    if max_new_tokens < 1:
+        raise ErnieIRError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise ErnieIRError(f"--timeout {timeout}: give a finite number of seconds above 0")
+    if prompts is not None and not prompts.is_file():
+        raise ErnieIRError(f"--prompts {prompts}: no such file")
+
+
+def _sampling(greedy: bool, temperature: float | None, top_p: float | None, top_k: int | None,
+              seed: int | None) -> Any:
+    """The sampler the flags ask for: greedy unless a sampling option is given (not both)."""
+    from ernie_ir.generation import SamplingOptions
+    from ernie_ir.ir import ErnieIRError
+
+    sampled = [f for f, v in (("--temperature", temperature), ("--top-p", top_p), ("--top-k", top_k))
+               if v is not None]
+    if greedy and sampled:
+        raise ErnieIRError(f"--greedy and {sampled[0]} contradict: drop one (greedy takes the most likely "
+                           "token)")
+    sampling = SamplingOptions(greedy=not sampled, temperature=1.0 if temperature is None else temperature,
+                               top_p=1.0 if top_p is None else top_p, top_k=top_k, seed=seed)
+    sampling.check()
+    return sampling
+
+
+def _json_report(model: str, backend: str, result: Any, texts: list[str] | None,
+                 comparison: Any) -> dict[str, Any]:
+    """`generate --json`: the sequences, the new tokens (and texts), timings, the comparison."""
+    data: dict[str, Any] = {
+        "model": model, "backend": backend, "sequences": result.sequences,
+        "new_tokens": result.new_tokens, "finish_reasons": result.finish_reasons,
+        "prefill_ms": round(result.prefill_ms, 3),
+        "decode_ms_per_token": round(result.decode_ms_per_token, 3),
+    }
+    if texts is not None:
+        data["texts"] = texts
+    if comparison is not None:
+        data["compare"] = {"reference": comparison.reference,
+                           "first_divergence": comparison.first_divergence,
+                           "top1_agreement": comparison.agreement}
+    return data
+
+
+def _print_summary(result: Any, rows: int, backend: str, comparison: Any, compare_to: str | None) -> None:
+    """The stderr lines after the text: tokens, finish reasons, timings, the comparison."""
     steps = sum(len(n) for n in result.new_tokens)
-    err.print(f"{steps} tokens in {len(rows)} row(s) ({', '.join(sorted(set(result.finish_reasons)))}); "
+    err.print(f"{steps} tokens in {rows} row(s) ({', '.join(sorted(set(result.finish_reasons)))}); "
               f"prefill {result.prefill_ms:.1f} ms, decode {result.decode_ms_per_token:.2f} ms/token "
               f"({backend})", markup=False)
     if comparison is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -211,13 +211,8 @@ def run(
     --node-rank, --master): node 0 prints the results, every other node one line."""
     import json
 
-    import numpy as np
-
     from ernie_ir.backends.paddle.launch import NodeFinished, parse_nodes
     from ernie_ir.ir import ErnieIRError
-    from ernie_ir.ir.verifier import verify
-    from ernie_ir.load import load_input
-    from ernie_ir.runtime.compare import compare_logits
 
     pipeline = full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
                               lora_adapter, merge_lora)
@@ -240,16 +235,7 @@ def run(
 
     check_backend(backend)
     ids = _parse_tokens(tokens)
-    if timeout is not None and not 0 < timeout < float("inf"):
-        raise ErnieIRError(f"--timeout {timeout}: give a finite number of seconds above 0")
-    if emulate is not None and emulate not in ("bf16", "f16"):
-        raise ErnieIRError(f"--emulate {emulate!r}: choose bf16 or f16 (activation rounding)")
-    if save_logits is not None and not save_logits.parent.is_dir():
-        raise ErnieIRError(f"--save-logits {save_logits}: folder {save_logits.parent} does not exist: "
-                           "create it or choose another path")
-    if save_logits is not None and save_logits.is_dir():
-        raise ErnieIRError(f"--save-logits {save_logits}: cannot write it (it is a folder): name a "
-                           f"file, e.g. {save_logits / 'logits.npy'}")
+    _check_run_flags(timeout, emulate, save_logits)
     if (disable_pass or stop_after is not None) and not pipeline:
         raise ErnieIRError("--disable-pass/--stop-after need a pipeline (--pipeline, --quant or --lora-*)")
     if backend == "interpreter" and not pipeline and not emulate and _is_artifact(model):
@@ -273,30 +259,9 @@ def run(
                                 stop_after=stop_after)
         logits = _logits(graph, ids, emulate)
     _check_finite(model, logits)
-    report: dict[str, object] = {
-        "model": model,
-        "backend": backend,
-        "logits_shape": list(logits.shape),
-        "argmax": np.argmax(logits, axis=-1).tolist(),
-    }
-    if compare_to is not None:
-        ref_graph = load_input(compare_to, trust_pickle=trust_pickle)
-        verify(ref_graph)
-        ref_logits = _logits(ref_graph, ids, None)
-        _check_finite(compare_to, ref_logits)
-        if ref_logits.shape != logits.shape:
-            raise ErnieIRError(f"--compare-to {compare_to}: its logits are {list(ref_logits.shape)}, "
-                               f"{model}'s are {list(logits.shape)} (a different vocabulary): compare "
-                               "against the float model this one was made from")
-        report.update(compare_logits(logits, ref_logits).as_dict())
-        report["compare_to"] = compare_to
+    report = _run_report(model, backend, ids, logits, compare_to, trust_pickle)
     if save_logits is not None:
-        try:
-            with open(save_logits, "wb") as f:  # that path: np.save(path) would append .npy
-                np.save(f, logits.astype(np.float32))
-        except OSError as e:
-            raise ErnieIRError(f"--save-logits {save_logits}: cannot write it ({e.strerror or e}): "
-                               "choose a writable path") from None
+        _save_logits(save_logits, logits)
         report["saved"] = str(save_logits)
     if json_out:
         print(json.dumps(report))
@@ -306,6 +271,64 @@ def run(
         out.print(f"vs {compare_to}: max_abs_error {report['max_abs_error']:.3e}  rel_error "
                   f"{report['rel_error']:.3e}  top1_agreement {report['top1_agreement']:.3f}",
                   markup=False)
+
+
+def _check_run_flags(timeout: float | None, emulate: str | None, save_logits: Path | None) -> None:
+    """`run`'s flags that need no model, refused in one line before anything runs."""
+    from ernie_ir.ir import ErnieIRError
+
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise ErnieIRError(f"--timeout {timeout}: give a finite number of seconds above 0")
+    if emulate is not None and emulate not in ("bf16", "f16"):
+        raise ErnieIRError(f"--emulate {emulate!r}: choose bf16 or f16 (activation rounding)")
+    if save_logits is not None and not save_logits.parent.is_dir():
+        raise ErnieIRError(f"--save-logits {save_logits}: folder {save_logits.parent} does not exist: "
+                           "create it or choose another path")
+    if save_logits is not None and save_logits.is_dir():
+        raise ErnieIRError(f"--save-logits {save_logits}: cannot write it (it is a folder): name a "
+                           f"file, e.g. {save_logits / 'logits.npy'}")
+
+
+def _run_report(model: str, backend: str, ids: Any, logits: Any, compare_to: str | None,
+                trust_pickle: bool) -> dict[str, Any]:
+    """`run`'s report: the logits' shape and argmax, and with --compare-to the comparison with
+    the reference model's logits (run by the interpreter)."""
+    import numpy as np
+
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.ir.verifier import verify
+    from ernie_ir.load import load_input
+    from ernie_ir.runtime.compare import compare_logits
+
+    report: dict[str, Any] = {"model": model, "backend": backend, "logits_shape": list(logits.shape),
+                              "argmax": np.argmax(logits, axis=-1).tolist()}
+    if compare_to is None:
+        return report
+    ref_graph = load_input(compare_to, trust_pickle=trust_pickle)
+    verify(ref_graph)
+    ref_logits = _logits(ref_graph, ids, None)
+    _check_finite(compare_to, ref_logits)
+    if ref_logits.shape != logits.shape:
+        raise ErnieIRError(f"--compare-to {compare_to}: its logits are {list(ref_logits.shape)}, "
+                           f"{model}'s are {list(logits.shape)} (a different vocabulary): compare "
+                           "against the float model this one was made from")
+    report.update(compare_logits(logits, ref_logits).as_dict())
+    report["compare_to"] = compare_to
+    return report
+
+
+def _save_logits(path: Path, logits: Any) -> None:
+    """--save-logits: float32 logits at exactly that path (np.save(path) would append .npy)."""
+    import numpy as np
+
+    from ernie_ir.ir import ErnieIRError
+
+    try:
+        with open(path, "wb") as f:
+            np.save(f, logits.astype(np.float32))
+    except OSError as e:
+        raise ErnieIRError(f"--save-logits {path}: cannot write it ({e.strerror or e}): "
+                           "choose a writable path") from None
 
 
 def train(

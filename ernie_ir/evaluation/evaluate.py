@@ -151,7 +151,7 @@ def evaluate_quantized(model: str | Path, data: str | Path, quants: Sequence[str
 
     from ernie_ir.passes.quant.cli_flags import CALIBRATED, NO_QUANT, pipeline_for
     from ernie_ir.passes.quant.config import resolve_quant_name
-    from ernie_ir.targets.compile import compile_model
+    from ernie_ir.targets.compile import CompileOptions, compile_model
 
     if not quants:
         raise EvalError("give at least one --quant preset to evaluate")
@@ -170,9 +170,9 @@ def evaluate_quantized(model: str | Path, data: str | Path, quants: Sequence[str
     reports: list[EvalReport] = []
     try:
         for i, q in enumerate(quants):
-            art = compile_model(str(model), target, quant=q, cuda_arch=cuda_arch, out=work / f"q{i}",
-                                emit="paddle", trust_pickle=trust_pickle,
-                                calib_data=calib if calibrates(q) else None)
+            art = compile_model(str(model), target, CompileOptions(quant=q, cuda_arch=cuda_arch,
+                                out=work / f"q{i}", emit="paddle", trust_pickle=trust_pickle,
+                                calib_data=calib if calibrates(q) else None))
             report = evaluate(art.out, data, compare_to=reference, seq_len=seq_len, stride=stride,
                               max_tokens=max_tokens, batch=batch, trust_pickle=trust_pickle,
                               progress=progress)

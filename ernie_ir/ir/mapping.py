@@ -118,6 +118,9 @@ class Mapping(BaseModel):
     """Decoder layers [first, stop) of each stage (pp > 1)."""
     micro_batches: int = Field(1, ge=1)
     """Micro-batches a pipelined batch is split into by default (pp > 1)."""
+    sp: bool = False
+    """Sequence parallelism: the residual stream, norms and row biases on token shards over the
+    tensor-parallel ranks (tp > 1)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Mapping:
@@ -134,6 +137,8 @@ class Mapping(BaseModel):
             raise ValueError("stages must be pp contiguous, non-empty layer ranges")
         if self.micro_batches > 1 and self.pp == 1:
             raise ValueError("micro_batches needs pipeline parallelism (pp > 1)")
+        if self.sp and self.tp < 2:
+            raise ValueError("sp needs tensor parallelism (tp > 1)")
         return self
 
     @model_serializer(mode="wrap")
@@ -148,15 +153,18 @@ class Mapping(BaseModel):
         if self.pp == 1:
             for key in ("pp", "stages", "micro_batches"):
                 data.pop(key, None)
+        if not self.sp:
+            data.pop("sp", None)
         return data
 
     @classmethod
     def create(cls, tp: int = 1, ep: int = 1, *, num_experts: int | None = None,
                vocab_size: int | None = None, dp: int = 1, sharding: Sharding | None = None,
-               _validate: bool = True) -> Mapping:
-        """The layout for `tp` x `ep` (times `dp` replicas); MappingError (one line) when it
-        cannot be built."""
+               sp: bool = False, _validate: bool = True) -> Mapping:
+        """The layout for `tp` x `ep` (times `dp` replicas; `sp`: sequence parallel); MappingError
+        (one line) when it cannot be built."""
         check_degrees(tp, ep, num_experts=num_experts)
+        check_sequence_parallel(tp, sp)
         world = max(tp, ep)
         moe_tp = world // ep
         ranks = []
@@ -177,7 +185,7 @@ class Mapping(BaseModel):
                                     moe_tp_rank=r % moe_tp, experts=experts, vocab=vocab))
         values = {"world_size": world, "tp": tp, "ep": ep, "moe_tp": moe_tp,
                   "num_experts": num_experts, "vocab_size": vocab_size, "ranks": tuple(ranks),
-                  "dp": dp, "sharding": sharding}
+                  "dp": dp, "sharding": sharding, "sp": sp}
         if not _validate:
             return cls.model_construct(**values)
         check_data_parallel(dp, sharding, world)
@@ -222,7 +230,7 @@ class Mapping(BaseModel):
         return self.ranks[r]
 
     def describe(self) -> str:
-        parts = [f"world {self.world_size}", f"tp {self.tp}"]
+        parts = [f"world {self.world_size}", f"tp {self.tp}{' (sp)' if self.sp else ''}"]
         if self.ep > 1:
             parts.append(f"ep {self.ep} (moe_tp {self.moe_tp})")
         if self.pp > 1:
@@ -255,6 +263,14 @@ def check_data_parallel(dp: int, sharding: str | None, world: int = 1) -> None:
     if dp > 1 and dp * world > MAX_PROCESSES:  # dp 1: the model-parallel checks judge the world
         raise MappingError(f"--dp {dp} x {world} model-parallel rank(s) = {dp * world} processes, more than "
                            f"the {MAX_PROCESSES} a launch recipe starts: lower --dp")
+
+
+def check_sequence_parallel(tp: int, sp: bool) -> None:
+    """Refuse (MappingError, one line) sequence parallelism without tensor parallelism: the one
+    home of the rule that `--sp` needs `--tp 2` or more."""
+    if sp and tp < 2:
+        raise MappingError(f"--sp (sequence parallelism) shards the tokens over the tensor-parallel ranks: "
+                           f"it needs --tp 2 or more, got --tp {tp}")
 
 
 def check_degrees(tp: int, ep: int, *, num_experts: int | None = None) -> None:

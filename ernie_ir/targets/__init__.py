@@ -24,6 +24,7 @@ from ernie_ir.targets.artifact import (
 )
 from ernie_ir.targets.capabilities import ArchOption, FusedMoE, HardwareTarget, WeightOnlyKernel
 from ernie_ir.targets.compile import CompileReport, compile_model
+from ernie_ir.targets.options import CompileOptions, Layout
 from ernie_ir.targets.registry import TARGETS, TargetError, all_targets, get_target
 from ernie_ir.targets.rules import LegalizationRules, Legalizing
 
@@ -31,9 +32,11 @@ __all__ = [
     "TARGETS",
     "ArchOption",
     "ArtifactError",
+    "CompileOptions",
     "CompileReport",
     "FusedMoE",
     "HardwareTarget",
+    "Layout",
     "LegalizationRules",
     "Legalizing",
     "TargetError",

@@ -15,29 +15,29 @@ from typing import Any
 from ernie_ir.artifacts.publish import artifact_lock
 from ernie_ir.artifacts.source_digests import source_sha256
 from ernie_ir.ir import ErnieIRError, Graph
-from ernie_ir.ir.mapping import Mapping, check_data_parallel, check_degrees
+from ernie_ir.ir.mapping import Mapping
 from ernie_ir.load import load_input, load_trained
 from ernie_ir.passes import Pass, PassContext, PassInstrument
 from ernie_ir.passes.infra.base import graph_properties
 from ernie_ir.passes.infra.manager import run_pipeline_ranks
 from ernie_ir.passes.infra.pipeline import Pipeline, describe_restriction, load_pipeline
-from ernie_ir.passes.parallel.pipeline_stages import check_pipeline, layer_count, pipeline_ranks
+from ernie_ir.passes.parallel.pipeline_stages import (
+    PipelineStagesPass,
+    check_pipeline,
+    layer_count,
+    pipeline_bounds,
+)
 from ernie_ir.passes.parallel.split import mapping_for
-from ernie_ir.passes.quant.cli_flags import NO_QUANT, QuantFlagError, adapter_folder, pipeline_for
-from ernie_ir.passes.quant.config import resolve_quant_name
+from ernie_ir.passes.quant.cli_flags import NO_QUANT, adapter_folder
 from ernie_ir.targets.artifact import check_out, write_artifact
 from ernie_ir.targets.capabilities import HardwareTarget
 from ernie_ir.targets.coverage import check_coverage
-from ernie_ir.targets.executables import backend_of, check_emit, default_emit, parse_emit, select_emitters
+from ernie_ir.targets.executables import backend_of, check_emit, default_emit, select_emitters
+from ernie_ir.targets.options import DEFAULT_ONNX_NUMERICS, MODES, ONNX_NUMERICS, CompileOptions, Layout
 from ernie_ir.targets.registry import TargetError, all_targets, get_target
 
-MODES = ("inference", "training")
-ONNX_NUMERICS = ("weight-only", "exact", "fast")
-"""`onnx_numerics` choices (ernie_ir.backends.onnx.lower): float32 activations with every weight
-dequantized in float32 (the default), the interpreter's numerics bit for bit (the bf16 rounding of
-dequantized weights kept), or int8 activations; recorded in the model and the manifest."""
-DEFAULT_ONNX_NUMERICS = "weight-only"
-
+__all__ = ["DEFAULT_ONNX_NUMERICS", "MODES", "ONNX_NUMERICS", "CompileOptions", "CompileReport",
+           "compile_model"]
 
 @dataclass
 class CompileReport:
@@ -154,14 +154,6 @@ def default_out(model: str, target: str, quant: str | None) -> Path:
     return Path("artifacts") / f"{stem}-{target}{re.sub(r'[^a-z0-9_.-]+', '-', q)}"
 
 
-def check_onnx_numerics(numerics: str) -> str:
-    if numerics not in ONNX_NUMERICS:
-        raise TargetError(f"unknown --onnx-numerics {numerics!r}: choose weight-only (the default: "
-                          "float32 activations), exact (equal to the interpreter) or fast (int8 "
-                          "activations)")
-    return numerics
-
-
 def target_arch(tgt: HardwareTarget, arch: int | None) -> int | None:
     """The value of `tgt`'s arch option (`HardwareTarget.arch_option`; cuda: --cuda-arch): `arch`,
     or the option's default for None; None for a target without one (`arch` is ignored there)."""
@@ -192,69 +184,31 @@ def legalize_spec(tgt: HardwareTarget, arch: int | None) -> str:
     return f"legalize-{tgt.name}{{{opt.name}={arch}}}"
 
 
-def check_compile_options(target: str, mode: str, quant: str | None, cuda_arch: int | None, tp: int,
-                          ep: int) -> tuple[HardwareTarget, int | None]:
-    """The target and the value of its arch option (cuda: --cuda-arch; None for a target without
-    one; `cuda_arch` None: the option's default) of compile's options; refuses, in one line, an
-    unknown target or mode, impossible degrees and FP8 where the target has no FP8 kernels."""
-    tgt = get_target(target)
-    if mode not in MODES:
-        raise TargetError(f"unknown --mode {mode!r}: choose inference or training")
-    check_degrees(tp, ep, num_experts=None if ep == 1 else 0)
-    arch = target_arch(tgt, cuda_arch)
-    if quant is not None and quant.strip().lower() not in NO_QUANT:
-        canonical = resolve_quant_name(quant)
-        if canonical.startswith("fp8") and not tgt.fp8:
-            raise TargetError(f"--quant {quant} needs FP8 kernels, which {tgt.name} lacks: use "
+def check_target_options(tgt: HardwareTarget, options: CompileOptions) -> int | None:
+    """The value of the target's arch option for `options` (None for a target without one);
+    refuses, in one line, FP8 where the target or that arch has no FP8 kernels."""
+    arch = target_arch(tgt, options.cuda_arch)
+    quant = options.quant
+    if quant is not None and quant.fp8:
+        if not tgt.fp8:
+            raise TargetError(f"--quant {quant.spelled} needs FP8 kernels, which {tgt.name} lacks: use "
                               "--target cuda --cuda-arch 89/90, or --quant wint8 / wint8mix")
         opt = tgt.arch_option
-        if canonical.startswith("fp8") and opt is not None and arch not in opt.fp8:
-            raise TargetError(f"--quant {quant} needs FP8 kernels ({opt.fp8_hint or 'another arch'}): use "
-                              f"{opt.flag} {' or '.join(map(str, opt.fp8))}")
-    return tgt, arch
-
-
-def check_compile_dp(mode: str, dp: int, sharding: str | None, world: int = 1) -> None:
-    """Refuse, in one line, data parallelism outside training and a layout that cannot run
-    (`ernie_ir.ir.mapping.check_data_parallel`)."""
-    if dp != 1 and mode != "training":
-        raise TargetError(f"--dp {dp}: data parallelism is a training layout (--mode training); to serve "
-                          "replicas, start several inference engines (drop --dp)")
-    if sharding is not None and mode != "training":
-        raise TargetError(f"--sharding {sharding} shards optimizer states: a training layout "
-                          "(--mode training)")
-    check_data_parallel(dp, sharding, world)
-
-
-def check_compile_pp(pp: int, micro_batches: int | None, dp: int, emit: str | Sequence[str] | None) -> None:
-    """Refuse, in one line, a pipeline layout compile cannot write (before any pass runs; the
-    model's own limits, such as fewer layers than stages, are checked when it is cut)."""
-    if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
-        raise TargetError(f"--pp {pp}: the number of pipeline stages must be an integer >= 1")
-    if micro_batches is not None and micro_batches < 1:
-        raise TargetError(f"--micro-batches {micro_batches}: give an integer >= 1")
-    if pp == 1 and micro_batches not in (None, 1):
-        raise TargetError(f"--micro-batches {micro_batches} cuts each batch for a pipeline's schedule: it "
-                          "needs --pp 2 or more")
-    if pp > 1 and dp > 1:
-        raise TargetError(f"--pp {pp} with --dp {dp}: data parallelism of a pipelined model is not built; "
-                          "drop one of them")
-    chosen = parse_emit(emit) or ()
-    if pp > 1 and "fastdeploy" in chosen:
-        raise TargetError(f"--emit fastdeploy with --pp {pp}: a FastDeploy checkpoint is tensor-parallel "
-                          "only; drop --pp (serve with --tp) or drop fastdeploy from --emit")
+        if opt is not None and arch not in opt.fp8:
+            hint = opt.fp8_hint or "another arch"
+            raise TargetError(f"--quant {quant.spelled} needs FP8 kernels ({hint}): "
+                              f"use {opt.flag} {' or '.join(map(str, opt.fp8))}")
+    return arch
 
 
 def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_text: str,
-                     pipeline: str | None = None, tp: int = 1, ep: int = 1,
-                     sp: bool = False) -> tuple[Pipeline, Mapping]:
+                     pipeline: str | None, layout: Layout) -> tuple[Pipeline, Mapping]:
     """The pipeline compile runs on `graph` and the layout it makes: the user's `pipeline`, then
-    `quant_text` (quantization and LoRA, from `pipeline_for`), then `split{tp,ep}` when a degree
-    is > 1 (`sp`: with sequence parallelism), then the target's legalization. Shared by
+    `quant_text` (quantization and LoRA: `CompileOptions.quant_text`), then `split{tp,ep,sp}`
+    when the layout splits, then the target's legalization, then `pipeline-stages{pp}` when the
+    layout pipelines (the cut of the legalized rank graphs; the Mapping returned is the tensor
+    layout: the stages reach it from the stage graphs, `_final_layout`). Shared by
     `compile_model` and the memory planner."""
-    if sp and tp < 2:
-        raise TargetError(f"--sp (sequence parallelism) shards the tokens over the tensor-parallel ranks: "
-                          f"it needs --tp 2 or more, got --tp {tp}")
     parts: list[str] = []
     user_split = None
     if pipeline:
@@ -263,8 +217,12 @@ def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_
         if legalize:
             raise TargetError(f"--pipeline holds {legalize[0]}: compile appends legalize-{tgt.name} for "
                               f"--target {tgt.name} itself; drop it from --pipeline (or change --target)")
+        cut = next((p for p in user if isinstance(p, PipelineStagesPass)), None)
+        if cut is not None:
+            raise TargetError(f"--pipeline holds {cut.spec()}: compile cuts the legalized rank graphs into "
+                              "pipeline stages itself; drop it from --pipeline and give --pp")
         user_split = next((p for p in user if p.fans_out), None)
-        if user_split is not None and (tp != 1 or ep != 1):
+        if user_split is not None and layout.split:
             raise ErnieIRError(f"--tp/--ep and {user_split.spec()} in --pipeline both set the layout: "
                                "give one of them")
         parts.append(str(user))
@@ -274,16 +232,20 @@ def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_
                                "passes run after it: quantize and add LoRA before splitting (put "
                                "them in --pipeline before split, or use --tp/--ep)")
         parts.append(quant_text)
-    if tp != 1 or ep != 1:
-        mapping_for(graph, tp, ep)  # refuse an impossible layout before any pass runs
-        parts.append(f"split{{tp={tp},ep={ep}{',sp=true' if sp else ''}}}")
+    if layout.split:
+        mapping_for(graph, layout.tp, layout.ep)  # refuse an impossible layout before any pass runs
+        parts.append(f"split{{tp={layout.tp},ep={layout.ep}{',sp=true' if layout.sp else ''}}}")
     parts.append(legalize_spec(tgt, arch))
+    if layout.pp > 1:
+        parts.append(f"{PipelineStagesPass.name}{{pp={layout.pp}}}")
     resolved = load_pipeline(",".join(parts), initial=graph_properties(graph))
-    split = next((p for p in resolved if p.fans_out), None)
+    split = next((p for p in resolved if p.fans_out and not isinstance(p, PipelineStagesPass)), None)
     mapping = Mapping.create()
     if split is not None:
         opts = split.options
         mapping = mapping_for(graph, getattr(opts, "tp", 1), getattr(opts, "ep", 1))
+        if getattr(opts, "sp", False):
+            mapping = mapping.model_copy(update={"sp": True})
     return resolved, mapping
 
 
@@ -298,188 +260,165 @@ class _ProgressInstrument(PassInstrument):
         self.progress(f"pass {p.name}", index, self.total)
 
 
-def compile_model(model: str, target: str, quant: str | None = None, mode: str = "inference",
-                  pipeline: str | None = None, lora_rank: int | None = None,
-                  lora_alpha: float | None = None, lora_targets: Sequence[str] | None = None,
-                  lora_adapter: Path | None = None, quant_config: Path | None = None,
-                  cuda_arch: int | None = None, tp: int = 1, ep: int = 1, dp: int = 1,
-                  sharding: str | None = None, out: str | Path | None = None, force: bool = False,
-                  trust_pickle: bool = False, meta: bool = False,
-                  progress: Callable[[str, int, int], None] | None = None,
-                  onnx_numerics: str | None = None,
-                  emit: str | Sequence[str] | None = None, disabled_passes: Sequence[str] = (),
-                  stop_after: str | int | None = None, kv_cache_dtype: str | None = None,
-                  checkpoint: str | None = None, merge_lora: bool = False,
-                  calib_data: str | Path | None = None, sp: bool = False, pp: int = 1,
-                  micro_batches: int | None = None) -> CompileReport:
-    """Load `model`, run `pipeline` + quant/LoRA + `legalize-<target>`, pack, write the artifact.
+def compile_model(model: str, target: str, options: CompileOptions | None = None, *,
+                  progress: Callable[[str, int, int], None] | None = None) -> CompileReport:
+    """Load `model`, run the user's pipeline + quant/LoRA + split + `legalize-<target>`, pack, and
+    write the artifact `options` ask for (`CompileOptions`; None: the defaults).
 
     Every bad input raises an ErnieIRError subclass with one line, before any file is written.
-    `cuda_arch`: the value of the target's arch option (`HardwareTarget.arch_option`, cuda's
-    --cuda-arch; None: its default, sm80); ignored for a target without one.
-    `meta`: read a checkpoint folder's config.json alone (no weights): a graph-only artifact.
     `progress(stage, done, total)` is called as passes run, weights are written and
-    executables are emitted (the CLI draws it).
-    `onnx_numerics`: "weight-only" (the default), "exact" or "fast" matmuls in the ONNX model,
-    recorded in the model and the manifest (`"onnx_numerics"`); only with "onnx" in `emit`.
-    `emit`: the executables to write ("onnx,paddle", see `executables.EXECUTABLES`); None: the
-    target's default (`executables.default_emit`: those that read the rank bytes, so every
-    weight is stored once). The manifest records them (`"emit"`).
-    `disabled_passes` / `stop_after` cut the pipeline for bisecting (`Pipeline.restricted`): the
-    manifest records the pipeline that ran; stopping before the target's legalization writes
-    the graph at that point as a graph folder instead of an artifact (as `llc -stop-after`).
-    `kv_cache_dtype`: the element type of the KV cache the decoders of this artifact keep (the
-    ONNX model's, and `ernie-ir generate`'s default); None: the attention's key dtype. Recorded
-    in the manifest (`"kv_cache_dtype"`).
-    A checkpoint folder's tokenizer files (and generation_config.json) are copied into the
-    artifact: `inference/onnx/` beside the ONNX decoder (with a tokenizer.json that
-    onnxruntime-genai reads), else `tokenizer/`; the manifest's `"tokenizer"` names the folder.
-    `model` may be a training artifact (`--mode training`, trained by `ernie-ir train`): its
-    `checkpoint` (None: the newest run; `ernie_ir.load.load_trained`) is compiled for inference,
-    a QAT one converted to int8 weights with its learned scales (`qat-convert`, run first).
-    `merge_lora`: fold the adapter (`lora_adapter`, or the model's own) into the float base
-    weights before quantizing: `lora-import{path},lora-merge,<quant passes>` (inference only).
-    `calib_data`: a .npy of token ids [batch, seq] the calibrated quantizations (w4a8c8, fp8)
-    take their static activation scales from (`calibration_file` of their pass).
-    An imported adapter is recorded in the manifest (`"lora_adapter"`: folder, sha256 of its
-    files, merged or not).
-    `dp` / `sharding` (training only): data-parallel replicas of the tp x ep world and ZeRO
-    stage1/stage2 over them; no rank graph more (replicas share them), recorded in the
-    manifest's mapping and the launch recipe (dp x world processes). docs/parallel.md.
-    `pp` > 1: pipeline parallelism: every rank graph cut into `pp` stages at decoder-layer
-    boundaries balanced by weight bytes (passes/parallel/pipeline_stages.py), pp x world rank
-    graphs run by paddle.distributed (`run`/`train`); `micro_batches`: the schedule's default
-    cut of each batch (training: it must divide the batch size).
+    executables are emitted (the CLI draws it). What each option does: `CompileOptions` and
+    docs/targets.md. In short: `emit` None writes the target's default executables (those that
+    read the rank bytes, so every weight is stored once); `disabled_passes` / `stop_after` cut
+    the pipeline for bisecting, and stopping before the target's legalization writes the graph
+    at that point as a graph folder (as `llc -stop-after`); a checkpoint folder's tokenizer
+    files are copied into the artifact; `model` may be a training artifact (its `checkpoint`,
+    None: the newest run), compiled for inference, a QAT one converted to int8 weights with
+    its learned scales (`qat-convert`, run first); the layout's `pp` > 1 cuts every rank graph
+    into stages at decoder-layer boundaries, `dp` / `sharding` (training) replicate the
+    model-parallel world (docs/parallel.md).
     """
-    tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp, ep)
-    if sp and tp < 2:
-        raise TargetError(f"--sp (sequence parallelism) shards the tokens over the tensor-parallel ranks: "
-                          f"it needs --tp 2 or more, got --tp {tp}")
-    check_compile_dp(mode, dp, sharding, max(tp, ep))
-    check_compile_pp(pp, micro_batches, dp, emit)
-    if kv_cache_dtype is not None:
-        kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype, mode)
-    chosen = parse_emit(emit)
-    emit_names = chosen if chosen is not None else default_emit(tgt, mode)
-    if pp > 1 and chosen is None:  # a FastDeploy checkpoint is tensor-parallel only
-        emit_names = tuple(n for n in emit_names if n != "fastdeploy")
-    if onnx_numerics is not None:
-        check_onnx_numerics(onnx_numerics)
-        if "onnx" not in emit_names:
-            raise TargetError(f"--onnx-numerics {onnx_numerics} applies to the ONNX model, which this "
-                              f"compile does not write: add onnx to --emit (e.g. --emit "
-                              f"{','.join((*emit_names, 'onnx'))})")
-    check_emit(emit_names, tgt, mode, max(tp, ep) * pp)
-    dest = check_out(out if out is not None else default_out(model, tgt.name, quant), force)
-    quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, lora_targets, lora_adapter,
-                              merge_lora, Path(calib_data) if calib_data is not None else None)
-    if merge_lora and mode != "inference":
-        raise QuantFlagError(f"--merge-lora folds the adapter into the base weights, leaving nothing to "
-                             f"train: --mode {mode} keeps the adapter apart (drop --merge-lora)")
-
-    trained = _trained_artifact(model, mode, checkpoint, meta)
-    if pipeline and pipeline.strip().endswith((".yaml", ".yml")) and quant_text:
+    o = options if options is not None else CompileOptions()
+    tgt = get_target(target)
+    o.layout.check_buildable()
+    arch = check_target_options(tgt, o)
+    emit_names = _executables(tgt, o)
+    dest = check_out(o.out if o.out is not None else default_out(model, tgt.name, o.quant_name), o.force)
+    trained = _trained_artifact(model, o)
+    if o.pipeline and o.pipeline.strip().endswith((".yaml", ".yml")) and o.quant_text:
         raise ErnieIRError("--pipeline FILE.yaml cannot be combined with --quant/--quant-config/--lora-* "
                            "flags: put those passes in the YAML file")
-
     if trained is None:
-        graph = load_input(model, trust_pickle=trust_pickle, meta=meta)
+        graph, quant_text = load_input(model, trust_pickle=o.trust_pickle, meta=o.meta), o.quant_text
     else:
-        graph = load_trained(model, checkpoint)
-        quant_text = _trained_pipeline(model, graph, quant, quant_config, quant_text)
-    check_pipeline(pp, layer_count(graph), graph.name or str(model))  # before any pass runs
+        graph = load_trained(model, o.checkpoint)
+        quant_text = _trained_pipeline(model, graph, o)
+    check_pipeline(o.layout.pp, layer_count(graph), graph.name or str(model))  # before any pass runs
     # Hashing the source (every file of a checkpoint folder) runs on the other core while the
     # passes run and the rank weights are written; the manifest, written last, waits for it.
     hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ernie-ir-source-sha256")
-    source = hashing.submit(source_info, model, graph, meta=meta)
+    source = hashing.submit(source_info, model, graph, meta=o.meta)
     hashing.shutdown(wait=False)
     before = params_by_dtype(graph)
-    resolved, mapping = compile_pipeline(graph, tgt, arch, quant_text, pipeline, tp, ep, sp)
-    full = resolved
-    if disabled_passes or stop_after is not None:
-        resolved = resolved.restricted(disabled_passes, stop_after)
-        if any(p.name.startswith("legalize-") for p in full if p.name in disabled_passes):
-            raise TargetError(f"cannot disable {full.passes[-1].name}: compile needs it to write an "
-                              "artifact; use --stop-after to keep the graph before it")
-        resolved.check_order(graph_properties(graph))
-    stopped = ""
-    if stop_after is not None and resolved.passes[-1] is not full.passes[-1]:
-        stopped = describe_restriction(full, resolved, stopped=True)
+    full, mapping = compile_pipeline(graph, tgt, arch, quant_text, o.pipeline, o.layout)
+    resolved, stopped = _restricted(graph, full, o)
     instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
+    from ernie_ir.formats.paddleformers_adapter import read_adapter  # lora-import's reader
     from ernie_ir.runtime import Interpreter  # the calibration evaluator (fp8-quant)
 
-    ranked = run_pipeline_ranks(graph, resolved, instruments=instruments, evaluator=Interpreter)
+    ranked = run_pipeline_ranks(graph, resolved, instruments=instruments, evaluator=Interpreter,
+                                adapter_reader=read_adapter)
     ranks, result = ranked.ranks, ranked.result
+    common = {"model": model, "target": tgt.name, "mode": o.mode, "pipeline": str(resolved),
+              "passes_run": [p.spec() for p in resolved.passes], "params_before": before, "cuda_arch": arch}
     if stopped:
         with artifact_lock(dest, parents=True):  # like an artifact: one writer at a time
             _save_graphs(ranks, dest)
-        return CompileReport(
-            model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(dest),
-            passes_run=[p.spec() for p in resolved.passes], params_before=before,
-            params_after=params_by_dtype(ranks[0]) if len(ranks) == 1 else _rank_params(ranks),
-            kernel_plan=[], fallbacks=[], warnings=list(result.warnings), cuda_arch=arch,
-            stopped=stopped)
-    if len(ranks) != mapping.world_size:
-        mapping = Mapping.create()  # the split left one rank (tp = ep = 1)
-    if pp > 1:
-        from ernie_ir.backends.paddle.layer import rank_varying
-
-        ranks, bounds = pipeline_ranks(ranks, pp, rank_varying)
-        mapping = mapping.with_pipeline(bounds, micro_batches or 1)
-    if dp > 1:
-        mapping = mapping.with_data_parallel(dp, sharding)
-    first = ranks[0]
-    if mode == "training":
+        after = params_by_dtype(ranks[0]) if len(ranks) == 1 else _rank_params(ranks)
+        return CompileReport(**common, out=str(dest), kernel_plan=[], fallbacks=[], stopped=stopped,
+                             params_after=after, warnings=list(result.warnings))
+    ranks, mapping = _final_layout(ranks, mapping, o)
+    if o.mode == "training":
         from ernie_ir.training.recipe import check_trainable
 
-        check_trainable(first)
+        check_trainable(ranks[0])
     warnings = list(result.warnings)
-    plan = first.metadata.get("kernel_plan", {})
-    after = params_by_dtype(first) if len(ranks) == 1 else _rank_params(ranks)
+    emitters, emit_names = _emitters(model, ranks, mapping, tgt, arch, o, emit_names, warnings)
+    numerics = (o.onnx_numerics or DEFAULT_ONNX_NUMERICS) if "onnxruntime" in emitters else None
+    written = [n for n in emit_names if backend_of(n) in emitters]
+    after = params_by_dtype(ranks[0]) if len(ranks) == 1 else _rank_params(ranks)
+    extra = _manifest_extra(before, after, written, numerics, o)
+    tokenizer = (_tokenizer_writer(_tokenizer_source(model, trained), "onnxruntime" in emitters,
+                                   "fastdeploy" in written, warnings) if emit_names else None)
+    path = write_artifact(ranked.global_graph if len(ranks) > 1 else ranks[0], dest, target=tgt, mode=o.mode,
+                          pipeline=str(resolved), source=source.result, force=o.force, extra=extra,
+                          emitters=emitters, progress=progress, ranks=ranks, mapping=mapping,
+                          tokenizer=tokenizer)
+    plan = ranks[0].metadata.get("kernel_plan", {})
+    return CompileReport(**common, out=str(path), params_after=after,
+                         kernel_plan=list(plan.get("kernels", [])), fallbacks=list(plan.get("fallbacks", [])),
+                         warnings=warnings, parallel=mapping.describe() if mapping.processes > 1 else "",
+                         onnx_numerics=numerics, emit=written)
+
+
+def _executables(tgt: HardwareTarget, o: CompileOptions) -> tuple[str, ...]:
+    """The executables to write: --emit, or the target's default for the mode (a pipelined
+    artifact's default leaves FastDeploy out: its checkpoint is tensor-parallel only)."""
+    names = o.emit if o.emit is not None else default_emit(tgt, o.mode)
+    if o.layout.pp > 1 and o.emit is None:
+        names = tuple(n for n in names if n != "fastdeploy")
+    if o.onnx_numerics is not None and "onnx" not in names:
+        raise TargetError(f"--onnx-numerics {o.onnx_numerics} applies to the ONNX model, which this "
+                          f"compile does not write: add onnx to --emit (e.g. --emit "
+                          f"{','.join((*names, 'onnx'))})")
+    check_emit(names, tgt, o.mode, o.layout.world * o.layout.pp)
+    return names
+
+
+def _restricted(graph: Graph, full: Pipeline, o: CompileOptions) -> tuple[Pipeline, str]:
+    """The pipeline cut by --disable-pass / --stop-after, and where it stopped ("" if it runs
+    to the end)."""
+    if not o.disabled_passes and o.stop_after is None:
+        return full, ""
+    resolved = full.restricted(o.disabled_passes, o.stop_after)
+    if any(p.name.startswith("legalize-") for p in full if p.name in o.disabled_passes):
+        raise TargetError(f"cannot disable {full.passes[-1].name}: compile needs it to write an "
+                          "artifact; use --stop-after to keep the graph before it")
+    resolved.check_order(graph_properties(graph))
+    if o.stop_after is not None and resolved.passes[-1] is not full.passes[-1]:
+        return resolved, describe_restriction(full, resolved, stopped=True)
+    return resolved, ""
+
+
+def _final_layout(ranks: list[Graph], mapping: Mapping, o: CompileOptions) -> tuple[list[Graph], Mapping]:
+    """The rank graphs and the Mapping the artifact records: the pipeline stages the cut
+    (`pipeline-stages`) recorded in the stage graphs, data-parallel replicas added."""
+    bounds = pipeline_bounds(ranks[0]) if o.layout.pp > 1 else None  # None: the cut was disabled
+    if len(ranks) != mapping.world_size * (len(bounds) if bounds else 1):
+        mapping = Mapping.create()  # the split left one rank (tp = ep = 1)
+    if bounds:
+        mapping = mapping.with_pipeline(bounds, o.layout.micro_batches or 1)
+    if o.layout.dp > 1:
+        mapping = mapping.with_data_parallel(o.layout.dp, o.layout.sharding)
+    return ranks, mapping
+
+
+def _emitters(model: str, ranks: list[Graph], mapping: Mapping, tgt: HardwareTarget, arch: int | None,
+              o: CompileOptions, emit_names: tuple[str, ...],
+              warnings: list[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The executable writers for the rank graphs, and the executables they write (none for a
+    meta model: executables need weights)."""
     if any(p.source is None for g in ranks for p in g.params.values()):
-        emitters = {}  # executables need weights: a meta model compiles to its rank graphs only
-        emit_names = ()
         warnings.append(f"graph-only artifact: {model} has no weights (a meta model), so no weights or "
                         "executables were written; `ernie-ir show` and `ernie-ir plan` read it")
-    else:
-        emit_names = tuple(check_coverage(ranks, emit_names, target=tgt.name, mode=mode,
-                                          explicit=emit_names if chosen is not None else (),
-                                          warnings=warnings))
-        emitters = select_emitters(emit_names, explicit=chosen is not None, target=tgt, mode=mode,
-                                   model=model, ranks=ranks, mapping=mapping, arch=arch,
-                                   onnx_numerics=onnx_numerics or DEFAULT_ONNX_NUMERICS, warnings=warnings,
-                                   kv_cache_dtype=kv_cache_dtype)
-    numerics = (onnx_numerics or DEFAULT_ONNX_NUMERICS) if "onnxruntime" in emitters else None
-    written = [n for n in emit_names if backend_of(n) in emitters]
+        return {}, ()
+    emit_names = tuple(check_coverage(ranks, emit_names, target=tgt.name, mode=o.mode,
+                                      explicit=emit_names if o.emit is not None else (), warnings=warnings))
+    emitters = select_emitters(emit_names, explicit=o.emit is not None, target=tgt, mode=o.mode, model=model,
+                               ranks=ranks, mapping=mapping, arch=arch,
+                               onnx_numerics=o.onnx_numerics or DEFAULT_ONNX_NUMERICS, warnings=warnings,
+                               kv_cache_dtype=o.kv_cache_dtype)
+    return emitters, emit_names
+
+
+def _manifest_extra(before: dict[str, Any], after: dict[str, Any], written: list[str], numerics: str | None,
+                    o: CompileOptions) -> dict[str, Any]:
+    """What the manifest records of this compile beyond the artifact writer's own fields."""
     extra: dict[str, Any] = {"params_before": before, "params_after": after, "emit": written}
     if numerics is not None:
         extra["onnx_numerics"] = numerics
-    if kv_cache_dtype is not None:
-        extra["kv_cache_dtype"] = kv_cache_dtype
-    if lora_adapter is not None:
-        extra["lora_adapter"] = adapter_provenance(lora_adapter, merged=merge_lora)
-    path = write_artifact(ranked.global_graph if len(ranks) > 1 else first, dest, target=tgt, mode=mode,
-                          pipeline=str(resolved), source=source.result, force=force,
-                          extra=extra,
-                          emitters=emitters, progress=progress, ranks=ranks, mapping=mapping,
-                          tokenizer=_tokenizer_writer(_tokenizer_source(model, trained),
-                                                      "onnxruntime" in emitters,
-                                                      "fastdeploy" in written, warnings)
-                          if emit_names else None)
-    return CompileReport(
-        model=model, target=tgt.name, mode=mode, pipeline=str(resolved), out=str(path),
-        passes_run=[p.spec() for p in resolved.passes], params_before=before, params_after=after,
-        kernel_plan=list(plan.get("kernels", [])), fallbacks=list(plan.get("fallbacks", [])),
-        warnings=warnings, cuda_arch=arch, parallel=mapping.describe() if mapping.processes > 1 else "",
-        onnx_numerics=numerics, emit=written,
-    )
+    if o.kv_cache_dtype is not None:
+        extra["kv_cache_dtype"] = o.kv_cache_dtype
+    if o.lora is not None and o.lora.adapter is not None:
+        extra["lora_adapter"] = adapter_provenance(o.lora.adapter, merged=o.lora.merge)
+    return extra
 
 
-def _trained_artifact(model: str, mode: str, checkpoint: str | None, meta: bool) -> dict[str, Any] | None:
+def _trained_artifact(model: str, o: CompileOptions) -> dict[str, Any] | None:
     """The manifest of MODEL when it is a training artifact to compile from a checkpoint, else
     None; refuses (one line) any other artifact and the options that do not apply."""
     if not (Path(model) / "manifest.json").is_file():
-        if checkpoint is not None:
+        if o.checkpoint is not None:
             raise TargetError(f"--checkpoint picks a checkpoint of a training artifact, and {model} is not "
                               "one: drop --checkpoint")
         return None
@@ -490,26 +429,25 @@ def _trained_artifact(model: str, mode: str, checkpoint: str | None, meta: bool)
         raise TargetError(f"{model} is a compiled artifact (already legalized for --target "
                           f"{done.get('target')}): compile its source model "
                           f"{(done.get('source') or {}).get('model', '')!s} instead")
-    if mode != "inference":
+    if o.mode != "inference":
         raise TargetError(f"{model} is a training artifact: compile it with --mode inference (the default) "
                           f"to serve what it learned, or train it further with `ernie-ir train {model}`")
-    if meta:
+    if o.meta:
         raise TargetError(f"--meta reads a checkpoint folder's config.json; {model} is a training "
                           "artifact: drop --meta")
     return done
 
 
-def _trained_pipeline(model: str, graph: Graph, quant: str | None, quant_config: Path | None,
-                      quant_text: str) -> str:
+def _trained_pipeline(model: str, graph: Graph, o: CompileOptions) -> str:
     """The quant/LoRA pipeline text for a trained graph: a QAT one is converted to int8 first
     (`qat-convert`, PaddleSlim's convert step: the learned scales), and takes no --quant."""
     if "qat" not in graph_properties(graph):
-        return quant_text
-    if quant is not None or quant_config is not None:
+        return o.quant_text
+    if o.quant is not None:
         raise TargetError(f"{model} was trained with QAT: compile converts it to int8 weights with its "
                           "learned scales by itself (qat-convert); drop --quant/--quant-config "
                           "(--disable-pass qat-convert keeps the fake-quantized graph)")
-    return ",".join(["qat-convert", *([quant_text] if quant_text else [])])
+    return ",".join(["qat-convert", *([o.quant_text] if o.quant_text else [])])
 
 
 def _tokenizer_source(model: str, trained: dict[str, Any] | None) -> str:
@@ -528,19 +466,6 @@ def adapter_provenance(adapter: str | Path, *, merged: bool) -> dict[str, Any]:
     files = sorted(p for p in folder.rglob("*") if p.is_file())
     return {"path": str(folder), "merged": merged,
             "files": {p.relative_to(folder).as_posix(): source_sha256(p) for p in files}}
-
-
-def check_kv_cache_dtype(text: str, mode: str) -> str:
-    """The canonical name of a --kv-cache-dtype (a float dtype), for an inference compile."""
-    from ernie_ir.passes.decoding.kv_cache import CACHE_DTYPES
-
-    name = text.strip().lower()
-    if name not in CACHE_DTYPES:
-        raise TargetError(f"unknown --kv-cache-dtype {text!r}: choose {', '.join(CACHE_DTYPES)}")
-    if mode != "inference":
-        raise TargetError(f"--kv-cache-dtype applies to inference artifacts (they decode); --mode {mode} "
-                          "does not: drop it")
-    return name
 
 
 def _tokenizer_writer(model: str, onnx: bool, fastdeploy: bool,

@@ -12,7 +12,7 @@ from _cli_kit import cli, user_error
 
 from ernie_ir.backends import BACKENDS, BackendError, BackendSession, open_backend, run_artifact
 from ernie_ir.backends import sessions as sessions_module
-from ernie_ir.targets import compile_model
+from ernie_ir.targets import CompileOptions, compile_model
 
 IDS = np.array([[1, 5, 9, 2, 7], [3, 3, 8, 1, 4]], dtype=np.int64)
 
@@ -20,7 +20,8 @@ IDS = np.array([[1, 5, 9, 2, 7], [3, 3, 8, 1, 4]], dtype=np.int64)
 @pytest.fixture(scope="module")
 def art(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sessions") / "art"
-    compile_model("ernie-4.5-0.3b@tiny", "cuda", out=out, emit="onnx,paddle", onnx_numerics="exact")
+    compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(out=out, emit="onnx,paddle",
+                  onnx_numerics="exact"))
     return out
 
 
@@ -46,7 +47,7 @@ def test_refusals_are_one_line(art: Path, tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(BackendError, match="does not offer backend 'tensorrt'"):
         open_backend(art, "tensorrt")
     plain = tmp_path / "plain"
-    compile_model("ernie-4.5-0.3b@tiny", "ascend", out=plain)
+    compile_model("ernie-4.5-0.3b@tiny", "ascend", CompileOptions(out=plain))
     with pytest.raises(BackendError, match="does not offer backend 'onnxruntime'; it offers interpreter"):
         open_backend(plain, "onnxruntime")
     line = user_error(capsys, "run", str(art), "--tokens", "1,2", "--backend", "tpu")

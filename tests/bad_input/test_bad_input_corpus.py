@@ -81,15 +81,15 @@ def _adapter(folder: Path) -> Path:
 def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
     from ernie_ir.frontends import load_model
     from ernie_ir.ir.storage import save_graph
-    from ernie_ir.targets import compile_model
+    from ernie_ir.targets import CompileOptions, compile_model
 
     root = tmp_path_factory.mktemp("bad_input_bases")
     train = None
     if HAS_PADDLE:
         train = root / "train"
-        compile_model("gpt-345m@tiny", "cuda", mode="training", lora_rank=4, out=train)
+        compile_model("gpt-345m@tiny", "cuda", CompileOptions(mode="training", lora_rank=4, out=train))
     art = root / "art"
-    compile_model("gpt-345m@tiny", "cuda", out=art)
+    compile_model("gpt-345m@tiny", "cuda", CompileOptions(out=art))
     return Bases(ckpt=_checkpoint(root / "ckpt", "ernie-4.5-0.3b@tiny"),
                  gpt_ckpt=_checkpoint(root / "gpt", "gpt-345m@tiny"),
                  graph=save_graph(load_model("gpt-345m@tiny"), root / "graph"),

@@ -136,7 +136,7 @@ def test_main_turns_last_resort_errors_into_one_line(exc, fragment, monkeypatch,
 def test_a_compile_of_nan_weights_names_the_tensor_and_leaves_nothing(tmp_path: Path):
     from ernie_ir.frontends import load_model
     from ernie_ir.ir.weights import write_safetensors
-    from ernie_ir.targets import compile_model
+    from ernie_ir.targets import CompileOptions, compile_model
 
     g = load_model("gpt-345m@tiny")
     model = tmp_path / "m"
@@ -148,7 +148,7 @@ def test_a_compile_of_nan_weights_names_the_tensor_and_leaves_nothing(tmp_path: 
     write_safetensors(model / "model.safetensors", list(tensors.items()))
     for quant in (None, "wint8"):
         with pytest.raises(ErnieIRError, match=name.replace(".", r"\.")):
-            compile_model(str(model), "cuda", quant=quant, out=tmp_path / "out")
+            compile_model(str(model), "cuda", CompileOptions(quant=quant, out=tmp_path / "out"))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
@@ -202,10 +202,10 @@ def test_an_attribute_of_the_wrong_type_never_reaches_the_ops_validator():
 def test_verify_checks_the_manifests_mode_against_a_training_artifacts_own_records(tmp_path: Path):
     pytest.importorskip("paddle")
     from ernie_ir.artifacts import ArtifactError
-    from ernie_ir.targets import compile_model, verify_artifact
+    from ernie_ir.targets import CompileOptions, compile_model, verify_artifact
 
     art = tmp_path / "train"
-    compile_model("gpt-345m@tiny", "cuda", mode="training", lora_rank=2, out=art)
+    compile_model("gpt-345m@tiny", "cuda", CompileOptions(mode="training", lora_rank=2, out=art))
     assert verify_artifact(art)["mode"] == "training"
     manifest = json.loads((art / "manifest.json").read_text())
     for field, value, source in [("mode", "inference", "the executables folder training/"),

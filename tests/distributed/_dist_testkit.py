@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ernie_ir.targets import compile_model
+from ernie_ir.targets import CompileOptions, compile_model
 
 IDS = np.array([[1, 5, 900, 77, 3, 1000, 511, 512],
                 [1023, 0, 512, 511, 767, 768, 2, 4]], dtype=np.int64)  # both vocab halves at tp 2
@@ -22,7 +22,7 @@ IDS = np.array([[1, 5, 900, 77, 3, 1000, 511, 512],
 
 def compile_art(tmp: Path, model: str, name: str, **kw: Any) -> Path:
     out = tmp / name
-    compile_model(model, "cuda", out=out, **kw)
+    compile_model(model, "cuda", CompileOptions(out=out, **kw))
     return out
 
 

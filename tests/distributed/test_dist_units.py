@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from _dist_testkit import compile_art
 
-from ernie_ir.backends.paddle.layer import PaddleEmitError, build_layer, rank_varying, require_paddle
+from ernie_ir.backends.paddle.layer import PaddleEmitError, build_layer, require_paddle
 from ernie_ir.ir import GraphBuilder, i64, tensor
 from ernie_ir.ir.storage import load_graph
 from ernie_ir.ir.weights import ArraySource
+from ernie_ir.passes.parallel.rank_varying import rank_varying
 from ernie_ir.runtime.interpreter import run_graph
 from ernie_ir.training.rank_worker import merge_shards
 
@@ -99,11 +100,11 @@ def test_merge_shards_reassembles_cuts_and_takes_rank0_where_ranks_overlap() -> 
 ])
 def test_multi_rank_launch_recipe_starts_the_rank_worker(tmp_path: Path, target: str, flag: str, env: str,
                                                          backend: str, device: str) -> None:
-    from ernie_ir.targets import compile_model
+    from ernie_ir.targets import CompileOptions, compile_model
 
     for mode, extra in (("inference", {}), ("training", {"lora_rank": 4})):
         out = tmp_path / f"{target}-{mode}"
-        compile_model("ernie-4.5-0.3b@tiny", target, tp=2, mode=mode, out=out, **extra)
+        compile_model("ernie-4.5-0.3b@tiny", target, CompileOptions(tp=2, mode=mode, out=out, **extra))
         recipe = json.loads((out / mode / "launch.json").read_text())
         assert recipe["nproc"] == 2 and recipe["flag"] == flag and recipe["env"][env] == "0,1"
         assert recipe["collective_backend"].startswith(backend)

@@ -21,7 +21,7 @@ from _fe_testkit import hf_to_paddle, random_hf_ernie, write_checkpoint
 from ernie_ir.evaluation import EvalError, evaluate, summarize, token_stats, windows
 from ernie_ir.load import load_input
 from ernie_ir.runtime import Interpreter
-from ernie_ir.targets.compile import compile_model
+from ernie_ir.targets.compile import CompileOptions, compile_model
 
 CFG = {
     "architectures": ["Ernie4_5_ForCausalLM"], "hidden_size": 48, "intermediate_size": 96,
@@ -135,7 +135,7 @@ def test_a_model_against_itself_costs_nothing_and_quantization_costs(ckpt: Path,
     assert same.perplexity == same.perplexity_reference
     kl = {}
     for quant in ("wint8", "wint4"):
-        art = compile_model(str(ckpt), "cuda", quant=quant, out=tmp_path / quant, emit="onnx")
+        art = compile_model(str(ckpt), "cuda", CompileOptions(quant=quant, out=tmp_path / quant, emit="onnx"))
         for backend in ("interpreter", "onnxruntime"):
             r = evaluate(art.out, corpus, compare_to=ckpt, seq_len=32, backend=backend)
             kl[quant, backend] = r.kl_mean
@@ -193,7 +193,7 @@ def test_multi_rank_artifacts_evaluate_on_their_backends(ckpt: Path, tmp_path: P
     data = tmp_path / "c.jsonl"
     data.write_text(json.dumps({"input_ids": np.random.default_rng(5).integers(0, 160, 30).tolist()}) + "\n")
     single = evaluate(ckpt, data, seq_len=32)
-    art = compile_model(str(ckpt), "cuda", tp=2, out=tmp_path / "tp2")
+    art = compile_model(str(ckpt), "cuda", CompileOptions(tp=2, out=tmp_path / "tp2"))
     for backend in ("interpreter", "paddle"):
         r = evaluate(art.out, data, seq_len=32, backend=backend)
         assert r.tokens_scored == single.tokens_scored == 29

@@ -17,7 +17,7 @@ from ernie_ir.evaluation import evaluate
 from ernie_ir.evaluation.sensitivity import EvalError, sensitivity, tune
 from ernie_ir.load import load_input
 from ernie_ir.passes.quant.config import QuantConfig, find_targets
-from ernie_ir.targets.compile import compile_model
+from ernie_ir.targets.compile import CompileOptions, compile_model
 
 MODEL = "ernie-4.5-21b-a3b@tiny"
 
@@ -63,7 +63,8 @@ def test_a_tuned_config_meets_its_budget_and_compiles(data: Path, tmp_path: Path
     assert result["weight_bytes"] < presets["wint8"]["weight_bytes"]
     config = QuantConfig.from_yaml(out_file)
     assert {r.algo.value for r in config.rules} <= {"weight_only_int4", "weight_only_int8"}
-    art = compile_model(MODEL, "cuda", quant_config=out_file, out=tmp_path / "art", cuda_arch=70)
+    art = compile_model(MODEL, "cuda", CompileOptions(quant_config=out_file, out=tmp_path / "art",
+                        cuda_arch=70))
     measured = evaluate(art.out, data, compare_to=MODEL, seq_len=24)
     assert measured.kl_mean == pytest.approx(result["kl"], rel=1e-3)
 

@@ -120,12 +120,12 @@ def test_generate_matches_reference(name: str, refs: dict[str, Path]):
 def test_generate_onnx_artifact_matches_reference(backend: str, refs: dict[str, Path]) -> None:
     if backend == "onnxruntime":
         pytest.importorskip("onnxruntime")
-    from ernie_ir.targets.compile import compile_model
+    from ernie_ir.targets.compile import CompileOptions, compile_model
 
     name = "pf-dense-gqa-untied-hd24"
     ref = refs[name]
     art = ref.parent / f"{name}-artifact"
     if not (art / "manifest.json").is_file():
-        compile_model(str(ref / "ckpt"), "cuda", out=art, emit="onnx")
+        compile_model(str(ref / "ckpt"), "cuda", CompileOptions(out=art, emit="onnx"))
     assert (art / "inference" / "onnx" / "model.onnx").is_file()
     compare(f"{name} artifact {backend}", Generator(art, backend=backend), ref)

@@ -15,7 +15,7 @@ from _fe_testkit import hf_to_paddle, random_hf_ernie, write_checkpoint
 from test_tokenizer import ERNIE_TEMPLATE, train_sentencepiece
 
 from ernie_ir.frontends.tokenizer import load_tokenizer
-from ernie_ir.targets.compile import compile_model
+from ernie_ir.targets.compile import CompileOptions, compile_model
 
 CFG = {
     "architectures": ["Ernie4_5_ForCausalLM"], "hidden_size": 48, "intermediate_size": 96,
@@ -98,7 +98,7 @@ def test_chat_prompts_files_and_compare_to(ckpt: Path, tmp_path: Path, capsys):
 
 
 def test_an_artifact_carries_the_tokenizer(ckpt: Path, tmp_path: Path, capsys):
-    art = compile_model(str(ckpt), "ascend", out=tmp_path / "art", quant="wint8")
+    art = compile_model(str(ckpt), "ascend", CompileOptions(out=tmp_path / "art", quant="wint8"))
     manifest = json.loads((Path(art.out) / "manifest.json").read_text())
     assert manifest["tokenizer"] == "tokenizer"
     copied = {p.name for p in (Path(art.out) / "tokenizer").iterdir()}
@@ -162,7 +162,7 @@ def test_onnxruntime_genai_reads_the_artifact_and_its_tokenizer(ckpt: Path, tmp_
     og = pytest.importorskip("onnxruntime_genai")
     from ernie_ir.generation import DecodeOptions, Generator
 
-    art = compile_model(str(ckpt), "cuda", emit="onnx", out=tmp_path / "onnx")
+    art = compile_model(str(ckpt), "cuda", CompileOptions(emit="onnx", out=tmp_path / "onnx"))
     manifest = json.loads((Path(art.out) / "manifest.json").read_text())
     assert manifest["tokenizer"] == "inference/onnx"
     folder = Path(art.out) / "inference" / "onnx"

@@ -28,7 +28,7 @@ from ernie_ir.load import load_input
 from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
 from ernie_ir.runtime import Interpreter
 from ernie_ir.runtime.decoding import choose, decode, empty_cache
-from ernie_ir.targets.compile import compile_model
+from ernie_ir.targets.compile import CompileOptions, compile_model
 
 BUILTINS = ["ernie-4.5-0.3b@tiny", "ernie-4.5-21b-a3b@tiny", "ernie-3.5-se-3b@tiny", "gpt-345m@tiny"]
 DENSE = {
@@ -92,7 +92,7 @@ def test_a_diverse_checkpoint_decodes_as_it_recomputes(dense_ckpt: Path):
 def test_artifacts_decode_as_they_recompute(model: str, options: dict, tmp_path: Path):
     """Quantized, LoRA and split artifacts: the rank graphs' decoders (the SPMD interpreter for
     several ranks, each rank its own cache) against the same rank graphs run without a cache."""
-    art = compile_model(model, "cuda", out=tmp_path / "a", **options)
+    art = compile_model(model, "cuda", CompileOptions(out=tmp_path / "a", **options))
     ranks = len(load_rank_graphs(art.out)[1])
     assert ranks == max(options.get("tp", 1), options.get("ep", 1))
     check_against_recompute(Generator(art.out), lambda seq: run_artifact(Path(art.out), seq, "interpreter"))

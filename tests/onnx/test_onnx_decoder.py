@@ -39,7 +39,7 @@ from ernie_ir.passes.decoding.kv_cache import CacheLayout, add_kv_cache
 from ernie_ir.runtime.decoding import DecodeOptions, decode, empty_cache, left_pad
 from ernie_ir.runtime.interpreter import run_graph
 from ernie_ir.targets import TargetError, load_artifact
-from ernie_ir.targets.compile import compile_model
+from ernie_ir.targets.compile import CompileOptions, compile_model
 from ernie_ir.targets.executables import _onnx_emitter
 from ernie_ir.testing.stability import stable_positions
 
@@ -67,7 +67,8 @@ def _id(case: tuple[str, str | None]) -> str:
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str | None], Path]:
     root = tmp_path_factory.mktemp("decoder")
-    return {c: Path(compile_model(c[0], "cuda", quant=c[1], emit="onnx", out=root / _id(c)).out)
+    return {c: Path(compile_model(c[0], "cuda",
+                                  CompileOptions(quant=c[1], emit="onnx", out=root / _id(c))).out)
             for c in CASES}
 
 

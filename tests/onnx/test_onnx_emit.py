@@ -19,7 +19,7 @@ import pytest
 from ernie_ir.backends.onnx.lower import OnnxExportError, emit_onnx
 from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir import ErnieIRError
-from ernie_ir.targets import ArtifactError, compile_model, load_artifact, read_manifest
+from ernie_ir.targets import ArtifactError, CompileOptions, compile_model, load_artifact, read_manifest
 
 REL_TOL = 2e-5
 
@@ -42,8 +42,8 @@ def _check(ref: np.ndarray, got: np.ndarray) -> float:
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str | None], Path]:
     root = tmp_path_factory.mktemp("onnx")
-    return {(m, q): Path(compile_model(m, "cuda", quant=q, out=root / f"{m}-{q}", emit="onnx",
-                                       onnx_numerics="exact").out)
+    return {(m, q): Path(compile_model(m, "cuda", CompileOptions(quant=q, out=root / f"{m}-{q}", emit="onnx",
+                                       onnx_numerics="exact")).out)
             for m, q in CASES}
 
 
@@ -89,8 +89,8 @@ def test_matmulnbits_form_is_exact(artifacts: dict, tmp_path: Path, case: tuple[
 
 
 def test_fp8_cannot_lower_and_artifact_offers_interpreter_only(tmp_path: Path) -> None:
-    art = Path(compile_model("ernie-4.5-0.3b@tiny", "cuda", quant="fp8", cuda_arch=90,
-                             out=tmp_path / "a").out)
+    art = Path(compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(quant="fp8", cuda_arch=90,
+                             out=tmp_path / "a")).out)
     assert "onnxruntime" not in read_manifest(art)["backends"]
     assert not (art / "inference/onnx").exists()
     with pytest.raises(OnnxExportError, match=r"cannot lower fp8_linear at ernie\.layers\.0\..*has no ONNX"):
@@ -109,14 +109,15 @@ def test_unknown_form_and_backend(artifacts: dict, tmp_path: Path) -> None:
 
 def test_default_artifacts_have_no_onnx(tmp_path: Path) -> None:
     for target in ("cuda", "ascend"):
-        art = Path(compile_model("ernie-4.5-0.3b@tiny", target, quant="wint8", out=tmp_path / target).out)
+        art = Path(compile_model("ernie-4.5-0.3b@tiny", target, CompileOptions(quant="wint8",
+                                 out=tmp_path / target)).out)
         assert "onnxruntime" not in read_manifest(art)["backends"]
         assert not (art / "inference/onnx").exists()
 
 
 def test_emit_onnx_on_ascend_agrees_with_interpreter(tmp_path: Path) -> None:
-    art = Path(compile_model("ernie-4.5-21b-a3b@tiny", "ascend", quant="wint8mix", out=tmp_path / "a",
-                             emit="onnx", onnx_numerics="exact").out)
+    art = Path(compile_model("ernie-4.5-21b-a3b@tiny", "ascend", CompileOptions(quant="wint8mix",
+                             out=tmp_path / "a", emit="onnx", onnx_numerics="exact")).out)
     assert read_manifest(art)["backends"] == ["interpreter", "onnxruntime"]
     ids = _ids(2, 5)
     _check(run_artifact(art, ids, "interpreter"), run_artifact(art, ids, "onnxruntime"))
@@ -125,15 +126,16 @@ def test_emit_onnx_on_ascend_agrees_with_interpreter(tmp_path: Path) -> None:
 def test_emit_onnx_names_the_ops_it_cannot_lower(tmp_path: Path) -> None:
     with pytest.raises(ErnieIRError, match=r"^op 'fp8_linear' .* has no ONNX lowering, which the onnx "
                                            r"executable .* leave onnx out of --emit$"):
-        compile_model("ernie-4.5-0.3b@tiny", "cuda", quant="fp8", cuda_arch=90, out=tmp_path / "a",
-                      emit="onnx")
+        compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(quant="fp8", cuda_arch=90,
+                      out=tmp_path / "a", emit="onnx"))
     with pytest.raises(ErnieIRError, match=r"weight_only_linear_xpu.* has no ONNX lowering"):
-        compile_model("ernie-4.5-0.3b@tiny", "kunlun", quant="wint8", out=tmp_path / "b", emit="onnx")
+        compile_model("ernie-4.5-0.3b@tiny", "kunlun", CompileOptions(quant="wint8", out=tmp_path / "b",
+                      emit="onnx"))
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_tampered_onnx_data_is_detected(tmp_path: Path) -> None:
-    art = Path(compile_model("gpt-345m@tiny", "cuda", out=tmp_path / "a", emit="onnx").out)
+    art = Path(compile_model("gpt-345m@tiny", "cuda", CompileOptions(out=tmp_path / "a", emit="onnx")).out)
     data = art / "inference/onnx/model.onnx.data"
     raw = bytearray(data.read_bytes())
     raw[100] ^= 0xFF

@@ -31,7 +31,7 @@ from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.load import load_input
 from ernie_ir.runtime.interpreter import run_graph
-from ernie_ir.targets import compile_model, load_artifact, read_manifest
+from ernie_ir.targets import CompileOptions, compile_model, load_artifact, read_manifest
 from ernie_ir.testing.stability import stable_positions
 
 MODELS = ("ernie-4.5-0.3b@tiny", "ernie-4.5-21b-a3b@tiny")
@@ -122,8 +122,11 @@ def _decode_nbits(node: onnx.NodeProto, inits: dict[str, np.ndarray]) -> np.ndar
 @pytest.fixture(scope="module")
 def exact(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, int], Path]:
     root = tmp_path_factory.mktemp("numerics")
-    return {c: Path(compile_model(c[0], "cuda", quant=c[1], cuda_arch=c[2], onnx_numerics="exact",
-                                  out=root / "-".join(map(str, c)), emit="onnx").out) for c in CASES}
+    def options(c: tuple[str, str, int]) -> CompileOptions:
+        return CompileOptions(quant=c[1], cuda_arch=c[2], onnx_numerics="exact",
+                              out=root / "-".join(map(str, c)), emit="onnx")
+
+    return {c: Path(compile_model(c[0], "cuda", options(c)).out) for c in CASES}
 
 
 @pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
@@ -170,8 +173,8 @@ def test_exact_weights_equal_an_independent_quantize_dequantize(exact: dict,
 
 @pytest.mark.parametrize("model", MODELS)
 def test_fast_artifact_reports_its_error(tmp_path: Path, model: str) -> None:
-    art = Path(compile_model(model, "cuda", quant="wint8mix", out=tmp_path / "a", onnx_numerics="fast",
-                             emit="onnx").out)
+    art = Path(compile_model(model, "cuda", CompileOptions(quant="wint8mix", out=tmp_path / "a",
+                             onnx_numerics="fast", emit="onnx")).out)
     path = art / "inference/onnx/model.onnx"
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["onnx_numerics"] == "fast"
@@ -191,7 +194,8 @@ def test_fast_artifact_reports_its_error(tmp_path: Path, model: str) -> None:
 
 def test_bad_numerics_are_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(ErnieIRError, match="unknown --onnx-numerics 'quick': choose weight-only"):
-        compile_model("ernie-4.5-0.3b@tiny", "cuda", out=tmp_path / "a", onnx_numerics="quick")
+        compile_model("ernie-4.5-0.3b@tiny", "cuda",
+                      CompileOptions(out=tmp_path / "a", onnx_numerics="quick"))
     assert not (tmp_path / "a").exists()
     graph = load_input("ernie-4.5-0.3b@tiny")
     with pytest.raises(OnnxExportError, match="form qdq has no fast numerics"):
@@ -201,7 +205,7 @@ def test_bad_numerics_are_one_line_errors(tmp_path: Path) -> None:
 
 
 def test_non_onnx_artifacts_record_no_numerics(tmp_path: Path) -> None:
-    report = compile_model("ernie-4.5-0.3b@tiny", "ascend", quant="wint8", out=tmp_path / "a")
+    report = compile_model("ernie-4.5-0.3b@tiny", "ascend", CompileOptions(quant="wint8", out=tmp_path / "a"))
     assert report.onnx_numerics is None and "onnx_numerics" not in read_manifest(tmp_path / "a")
 
 
@@ -257,8 +261,8 @@ def test_every_fallback_is_fusion_proof_whatever_the_checkpoints_dtype(tmp_path:
     tensors = {k: (v * 8 if k.endswith("mlp.gate.weight") else v).astype(dtype)
                for k, v in kit.random_hf_ernie(cfg).items()}
     kit.write_checkpoint(tmp_path / "ckpt", cfg, tensors)
-    report = compile_model(str(tmp_path / "ckpt"), "cuda", quant="wint8mix", out=tmp_path / "a", emit="onnx",
-                           onnx_numerics=numerics)
+    report = compile_model(str(tmp_path / "ckpt"), "cuda", CompileOptions(quant="wint8mix",
+                           out=tmp_path / "a", emit="onnx", onnx_numerics=numerics))
     assert report.fallbacks  # the paths this test is about are taken
     path = tmp_path / "a/inference/onnx/model.onnx"
     assert _dq_feeding_matmul(onnx.load(str(path), load_external_data=False).graph) == 0
@@ -286,7 +290,8 @@ def test_weight_only_is_the_default_and_bounded_in_a_bare_session(tmp_path: Path
     bare session stays within WEIGHT_ONLY_TOL of the interpreter with the same top token
     wherever the interpreter's is decided."""
     model, quant, arch = case
-    art = Path(compile_model(model, "cuda", quant=quant, cuda_arch=arch, out=tmp_path / "a", emit="onnx").out)
+    art = Path(compile_model(model, "cuda", CompileOptions(quant=quant, cuda_arch=arch, out=tmp_path / "a",
+                             emit="onnx")).out)
     path = art / "inference/onnx/model.onnx"
     assert read_manifest(art)["onnx_numerics"] == "weight-only"
     onnx_model = onnx.load(str(path), load_external_data=False)

@@ -16,15 +16,15 @@ import onnxruntime as ort
 
 from ernie_ir.backends.onnx.session import full_sequence_feeds
 from ernie_ir.runtime.interpreter import run_graph
-from ernie_ir.targets import compile_model, load_artifact
+from ernie_ir.targets import CompileOptions, compile_model, load_artifact
 
 IDS = np.array([[1, 2, 3, 400, 5, 77]])
 
 
 def test_packed_experts_each_read_their_own_scales(tmp_path: Path) -> None:
     out = tmp_path / "a"
-    report = compile_model("ernie-4.5-21b-a3b@tiny", "cuda", quant="wint8mix", cuda_arch=70, out=out,
-                           emit="onnx", onnx_numerics="exact")  # experts as DequantizeLinear
+    report = compile_model("ernie-4.5-21b-a3b@tiny", "cuda", CompileOptions(quant="wint8mix", cuda_arch=70,
+                           out=out, emit="onnx", onnx_numerics="exact"))  # experts as DequantizeLinear
     assert not report.fallbacks  # sm70 packs every expert stack: the path under test
     path = out / "inference" / "onnx" / "model.onnx"
     model = onnx.load(str(path), load_external_data=False)

@@ -42,7 +42,7 @@ from ernie_ir.ir import DType, ErnieIRError, Graph, GraphBuilder, Node, TensorTy
 from ernie_ir.ir.weights import ArraySource
 from ernie_ir.ops.quant_numerics import paddle_inverse
 from ernie_ir.runtime.interpreter import Interpreter, run_graph
-from ernie_ir.targets import compile_model, load_artifact, read_manifest
+from ernie_ir.targets import CompileOptions, compile_model, load_artifact, read_manifest
 
 MODELS = {"gpt": "gpt-345m@tiny", "ernie": "ernie-4.5-0.3b@tiny"}
 # PaddleSlim's QAT config with a scale per output channel (ERNIE); GPT uses the qat-int8 preset
@@ -230,7 +230,7 @@ def test_the_training_form_is_refused_in_one_line(tmp_path: Path) -> None:
     out = tmp_path / "untrained"
     refused = r"^--emit onnx: fake_quant_moving_average at .* training form"
     with pytest.raises(ErnieIRError, match=refused) as e:
-        compile_model(MODELS["gpt"], "cuda", quant="qat-int8", out=out, emit="paddle,onnx")
+        compile_model(MODELS["gpt"], "cuda", CompileOptions(quant="qat-int8", out=out, emit="paddle,onnx"))
     assert "\n" not in str(e.value) and not out.exists()
 
 
@@ -249,9 +249,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {}
     for name, kw in (("gpt", {"quant": "qat-int8"}), ("ernie", {"quant_config": cfg})):
         art = tmp / f"{name}-train"
-        compile_model(MODELS[name], "cuda", mode="training", out=art, **kw)  # type: ignore[arg-type]
+        compile_model(MODELS[name], "cuda", CompileOptions(mode="training", out=art, **kw))  # type: ignore[arg-type]
         train_artifact(art, STEPS)
-        report = compile_model(str(art), "cuda", out=tmp / name, emit="paddle,onnx")
+        report = compile_model(str(art), "cuda", CompileOptions(out=tmp / name, emit="paddle,onnx"))
         assert report.pipeline.startswith("qat-convert,") and report.emit == ["paddle", "onnx"]
         out[name] = tmp / name
     return out
@@ -316,7 +316,8 @@ def test_the_fake_quantized_graph_gives_the_same_onnx_logits(served: dict[str, P
     are fake_quant(W) bit for bit, so the two models' logits are identical."""
     trained = Path(read_manifest(served[name])["source"]["model"])  # the training artifact
     fq = tmp_path / "fq"
-    report = compile_model(str(trained), "cuda", out=fq, emit="paddle,onnx", disabled_passes=["qat-convert"])
+    report = compile_model(str(trained), "cuda", CompileOptions(out=fq, emit="paddle,onnx",
+                           disabled_passes=["qat-convert"]))
     assert report.pipeline == "legalize-cuda" and any(n.op == "fake_quant" for n in load_artifact(fq))
     logits = []
     for art in (served[name], fq):

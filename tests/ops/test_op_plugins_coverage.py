@@ -16,7 +16,7 @@ from ernie_ir.ir import Input, OpDef, TensorType
 from ernie_ir.ir.registry import REGISTRY
 from ernie_ir.ir.storage import save_graph
 from ernie_ir.passes import RewriteRule, RuleSet
-from ernie_ir.targets import compile_model
+from ernie_ir.targets import CompileOptions, compile_model
 from ernie_ir.targets.coverage import CoverageError, check_coverage
 
 MODEL = "ernie-4.5-0.3b@tiny"
@@ -86,7 +86,7 @@ def model_using(tmp_path: Path, op: str) -> str:
 def test_an_op_without_an_onnx_lowering_is_refused_in_one_line(tmp_path: Path):
     model = model_using(tmp_path, "t_swiglu_paddle")
     with pytest.raises(CoverageError) as e:
-        compile_model(model, "cuda", out=tmp_path / "art", emit="onnx,paddle")
+        compile_model(model, "cuda", CompileOptions(out=tmp_path / "art", emit="onnx,paddle"))
     assert str(e.value) == (
         "op 't_swiglu_paddle' (at ernie.layers.0.mlp, 2 nodes) has no ONNX lowering, which the "
         "onnx executable of the cuda inference artifact needs: give the op a lower_onnx "
@@ -121,23 +121,25 @@ def test_leaving_the_executable_out_compiles(tmp_path: Path, capsys: pytest.Capt
 def test_a_declared_gap_asked_for_is_refused_with_its_reason(tmp_path: Path):
     with pytest.raises(CoverageError, match=r"^op 't_swiglu_declared' \(at ernie\.layers\.0\.mlp, 2 nodes; "
                                             r"a vendor kernel with no ONNX form\) has no ONNX lowering"):
-        compile_model(model_using(tmp_path, "t_swiglu_declared"), "cuda", out=tmp_path / "art",
-                      emit="paddle,onnx")
+        compile_model(model_using(tmp_path, "t_swiglu_declared"), "cuda", CompileOptions(out=tmp_path / "art",
+                      emit="paddle,onnx"))
     assert not (tmp_path / "art").exists()
 
 
 def test_fp8_on_cuda_names_its_missing_onnx_lowering(tmp_path: Path):
-    report = compile_model(MODEL, "cuda", quant="fp8", cuda_arch=90, out=tmp_path / "art")
+    report = compile_model(MODEL, "cuda", CompileOptions(quant="fp8", cuda_arch=90, out=tmp_path / "art"))
     assert report.emit == ["paddle"] and not [w for w in report.warnings if "executable" in w]
     with pytest.raises(CoverageError, match=(
             r"^op 'fp8_linear' \(at ernie\.layers\.0\.self_attn\.qkv_proj, \d+ nodes; opset 21 MatMul "
             r"takes no float8 inputs; Paddle runs it\) has no ONNX lowering")):
-        compile_model(MODEL, "cuda", quant="fp8", cuda_arch=90, out=tmp_path / "b", emit="onnx")
+        compile_model(MODEL, "cuda", CompileOptions(quant="fp8", cuda_arch=90, out=tmp_path / "b",
+                      emit="onnx"))
 
 
 def test_only_the_executables_written_are_checked(tmp_path: Path):
     # kunlun's default is paddle alone: an op with a Paddle lowering alone compiles there
-    report = compile_model(model_using(tmp_path, "t_swiglu_paddle"), "kunlun", out=tmp_path / "art")
+    report = compile_model(model_using(tmp_path, "t_swiglu_paddle"), "kunlun",
+                           CompileOptions(out=tmp_path / "art"))
     assert not [w for w in report.warnings if "executable" in w]
 
 
@@ -146,7 +148,8 @@ def test_an_op_without_a_paddle_lowering_is_refused_for_paddle(tmp_path: Path):
             r"^op 't_swiglu_kernel' \(at ernie\.layers\.0\.mlp, 2 nodes\) has no Paddle lowering, which "
             r"the paddle executable of the ascend inference artifact needs: give the op a lower_paddle "
             r"\(docs/ops\.md\) or leave paddle out of --emit$")):
-        compile_model(model_using(tmp_path, "t_swiglu_kernel"), "ascend", out=tmp_path / "art")
+        compile_model(model_using(tmp_path, "t_swiglu_kernel"), "ascend",
+                      CompileOptions(out=tmp_path / "art"))
 
 
 def test_a_training_artifact_that_could_not_run_is_refused(tmp_path: Path):
@@ -154,7 +157,7 @@ def test_a_training_artifact_that_could_not_run_is_refused(tmp_path: Path):
     with pytest.raises(CoverageError, match=(
             r"^op 't_swiglu_kernel' \(at ernie\.layers\.0\.mlp, 2 nodes\) has no Paddle lowering, so the "
             r"paddle executable of the cuda training artifact could not run: give the op a lower_paddle")):
-        compile_model(model, "cuda", mode="training", lora_rank=2, out=tmp_path / "art")
+        compile_model(model, "cuda", CompileOptions(mode="training", lora_rank=2, out=tmp_path / "art"))
     assert not (tmp_path / "art").exists()
 
 

@@ -13,7 +13,7 @@ from _cli_kit import user_error
 
 from ernie_ir.backends.paddle.rank_worker import WorkerError, load_rank_graph
 from ernie_ir.ir.mapping import Mapping, MappingError
-from ernie_ir.targets import compile_model, verify_artifact
+from ernie_ir.targets import CompileOptions, compile_model, verify_artifact
 from ernie_ir.training.data_parallel import partition, replica_rows
 
 MODEL = "ernie-4.5-0.3b@tiny"
@@ -54,8 +54,8 @@ def test_mapping_records_dp_only_when_set() -> None:
 
 def test_compile_dp_stores_the_rank_graphs_once_and_records_the_layout(tmp_path: Path) -> None:
     out = tmp_path / "art"
-    report = compile_model(MODEL, "cuda", mode="training", lora_rank=4, tp=2, dp=2, sharding="stage1",
-                           out=out)
+    report = compile_model(MODEL, "cuda", CompileOptions(mode="training", lora_rank=4, tp=2, dp=2,
+                           sharding="stage1", out=out))
     assert report.parallel == "world 2, tp 2, dp 2 (sharding stage1): 4 processes"
     assert sorted(p.name for p in out.glob("rank*")) == ["rank0", "rank1"]
     manifest = verify_artifact(out)
@@ -96,9 +96,9 @@ def test_compile_refuses_bad_data_parallel_layouts(capsys: pytest.CaptureFixture
 def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("dp-layout")
     out = {"dp2": tmp / "dp2", "one": tmp / "one", "qat": tmp / "qat"}
-    compile_model(MODEL, "cuda", mode="training", lora_rank=4, dp=2, out=out["dp2"])
-    compile_model(MODEL, "cuda", mode="training", lora_rank=4, out=out["one"])
-    compile_model(MODEL, "cuda", mode="training", quant="qat-int8", out=out["qat"])
+    compile_model(MODEL, "cuda", CompileOptions(mode="training", lora_rank=4, dp=2, out=out["dp2"]))
+    compile_model(MODEL, "cuda", CompileOptions(mode="training", lora_rank=4, out=out["one"]))
+    compile_model(MODEL, "cuda", CompileOptions(mode="training", quant="qat-int8", out=out["qat"]))
     return out
 
 

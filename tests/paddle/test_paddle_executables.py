@@ -12,7 +12,7 @@ import pytest
 
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.runtime import run_graph
-from ernie_ir.targets import compile_model, load_artifact, verify_artifact
+from ernie_ir.targets import CompileOptions, compile_model, load_artifact, verify_artifact
 
 paddle = pytest.importorskip("paddle")
 
@@ -37,7 +37,7 @@ def sha(path: Path) -> str:
 def test_inference_model_loads_in_paddle_inference(tmp_path: Path, model: str, target: str,
                                                    quant: str | None) -> None:
     out = tmp_path / "art"
-    compile_model(model, target, quant=quant, out=out, emit="paddle-inference")
+    compile_model(model, target, CompileOptions(quant=quant, out=out, emit="paddle-inference"))
     manifest = verify_artifact(out)
     assert "paddle" in manifest["backends"]
     assert {"inference/paddle/model.json", "inference/paddle/model.pdiparams"} <= set(manifest["files"])
@@ -53,7 +53,8 @@ def test_inference_model_loads_in_paddle_inference(tmp_path: Path, model: str, t
 
 def test_tampered_paddle_model_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "art"
-    compile_model("ernie-4.5-0.3b@tiny", "kunlun", quant="wint8", out=out, emit="paddle-inference")
+    compile_model("ernie-4.5-0.3b@tiny", "kunlun", CompileOptions(quant="wint8", out=out,
+                  emit="paddle-inference"))
     params = out / "inference/paddle/model.pdiparams"
     data = bytearray(params.read_bytes())
     data[-1] ^= 1
@@ -85,7 +86,8 @@ def _capture_layers(monkeypatch: pytest.MonkeyPatch) -> list:
 def test_training_lowers_loss_and_keeps_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str,
                                              target: str, quant: str | None, lora: int | None) -> None:
     out = tmp_path / "train"
-    report = compile_model(model, target, quant=quant, lora_rank=lora, mode="training", out=out)
+    report = compile_model(model, target, CompileOptions(quant=quant, lora_rank=lora, mode="training",
+                           out=out))
     assert report.mode == "training"
     recipe = json.loads((out / "training/train.json").read_text())
     assert recipe["trainable"] and recipe["optimizer"]["name"] == "AdamW"
@@ -120,7 +122,7 @@ def test_training_lowers_loss_and_keeps_base(tmp_path: Path, monkeypatch: pytest
 
 def test_training_with_jsonl_data(tmp_path: Path) -> None:
     out = tmp_path / "train"
-    compile_model("ernie-4.5-0.3b@tiny", "kunlun", lora_rank=4, mode="training", out=out)
+    compile_model("ernie-4.5-0.3b@tiny", "kunlun", CompileOptions(lora_rank=4, mode="training", out=out))
     data = tmp_path / "d.jsonl"
     rng = np.random.default_rng(0)
     lines = [json.dumps({"input_ids": rng.integers(0, 1000, size=n).tolist()}) for n in (12, 9, 16, 5)]
@@ -133,17 +135,17 @@ def test_training_with_jsonl_data(tmp_path: Path) -> None:
 def test_training_needs_trainable_params(tmp_path: Path) -> None:
     out = tmp_path / "t"
     with pytest.raises(ErnieIRError, match=r"--lora-rank.*qat-int8"):
-        compile_model("ernie-4.5-0.3b@tiny", "cuda", quant="wint8", mode="training", out=out)
+        compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(quant="wint8", mode="training", out=out))
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
 def test_train_bad_inputs(tmp_path: Path) -> None:
     inf = tmp_path / "inf"
-    compile_model("ernie-4.5-0.3b@tiny", "kunlun", out=inf)
+    compile_model("ernie-4.5-0.3b@tiny", "kunlun", CompileOptions(out=inf))
     with pytest.raises(ErnieIRError, match="not a training artifact"):
         train_artifact(inf, steps=2)
     tr = tmp_path / "tr"
-    compile_model("ernie-4.5-0.3b@tiny", "kunlun", lora_rank=2, mode="training", out=tr)
+    compile_model("ernie-4.5-0.3b@tiny", "kunlun", CompileOptions(lora_rank=2, mode="training", out=tr))
     with pytest.raises(ErnieIRError, match="--steps"):
         train_artifact(tr, steps=0)
     bad = tmp_path / "bad.jsonl"
@@ -163,19 +165,20 @@ def test_missing_paddle_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(paddle_layer.PaddleMissingError, match=r"ernie-ir\[paddle\] or paddlepaddle-gpu"):
         paddle_layer.build_layer(graph)
     # The default Paddle executable is built from rank0/ at load: compile needs no Paddle ...
-    report = compile_model("ernie-4.5-0.3b@tiny", "kunlun", out=tmp_path / "a")
+    report = compile_model("ernie-4.5-0.3b@tiny", "kunlun", CompileOptions(out=tmp_path / "a"))
     assert report.emit == ["paddle"] and "paddle" in verify_artifact(tmp_path / "a")["backends"]
     with pytest.raises(ErnieIRError, match="paddlepaddle-gpu"):  # ... running it does
         run_paddle(tmp_path / "a", IDS)
     # a traced Paddle Inference program does, before anything is written
     with pytest.raises(ErnieIRError, match=r"--emit paddle-inference needs PaddlePaddle"):
-        compile_model("ernie-4.5-0.3b@tiny", "kunlun", out=tmp_path / "b", emit="paddle-inference")
+        compile_model("ernie-4.5-0.3b@tiny", "kunlun", CompileOptions(out=tmp_path / "b",
+                      emit="paddle-inference"))
     assert not (tmp_path / "b").exists()
 
 
 def test_a_second_training_run_keeps_the_first_checkpoint(tmp_path: Path) -> None:
     out = tmp_path / "twice"
-    compile_model("ernie-4.5-0.3b@tiny", "cuda", lora_rank=2, mode="training", out=out)
+    compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(lora_rank=2, mode="training", out=out))
     train_artifact(out, steps=2)
     first = (out / "training/checkpoints/run-001-step-2/params.safetensors").read_bytes()
     train_artifact(out, steps=2, lr=1e-2)

@@ -29,7 +29,7 @@ from ernie_ir.generation import DecodeOptions, Generator
 from ernie_ir.ir.weights import ArraySource, write_safetensors
 from ernie_ir.load import load_input
 from ernie_ir.passes.quant.config import find_targets
-from ernie_ir.targets.compile import compile_model
+from ernie_ir.targets.compile import CompileOptions, compile_model
 from ernie_ir.testing.stability import stable_positions
 
 pytest.importorskip("paddle")
@@ -73,7 +73,7 @@ def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     kw = dict(kw)
     if kw.pop("lora", False):
         kw["lora_adapter"] = write_adapter(tmp / "adapter", model)
-    compile_model(model, "cuda", out=tmp / "art", **kw)
+    compile_model(model, "cuda", CompileOptions(out=tmp / "art", **kw))
     return name, tmp / "art"
 
 
@@ -132,7 +132,7 @@ def test_paddle_generate_ends_rows_like_the_interpreter(tmp_path: Path) -> None:
     """An EOS id (the first token row 1 generates) ends that row only; the other row goes on,
     fed pads that no query attends to."""
     art = tmp_path / "art"
-    compile_model("ernie-3.5-se-3b@tiny", "cuda", out=art)
+    compile_model("ernie-3.5-se-3b@tiny", "cuda", CompileOptions(out=art))
     interp = Generator(art, backend="interpreter")
     first = interp.generate(PROMPTS, OPTIONS, ignore_eos=True).new_tokens[1][0]
     options = DecodeOptions(max_new_tokens=5, keep_logits=True, eos_ids=frozenset({first}))

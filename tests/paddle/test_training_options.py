@@ -13,7 +13,7 @@ from _cli_kit import cli
 
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.runtime import run_graph
-from ernie_ir.targets import compile_model, load_artifact, verify_artifact
+from ernie_ir.targets import CompileOptions, compile_model, load_artifact, verify_artifact
 
 paddle = pytest.importorskip("paddle")
 
@@ -35,7 +35,7 @@ LENGTHS = (12, 5, 9, 3)
 @pytest.fixture(scope="module")
 def art(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("train-opts") / "art"
-    compile_model(MODEL, "kunlun", lora_rank=4, mode="training", out=out)
+    compile_model(MODEL, "kunlun", CompileOptions(lora_rank=4, mode="training", out=out))
     return out
 
 
@@ -197,7 +197,7 @@ def _set_recipe(art: Path, **changes: dict) -> None:
 
 def test_the_recipe_is_the_default_and_a_flag_overrides_it(tmp_path: Path, capsys) -> None:
     out = tmp_path / "art"
-    compile_model(MODEL, "kunlun", lora_rank=4, mode="training", out=out)
+    compile_model(MODEL, "kunlun", CompileOptions(lora_rank=4, mode="training", out=out))
     recipe = json.loads((out / RECIPE).read_text())
     assert recipe["schedule"] == {"name": "constant", "warmup_steps": 0}
     assert recipe["padding"] == {"pad_id": 0, "ignore_index": -100}

@@ -15,7 +15,7 @@ from _cli_kit import cli
 
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.runtime import run_graph
-from ernie_ir.targets import compile_model, load_artifact, verify_artifact
+from ernie_ir.targets import CompileOptions, compile_model, load_artifact, verify_artifact
 
 paddle = pytest.importorskip("paddle")
 
@@ -37,9 +37,10 @@ LENGTHS = (12, 5, 9, 3, 7, 10)
 def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("train-resume")
     # LoRA with dropout: the resumed run must draw the dropout masks the first run drew
-    compile_model(MODEL, "kunlun", pipeline="lora{rank=4,dropout=0.3}", mode="training", out=tmp / "lora")
-    compile_model(MODEL, "kunlun", quant="qat-int8", mode="training", out=tmp / "qat")
-    compile_model(MODEL, "kunlun", lora_rank=2, mode="training", out=tmp / "other")
+    compile_model(MODEL, "kunlun", CompileOptions(pipeline="lora{rank=4,dropout=0.3}", mode="training",
+                  out=tmp / "lora"))
+    compile_model(MODEL, "kunlun", CompileOptions(quant="qat-int8", mode="training", out=tmp / "qat"))
+    compile_model(MODEL, "kunlun", CompileOptions(lora_rank=2, mode="training", out=tmp / "other"))
     return {"lora": tmp / "lora", "qat": tmp / "qat", "other": tmp / "other"}
 
 

@@ -23,7 +23,7 @@ from ernie_ir.ir.verifier import verify
 from ernie_ir.passes.parallel.split import SplitError, mapping_for, split_graph
 from ernie_ir.runtime.interpreter import Interpreter
 from ernie_ir.runtime.spmd import run_spmd
-from ernie_ir.targets import compile_model
+from ernie_ir.targets import CompileOptions, compile_model
 
 IDS = np.array([[1, 5, 900, 77, 3, 1000], [7, 8, 9, 10, 511, 512]], dtype=np.int64)  # 12 tokens
 SP_OPS = ("all_reduce", "reduce_scatter", "all_gather_sequence", "scatter_sequence")
@@ -84,7 +84,8 @@ def test_sp_needs_tp() -> None:
     with pytest.raises(SplitError, match="needs tp > 1"):
         split_graph(graph, mapping_for(graph, 1, 2), sp=True)
     with pytest.raises(ErnieIRError, match=r"--sp .* needs --tp 2 or more, got --tp 1"):
-        compile_model("ernie-4.5-0.3b@tiny", "cuda", sp=True, out=Path("/nonexistent/never-written"))
+        compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(sp=True,
+                      out=Path("/nonexistent/never-written")))
 
 
 def test_sp_refuses_tokens_not_divisible_by_tp() -> None:

@@ -11,7 +11,7 @@ from _cli_kit import cli, user_error
 
 from ernie_ir.frontends.builtins import PUBLISHED
 from ernie_ir.planning import CATEGORIES, MemorySizeError, parse_memory, plan_memory
-from ernie_ir.targets import compile_model
+from ernie_ir.targets import CompileOptions, compile_model
 
 TINY = "ernie-4.5-21b-a3b@tiny"
 
@@ -89,7 +89,7 @@ def test_checkpoint_folder_is_read_from_its_config_alone(tmp_path: Path) -> None
 def test_an_artifact_is_planned_from_its_rank_graphs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                      ) -> None:
     out = tmp_path / "a"
-    compile_model(TINY, "cuda", quant="wint8mix", tp=2, cuda_arch=70, out=out)
+    compile_model(TINY, "cuda", CompileOptions(quant="wint8mix", tp=2, cuda_arch=70, out=out))
     from_artifact = plan_memory(str(out), "cuda")
     from_model = plan_memory(TINY, "cuda", quant="wint8mix", tp=2, cuda_arch=70)
     assert [r.by_category for r in from_artifact.per_rank] == [r.by_category for r in from_model.per_rank]

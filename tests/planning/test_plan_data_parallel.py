@@ -16,7 +16,7 @@ from _cli_kit import cli, user_error
 
 from ernie_ir.load import load_input
 from ernie_ir.planning import device_layouts, plan_memory
-from ernie_ir.targets import compile_model
+from ernie_ir.targets import CompileOptions, compile_model
 
 DENSE = "ernie-4.5-0.3b@tiny"
 MOE = "ernie-4.5-21b-a3b@tiny"
@@ -235,8 +235,8 @@ def test_an_artifact_is_planned_with_its_recorded_dp(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     lora = {"mode": "training", "lora_rank": 2}
     one, two = tmp_path / "dp1", tmp_path / "dp2"
-    compile_model(DENSE, "cuda", tp=2, out=one, **lora)
-    compile_model(DENSE, "cuda", tp=2, dp=2, sharding="stage2", out=two, **lora)
+    compile_model(DENSE, "cuda", CompileOptions(tp=2, out=one, **lora))
+    compile_model(DENSE, "cuda", CompileOptions(tp=2, dp=2, sharding="stage2", out=two, **lora))
     source = plan_memory(DENSE, "cuda", tp=2, dp=2, sharding="stage2", **lora)
     recorded = plan_memory(str(two), "cuda", mode="training")
     given = plan_memory(str(one), "cuda", mode="training", dp=2, sharding="stage2")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ernie_ir.planning import plan_memory
-from ernie_ir.targets import compile_model
+from ernie_ir.targets import CompileOptions, compile_model
 
 ST_DTYPE = {"bf16": "BF16", "f16": "F16", "f32": "F32", "i8": "I8", "i4": "U8", "f8e4m3": "F8_E4M3"}
 """IR dtype -> the safetensors dtype its bytes are stored as (int4: packed into U8)."""
@@ -54,7 +54,7 @@ PARAMS = [(m, t, a, q, tp, ep) for m, t, a, layouts in CASES for q in QUANTS for
 
 def check(model: str, target: str, arch: int | None, tp: int, ep: int, out: Path, **kw: object) -> None:
     cuda = {"cuda_arch": arch} if arch is not None else {}
-    compile_model(model, target, tp=tp, ep=ep, out=out, **cuda, **kw)  # type: ignore[arg-type]
+    compile_model(model, target, CompileOptions(tp=tp, ep=ep, out=out, **cuda, **kw))  # type: ignore[arg-type]
     plan = plan_memory(model, target, tp=tp, ep=ep, **cuda, **kw)  # type: ignore[arg-type]
     assert plan.devices == max(tp, ep)
     for r in plan.per_rank:

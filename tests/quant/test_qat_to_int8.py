@@ -32,7 +32,7 @@ from ernie_ir.ir import DType, ErnieIRError, Graph
 from ernie_ir.load import load_input, load_trained
 from ernie_ir.passes import run_pipeline
 from ernie_ir.runtime.interpreter import Interpreter
-from ernie_ir.targets import compile_model, load_artifact, verify_artifact
+from ernie_ir.targets import CompileOptions, compile_model, load_artifact, verify_artifact
 from ernie_ir.training.loop import train_artifact
 
 pytest.importorskip("paddle")  # training and the paddle backend
@@ -49,7 +49,7 @@ CHANNEL_WISE = ("Quantization:\n  weight_quantize_type: channel_wise_abs_max\n"
 
 def _train(tmp: Path, name: str, model: str, steps: int = STEPS, **kw: object) -> Path:
     art = tmp / name
-    compile_model(model, "cuda", mode="training", out=art, **kw)  # type: ignore[arg-type]
+    compile_model(model, "cuda", CompileOptions(mode="training", out=art, **kw))  # type: ignore[arg-type]
     train_artifact(art, steps)
     return art
 
@@ -104,7 +104,7 @@ def test_trained_qat_artifact_compiles_to_int8_weights_with_the_learned_scales(
         trained: dict[str, Path], name: str, target: str, tmp_path: Path) -> None:
     art = trained[name]
     out = tmp_path / "int8"
-    report = compile_model(str(art), target, out=out)
+    report = compile_model(str(art), target, CompileOptions(out=out))
     assert report.pipeline.startswith(f"qat-convert,legalize-{target}")
     manifest = verify_artifact(out)
     ckpt_file = _global_file(art)
@@ -159,10 +159,10 @@ def test_trained_qat_artifact_compiles_to_int8_weights_with_the_learned_scales(
 def test_paddle_runs_the_int8_artifact_exactly_as_the_fake_quant_one(trained: dict[str, Path], name: str,
                                                                     tmp_path: Path) -> None:
     art = trained[name]
-    compile_model(str(art), "cuda", out=tmp_path / "int8", emit="paddle")
+    compile_model(str(art), "cuda", CompileOptions(out=tmp_path / "int8", emit="paddle"))
     # --disable-pass qat-convert: the trained model, fake-quantized (the opt-out)
-    report = compile_model(str(art), "cuda", out=tmp_path / "fq", emit="paddle",
-                           disabled_passes=["qat-convert"])
+    report = compile_model(str(art), "cuda", CompileOptions(out=tmp_path / "fq", emit="paddle",
+                           disabled_passes=["qat-convert"]))
     assert report.pipeline == "legalize-cuda"
     assert any(n.op == "fake_quant" for n in load_artifact(tmp_path / "fq"))
     np.testing.assert_array_equal(run_artifact(tmp_path / "int8", IDS, "paddle"),
@@ -213,7 +213,7 @@ def test_bad_checkpoints_are_refused_in_one_line_and_nothing_is_written(trained:
     other = _global_file(trained["ernie"])
     assert "is not a checkpoint of" in refused(str(art), "--checkpoint", str(other))
     fresh = tmp_path / "fresh"
-    compile_model(MODELS["gpt"], "cuda", mode="training", quant="qat-int8", out=fresh)
+    compile_model(MODELS["gpt"], "cuda", CompileOptions(mode="training", quant="qat-int8", out=fresh))
     line = refused(str(fresh))
     assert "has no training checkpoint" in line and "ernie-ir train" in line
     assert "drop --checkpoint" in refused(MODELS["gpt"], "--checkpoint", "latest")
@@ -265,7 +265,7 @@ def test_a_tensor_parallel_lora_artifact_is_put_back_together(tmp_path: Path) ->
     the rank slices, the adapters from the checkpoint (global names); served at tp 1."""
     art = _train(tmp_path, "lora-tp2", MODELS["gpt"], steps=2, lora_rank=4, tp=2)
     out = tmp_path / "served"
-    report = compile_model(str(art), "cuda", out=out, emit="paddle,onnx")
+    report = compile_model(str(art), "cuda", CompileOptions(out=out, emit="paddle,onnx"))
     assert report.pipeline == "legalize-cuda" and not report.parallel
     ckpt = load_file(str(_global_file(art)))
     ref_graph = load_input(MODELS["gpt"])

@@ -30,12 +30,12 @@ from _quant_testkit import rel_error, top1
 from safetensors import safe_open
 
 from ernie_ir.backends.sessions import run_artifact
+from ernie_ir.formats.fastdeploy import load_fastdeploy_checkpoint, merge_ranks
 from ernie_ir.frontends import load_model
 from ernie_ir.ops.cuda_layout import unpack
 from ernie_ir.passes.quant.wint2_encoder import wint2_encode
 from ernie_ir.runtime.interpreter import Interpreter, run_graph
-from ernie_ir.targets import compile_model, verify_artifact
-from ernie_ir.targets.fastdeploy import load_fastdeploy_checkpoint, merge_ranks
+from ernie_ir.targets import CompileOptions, compile_model, verify_artifact
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
 from _parallel_testkit import is_moe_layer, tiny_config, write_paddle_checkpoint
@@ -89,7 +89,7 @@ def artifacts(work: Path, source: tuple[Path, dict[str, np.ndarray]]) -> dict[tu
     arts = {}
     for quant, tp in ((W4A8, 1), (W4A8, 4), (WINT2, 1), (WINT2, 4), (WINT2_DEFAULT, 1)):
         out = work / f"art-{quant.split('{')[0]}-{len(quant)}-tp{tp}"
-        report = compile_model(str(src), "cuda", quant=quant, tp=tp, out=out)
+        report = compile_model(str(src), "cuda", CompileOptions(quant=quant, tp=tp, out=out))
         assert report.cuda_arch == 80 and not report.fallbacks
         assert not [w for w in report.warnings if "FastDeploy" in w], report.warnings
         arts[(quant, tp)] = out
@@ -433,7 +433,7 @@ def test_calibration_from_calib_data(work: Path, source: tuple[Path, dict[str, n
     outs = []
     for i in range(2):
         out = work / f"calib-{i}"
-        report = compile_model(str(src), "cuda", quant=W4A8, out=out, calib_data=calib)
+        report = compile_model(str(src), "cuda", CompileOptions(quant=W4A8, out=out, calib_data=calib))
         assert not [w for w in report.warnings if "FastDeploy" in w or "calibration" in w], report.warnings
         outs.append(read_rank(out / "rank0" / "model.safetensors"))
     default = read_rank(artifacts[(W4A8, 1)] / "rank0" / "model.safetensors")

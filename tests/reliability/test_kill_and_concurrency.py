@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ernie_ir.artifacts import ArtifactError, verify_artifact
-from ernie_ir.targets import compile_model
+from ernie_ir.targets import CompileOptions, compile_model
 
 MODEL = "ernie-4.5-0.3b@tiny"
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ KILLS = [("temp", signal.SIGKILL), ("weights", signal.SIGTERM), ("weights", sign
 def test_killed_compile_leaves_old_or_new_and_the_next_compile_cleans_up(tmp_path: Path, stage: str,
                                                                         sig: signal.Signals) -> None:
     out = tmp_path / "art"
-    compile_model(MODEL, "kunlun", out=out)
+    compile_model(MODEL, "kunlun", CompileOptions(out=out))
     old = verify_artifact(out)
     proc = _start(out, "--force", "--quant", "wint8", ERNIE_IR_TEST_PAUSE_AT=stage)
     deadline = time.monotonic() + TIMEOUT_S
@@ -102,7 +102,7 @@ def test_killed_compile_leaves_old_or_new_and_the_next_compile_cleans_up(tmp_pat
     assert now == old if stage != "swap" else now["pipeline"] == new, now["pipeline"]
     if sig == signal.SIGTERM:  # cleaned up like Ctrl-C, by the process itself
         assert _stale_bytes(tmp_path) == (0, [])
-    compile_model(MODEL, "kunlun", out=out, force=True)  # the next compile: removes the rest
+    compile_model(MODEL, "kunlun", CompileOptions(out=out, force=True))  # the next compile: removes the rest
     verify_artifact(out)
     assert _stale_bytes(tmp_path) == (0, [])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
@@ -112,7 +112,7 @@ def test_killed_compile_leaves_old_or_new_and_the_next_compile_cleans_up(tmp_pat
 def test_sigkill_at_an_arbitrary_instant_of_the_write_phase(tmp_path: Path, delay_s: float) -> None:
     """No hook: killed `delay_s` after its temp folder appeared, wherever the compile is then."""
     out = tmp_path / "art"
-    compile_model(MODEL, "kunlun", out=out)
+    compile_model(MODEL, "kunlun", CompileOptions(out=out))
     old = verify_artifact(out)
     proc = _start(out, "--force", "--quant", "wint8")
     deadline = time.monotonic() + TIMEOUT_S
@@ -124,7 +124,7 @@ def test_sigkill_at_an_arbitrary_instant_of_the_write_phase(tmp_path: Path, dela
     proc.communicate(timeout=TIMEOUT_S)
     now = verify_artifact(out)
     assert now == old or now["pipeline"] == "quant-annotate{preset=wint8},weight-only-quant,legalize-kunlun"
-    compile_model(MODEL, "kunlun", out=out, force=True)
+    compile_model(MODEL, "kunlun", CompileOptions(out=out, force=True))
     assert _stale_bytes(tmp_path) == (0, [])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
 
@@ -134,19 +134,19 @@ def test_a_stranded_old_artifact_is_put_back_by_the_next_compile(tmp_path: Path)
     `.NAME.old-PID` and no NAME: the next compile puts the old artifact back, then refuses to
     replace it without --force."""
     out = tmp_path / "art"
-    compile_model(MODEL, "kunlun", out=out)
+    compile_model(MODEL, "kunlun", CompileOptions(out=out))
     old = verify_artifact(out)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=TIMEOUT_S)
     out.rename(tmp_path / f".art.old-{dead.pid}")
     with pytest.raises(ArtifactError, match=r"art already exists: pass --force"):
-        compile_model(MODEL, "kunlun", out=out)
+        compile_model(MODEL, "kunlun", CompileOptions(out=out))
     assert verify_artifact(out) == old
     assert _stale_bytes(tmp_path) == (0, [])
     # Both there (killed after the swap, before removing the old one): the old copy goes.
     (tmp_path / f".art.old-{dead.pid}").mkdir()
     (tmp_path / f".art.old-{dead.pid}" / "x.bin").write_bytes(b"old" * 100)
-    compile_model(MODEL, "kunlun", out=out, force=True)
+    compile_model(MODEL, "kunlun", CompileOptions(out=out, force=True))
     assert _stale_bytes(tmp_path) == (0, [])
 
 
@@ -192,7 +192,7 @@ def test_concurrent_forced_compiles_never_interleave(tmp_path: Path) -> None:
     """3 --force compiles at once over an existing artifact: each either replaced it whole or
     was refused with one line naming the lock; the result verifies and nothing is left over."""
     out = tmp_path / "art"
-    compile_model(MODEL, "kunlun", out=out)
+    compile_model(MODEL, "kunlun", CompileOptions(out=out))
     quants = ["wint8", "wint4", "wint8"]
     procs = [_start(out, "--force", "--quant", q, ERNIE_IR_TEST_PAUSE_AT="weights",
                     ERNIE_IR_TEST_PAUSE_S="1") for q in quants]

@@ -16,7 +16,7 @@ import pytest
 import ernie_ir
 from ernie_ir.artifacts import ArtifactError, publish_into, record_files, temp_name, verify_artifact
 from ernie_ir.artifacts.publish import lock_holder
-from ernie_ir.targets import compile_model
+from ernie_ir.targets import CompileOptions, compile_model
 
 MODEL = "ernie-4.5-0.3b@tiny"
 PKG = Path(ernie_ir.__file__).parent
@@ -38,7 +38,7 @@ def test_the_old_names_stay_importable_from_targets() -> None:
 def test_the_artifact_gets_the_users_umask(tmp_path: Path, umask: int) -> None:
     before = os.umask(umask)
     try:
-        compile_model(MODEL, "kunlun", out=tmp_path / "a")
+        compile_model(MODEL, "kunlun", CompileOptions(out=tmp_path / "a"))
     finally:
         os.umask(before)
     root = tmp_path / "a"
@@ -65,7 +65,7 @@ def test_a_held_lock_fails_fast_naming_its_holder_and_a_dead_holders_is_taken_ov
     try:
         t0 = time.monotonic()
         with pytest.raises(ArtifactError) as e:
-            compile_model(MODEL, "kunlun", out=out)
+            compile_model(MODEL, "kunlun", CompileOptions(out=out))
         assert time.monotonic() - t0 < 5
         assert str(e.value) == (f"{out} is being written by PID {holder.pid} (lock {tmp_path / '.a.lock'}): "
                                 "wait for it to finish, or choose another --out")
@@ -74,7 +74,7 @@ def test_a_held_lock_fails_fast_naming_its_holder_and_a_dead_holders_is_taken_ov
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait(timeout=30)
     assert (tmp_path / ".a.lock").exists()  # a killed holder leaves its file, not its lock
-    compile_model(MODEL, "kunlun", out=out)
+    compile_model(MODEL, "kunlun", CompileOptions(out=out))
     verify_artifact(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
@@ -89,7 +89,7 @@ def test_the_next_compile_removes_dead_writers_temp_folders_only(tmp_path: Path)
     live.mkdir()
     mine = tmp_path / "notes.tmp-1-0123abcd"  # not one of ours: no leading dot
     mine.mkdir()
-    compile_model(MODEL, "kunlun", out=tmp_path / "a")
+    compile_model(MODEL, "kunlun", CompileOptions(out=tmp_path / "a"))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a", live.name, mine.name])
 
 
@@ -97,7 +97,7 @@ def test_files_added_later_are_numbered_and_listed_under_the_lock(tmp_path: Path
     """Two runs that started from the same manifest both publish: distinct run numbers, both
     listed (the second reads the manifest afresh), verify passes."""
     root = tmp_path / "a"
-    compile_model(MODEL, "kunlun", out=root)
+    compile_model(MODEL, "kunlun", CompileOptions(out=root))
     start = verify_artifact(root)
     folder = root / "training" / "checkpoints"
     folder.mkdir(parents=True)
@@ -114,9 +114,9 @@ def test_files_added_later_are_numbered_and_listed_under_the_lock(tmp_path: Path
 
 def test_a_run_on_a_recompiled_artifact_records_nothing(tmp_path: Path) -> None:
     root = tmp_path / "a"
-    compile_model(MODEL, "kunlun", out=root)
+    compile_model(MODEL, "kunlun", CompileOptions(out=root))
     start = verify_artifact(root)
-    compile_model(MODEL, "kunlun", out=root, force=True, quant="wint8")  # replaced meanwhile
+    compile_model(MODEL, "kunlun", CompileOptions(out=root, force=True, quant="wint8"))  # replaced meanwhile
     folder = root / "training"
     staged = temp_name(folder, "checkpoint") if folder.exists() else temp_name(root, "checkpoint")
     staged.write_bytes(b"x")
@@ -134,9 +134,9 @@ def test_without_renameat2_the_swap_still_leaves_old_or_new(tmp_path: Path,
 
     monkeypatch.setattr(publish, "_renameat2", lambda *a: False)
     out = tmp_path / "a"
-    compile_model(MODEL, "kunlun", out=out)
+    compile_model(MODEL, "kunlun", CompileOptions(out=out))
     old = verify_artifact(out)
-    compile_model(MODEL, "kunlun", out=out, force=True, quant="wint8")
+    compile_model(MODEL, "kunlun", CompileOptions(out=out, force=True, quant="wint8"))
     assert verify_artifact(out)["pipeline"] != old["pipeline"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
     before = verify_artifact(out)
@@ -151,13 +151,13 @@ def test_without_renameat2_the_swap_still_leaves_old_or_new(tmp_path: Path,
 
     monkeypatch.setattr(publish.os, "rename", second_fails)
     with pytest.raises(ArtifactError, match="No space left on device"):
-        compile_model(MODEL, "kunlun", out=out, force=True)
+        compile_model(MODEL, "kunlun", CompileOptions(out=out, force=True))
     assert calls[0].endswith(f".a.old-{os.getpid()}") and calls[1] == str(out)
     assert verify_artifact(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
     monkeypatch.setattr(publish.os, "rename", real_rename)
     with pytest.raises(ArtifactError, match="already exists"):
-        compile_model(MODEL, "kunlun", out=out)
+        compile_model(MODEL, "kunlun", CompileOptions(out=out))
 
 
 def _params_writer(value: float):
@@ -180,7 +180,7 @@ def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path) -> N
     from ernie_ir.training.checkpoints import CheckpointRun, checkpoint_expected, save_checkpoint
 
     root = tmp_path / "a"
-    compile_model(MODEL, "kunlun", out=root)
+    compile_model(MODEL, "kunlun", CompileOptions(out=root))
     start = verify_artifact(root)
     folder = root / "training" / "checkpoints"
     folder.mkdir(parents=True)
@@ -211,7 +211,7 @@ def test_older_checkpoints_are_removed_and_unlisted_under_the_lock(tmp_path: Pat
     from ernie_ir.training.checkpoints import CheckpointRun, checkpoint_order, save_checkpoint
 
     root = tmp_path / "a"
-    compile_model(MODEL, "kunlun", out=root)
+    compile_model(MODEL, "kunlun", CompileOptions(out=root))
     start = verify_artifact(root)
     first, second = CheckpointRun(), CheckpointRun()
     made = [save_checkpoint(root, _params_writer(1.0), s, first, start) for s in (2, 10)]
@@ -246,7 +246,7 @@ def test_compile_stop_after_writes_its_graph_folder_under_the_lock(tmp_path: Pat
 
     monkeypatch.setattr(compile_module, "_save_graphs", spy)
     out = tmp_path / "g"
-    compile_model(MODEL, "ascend", quant="wint8", tp=2, stop_after="split", out=out)
+    compile_model(MODEL, "ascend", CompileOptions(quant="wint8", tp=2, stop_after="split", out=out))
     assert seen == [f"PID {os.getpid()}"]
     assert sorted(p.name for p in out.iterdir()) == ["rank0", "rank1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]  # the lock file is gone with the lock
@@ -255,7 +255,7 @@ def test_compile_stop_after_writes_its_graph_folder_under_the_lock(tmp_path: Pat
 def test_record_files_takes_a_relative_root_with_absolute_files(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # `ernie-ir train ART` with a relative ART: the checkpoint's adapter files come back absolute
-    compile_model(MODEL, "kunlun", out=tmp_path / "a")
+    compile_model(MODEL, "kunlun", CompileOptions(out=tmp_path / "a"))
     extra = tmp_path / "a" / "training-notes.txt"
     extra.write_text("x")
     monkeypatch.chdir(tmp_path)

@@ -14,7 +14,7 @@ from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.frontends import load_model
 from ernie_ir.runtime import run_graph
 from ernie_ir.runtime.compare import compare_logits
-from ernie_ir.targets import compile_model, load_artifact, verify_artifact
+from ernie_ir.targets import CompileOptions, compile_model, load_artifact, verify_artifact
 from ernie_ir.testing.stability import stable_positions
 
 MODELS = ["ernie-4.5-21b-a3b@tiny", "ernie-4.5-0.3b@tiny"]
@@ -39,8 +39,8 @@ def test_every_backend_agrees(model: str, target: str, quant: str | None, tmp_pa
     onnx = target != "kunlun" or quant is None
     # exact ONNX numerics: the backends' agreement is to float32 tolerance (the default weight-only
     # numerics drop the bf16 rounding of dequantized experts; tests/onnx bounds that)
-    compile_model(model, target, quant=quant, out=out, emit="onnx,paddle" if onnx else "paddle",
-                  onnx_numerics="exact" if onnx else None)
+    compile_model(model, target, CompileOptions(quant=quant, out=out,
+                  emit="onnx,paddle" if onnx else "paddle", onnx_numerics="exact" if onnx else None))
     manifest = verify_artifact(out)
     backends = manifest["backends"]
     assert backends == ["interpreter", "onnxruntime", "paddle"] if onnx else ["interpreter", "paddle"]

@@ -25,7 +25,14 @@ from ernie_ir.ops.quant_numerics import weight_quantize
 from ernie_ir.passes import run_pipeline
 from ernie_ir.runtime import Interpreter, run_graph
 from ernie_ir.runtime.compare import compare_logits
-from ernie_ir.targets import ArtifactError, TargetError, compile_model, load_artifact, verify_artifact
+from ernie_ir.targets import (
+    ArtifactError,
+    CompileOptions,
+    TargetError,
+    compile_model,
+    load_artifact,
+    verify_artifact,
+)
 from ernie_ir.targets.artifact import write_artifact
 from ernie_ir.targets.cuda.packing import pack
 from ernie_ir.targets.registry import get_target
@@ -57,7 +64,7 @@ def reference(model: str, quant: str) -> np.ndarray:
 @pytest.mark.parametrize("target", ["cuda", "ascend", "kunlun"])
 def test_compile_load_run_within_budget(tmp_path: Path, model: str, quant: str, target: str) -> None:
     out = tmp_path / "art"
-    report = compile_model(model, target, quant=quant, out=out)
+    report = compile_model(model, target, CompileOptions(quant=quant, out=out))
     assert report.passes_run[-1] == f"legalize-{target}"  # cuda_arch 80 is the default, not printed
     assert report.cuda_arch == (80 if target == "cuda" else None)
     manifest = verify_artifact(out)
@@ -98,7 +105,7 @@ def test_compile_load_run_within_budget(tmp_path: Path, model: str, quant: str, 
 
 def test_cuda_artifact_holds_paddle_bytes_per_expert(tmp_path: Path) -> None:
     out = tmp_path / "a"
-    report = compile_model(MOE, "cuda", quant="wint8mix", cuda_arch=70, out=out)
+    report = compile_model(MOE, "cuda", CompileOptions(quant="wint8mix", cuda_arch=70, out=out))
     assert not report.fallbacks
     g = load_artifact(out)
     src = load_model(MOE)
@@ -116,7 +123,8 @@ def test_cuda_artifact_holds_paddle_bytes_per_expert(tmp_path: Path) -> None:
 
 
 def test_cuda_default_arch_falls_back_where_the_layout_cannot_hold_the_shape(tmp_path: Path) -> None:
-    report = compile_model(MOE, "cuda", quant="wint8", out=tmp_path / "a")  # hidden 80: not a multiple of 64
+    # hidden 80: not a multiple of 64
+    report = compile_model(MOE, "cuda", CompileOptions(quant="wint8", out=tmp_path / "a"))
     assert report.fallbacks and all("multiple of 64" in f["reason"] for f in report.fallbacks)
     kernels = {k["kernel"] for k in report.kernel_plan}
     assert "weight_only_linear(sm80, int8)" in kernels  # down_proj [192, 80] packs
@@ -124,7 +132,7 @@ def test_cuda_default_arch_falls_back_where_the_layout_cannot_hold_the_shape(tmp
 
 def test_int4_dense_decomposes_on_kunlun_and_ascend(tmp_path: Path) -> None:
     for target in ("kunlun", "ascend"):
-        report = compile_model(DENSE, target, quant="wint4", out=tmp_path / target)
+        report = compile_model(DENSE, target, CompileOptions(quant="wint4", out=tmp_path / target))
         assert report.fallbacks and all("int4" in f["reason"] for f in report.fallbacks)
         g = load_artifact(tmp_path / target)
         assert not g.nodes_by_op("weight_only_linear")
@@ -133,7 +141,7 @@ def test_int4_dense_decomposes_on_kunlun_and_ascend(tmp_path: Path) -> None:
 
 def test_tampered_artifact_is_detected(tmp_path: Path) -> None:
     out = tmp_path / "a"
-    compile_model(DENSE, "kunlun", quant="wint8", out=out)
+    compile_model(DENSE, "kunlun", CompileOptions(quant="wint8", out=out))
     f = out / "rank0/weights.safetensors"
     data = bytearray(f.read_bytes())
     data[-1] ^= 1
@@ -149,7 +157,7 @@ def test_tampered_artifact_is_detected(tmp_path: Path) -> None:
 
 def test_added_file_is_detected(tmp_path: Path) -> None:
     out = tmp_path / "a"
-    compile_model(DENSE, "ascend", out=out)
+    compile_model(DENSE, "ascend", CompileOptions(out=out))
     (out / "rank0" / "extra.bin").write_bytes(b"x")
     with pytest.raises(ArtifactError, match="not listed"):
         verify_artifact(out)
@@ -157,12 +165,12 @@ def test_added_file_is_detected(tmp_path: Path) -> None:
 
 def test_existing_folder_refused_without_force(tmp_path: Path) -> None:
     out = tmp_path / "a"
-    compile_model(DENSE, "cuda", out=out)
+    compile_model(DENSE, "cuda", CompileOptions(out=out))
     first = verify_artifact(out)
     with pytest.raises(ArtifactError, match=r"already exists.*--force"):
-        compile_model(DENSE, "cuda", out=out, quant="wint8")
+        compile_model(DENSE, "cuda", CompileOptions(out=out, quant="wint8"))
     assert verify_artifact(out) == first
-    compile_model(DENSE, "cuda", out=out, quant="wint8", force=True)
+    compile_model(DENSE, "cuda", CompileOptions(out=out, quant="wint8", force=True))
     assert verify_artifact(out)["pipeline"] != first["pipeline"]
     assert [p.name for p in tmp_path.iterdir()] == ["a"]
 
@@ -172,11 +180,12 @@ def test_force_never_replaces_a_folder_that_is_not_an_artifact(tmp_path: Path) -
     out.mkdir()
     (out / "data.txt").write_text("mine")
     with pytest.raises(ArtifactError, match=r"no manifest.json, so not an ernie-ir artifact"):
-        compile_model(DENSE, "cuda", out=out, force=True)
+        compile_model(DENSE, "cuda", CompileOptions(out=out, force=True))
     assert (out / "data.txt").read_text() == "mine"
     empty = tmp_path / "empty"
     empty.mkdir()
-    compile_model(DENSE, "cuda", out=empty, force=True)  # an empty folder holds nothing to lose
+    # an empty folder holds nothing to lose
+    compile_model(DENSE, "cuda", CompileOptions(out=empty, force=True))
     verify_artifact(empty)
 
 
@@ -188,7 +197,7 @@ class _Boom(KeyboardInterrupt):
 def test_failure_mid_write_leaves_nothing(tmp_path: Path, existing: bool) -> None:
     out = tmp_path / "a"
     if existing:
-        compile_model(DENSE, "cuda", out=out)
+        compile_model(DENSE, "cuda", CompileOptions(out=out))
         before = verify_artifact(out)
     g = load_model(DENSE)
     run_pipeline(g, "wint8,legalize-kunlun")
@@ -220,13 +229,13 @@ def test_failure_mid_write_leaves_nothing(tmp_path: Path, existing: bool) -> Non
 def test_impossible_combinations_are_one_line_errors(tmp_path: Path, kwargs: dict, message: str) -> None:
     target = kwargs.pop("target")
     with pytest.raises(ErnieIRError) as info:
-        compile_model(DENSE, target, out=tmp_path / "a", **kwargs)
+        compile_model(DENSE, target, CompileOptions(out=tmp_path / "a", **kwargs))
     assert message in str(info.value) and "\n" not in str(info.value)
     assert not (tmp_path / "a").exists()
 
 
 def test_fp8_on_cuda_hopper_and_refused_by_the_pass_elsewhere(tmp_path: Path) -> None:
-    report = compile_model(DENSE, "cuda", quant="fp8", cuda_arch=90, out=tmp_path / "a")
+    report = compile_model(DENSE, "cuda", CompileOptions(quant="fp8", cuda_arch=90, out=tmp_path / "a"))
     assert any("fp8" in k["kernel"] for k in report.kernel_plan)
     g = load_model(DENSE)
     with pytest.raises(TargetError, match=r"target ascend cannot run FP8.*--target cuda"):
@@ -237,15 +246,15 @@ def test_group_wise_refused_where_only_per_channel(tmp_path: Path) -> None:
     cfg = tmp_path / "q.yaml"
     cfg.write_text("rules:\n  - match: '.*'\n    algo: weight_only_int8\n    group_size: 64\n")
     with pytest.raises(TargetError, match=r"per-channel only.*group_size -1") as info:
-        compile_model(DENSE, "kunlun", quant_config=cfg, out=tmp_path / "a")
+        compile_model(DENSE, "kunlun", CompileOptions(quant_config=cfg, out=tmp_path / "a"))
     assert "\n" not in str(info.value)
     assert not (tmp_path / "a").exists()
-    report = compile_model(DENSE, "cuda", quant_config=cfg, out=tmp_path / "b")
+    report = compile_model(DENSE, "cuda", CompileOptions(quant_config=cfg, out=tmp_path / "b"))
     assert not report.fallbacks
 
 
 def test_report_counts_bytes_by_dtype(tmp_path: Path) -> None:
-    r = compile_model(MOE, "ascend", quant="wint8mix", out=tmp_path / "a")
+    r = compile_model(MOE, "ascend", CompileOptions(quant="wint8mix", out=tmp_path / "a"))
     assert r.params_before["bf16"]["bytes"] > r.params_after["bf16"]["bytes"]
     assert r.params_after["i8"]["count"] > 0 and r.passes_run[-1] == "legalize-ascend"
     # ascend's fused MoE kernel is unconfirmed: the experts take the portable path, on record

@@ -17,7 +17,7 @@ from ernie_ir.ir.parser import parse_graph
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
 from ernie_ir.runtime.interpreter import run_graph
-from ernie_ir.targets import compile_model, load_rank_graphs, read_manifest, verify_artifact
+from ernie_ir.targets import CompileOptions, compile_model, load_rank_graphs, read_manifest, verify_artifact
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
 from _parallel_testkit import tiny_config, write_paddle_checkpoint
@@ -32,8 +32,8 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.mark.parametrize("target", ["cuda", "ascend", "kunlun"])
 def test_split_quantized_artifact_equals_the_unsplit_quantized_graph(tmp_path: Path, target: str) -> None:
-    report = compile_model(MOE, target, quant="wint8mix", tp=2, ep=2, out=tmp_path / "a",
-                           cuda_arch=70 if target == "cuda" else 80)
+    report = compile_model(MOE, target, CompileOptions(quant="wint8mix", tp=2, ep=2, out=tmp_path / "a",
+                           cuda_arch=70 if target == "cuda" else 80))
     assert report.parallel == "world 2, tp 2, ep 2 (moe_tp 1)"
     manifest = verify_artifact(tmp_path / "a")
     layout = manifest["parallel"]
@@ -52,7 +52,7 @@ def test_split_quantized_artifact_equals_the_unsplit_quantized_graph(tmp_path: P
 
 
 def test_rank_weights_open_with_safetensors_and_hold_the_rank_slices(tmp_path: Path) -> None:
-    compile_model("ernie-4.5-0.3b@tiny", "ascend", tp=2, out=tmp_path / "a")
+    compile_model("ernie-4.5-0.3b@tiny", "ascend", CompileOptions(tp=2, out=tmp_path / "a"))
     graph = load_input("ernie-4.5-0.3b@tiny")
     name = "ernie.layers.1.mlp.down_proj.weight"  # row-parallel: rows cut in halves
     whole = graph.params[name].read()
@@ -67,19 +67,21 @@ def test_rank_weights_open_with_safetensors_and_hold_the_rank_slices(tmp_path: P
 
 def test_compile_refuses_layouts_before_writing(tmp_path: Path) -> None:
     with pytest.raises(ErnieIRError, match="unsupported layout"):
-        compile_model(MOE, "cuda", tp=2, ep=4, out=tmp_path / "x")
+        compile_model(MOE, "cuda", CompileOptions(tp=2, ep=4, out=tmp_path / "x"))
     with pytest.raises(ErnieIRError, match="no routed experts"):
-        compile_model("gpt-345m@tiny", "cuda", ep=2, out=tmp_path / "y")
+        compile_model("gpt-345m@tiny", "cuda", CompileOptions(ep=2, out=tmp_path / "y"))
     with pytest.raises(ErnieIRError, match="QAT is trained on one rank"):
-        compile_model("gpt-345m@tiny", "cuda", quant="qat-int8", mode="training", tp=2, out=tmp_path / "z")
+        compile_model("gpt-345m@tiny", "cuda", CompileOptions(quant="qat-int8", mode="training", tp=2,
+                      out=tmp_path / "z"))
     with pytest.raises(ErnieIRError, match="both set the layout"):
-        compile_model("gpt-345m@tiny", "cuda", pipeline="split{tp=2}", tp=2, out=tmp_path / "w")
+        compile_model("gpt-345m@tiny", "cuda", CompileOptions(pipeline="split{tp=2}", tp=2,
+                      out=tmp_path / "w"))
     assert not any(tmp_path.iterdir())
 
 
 def test_meta_model_compiles_to_a_graph_only_artifact(tmp_path: Path) -> None:
-    report = compile_model("ernie-4.5-300b-a47b@meta", "cuda", quant="wint8mix", lora_rank=8, tp=8,
-                           out=tmp_path / "m")
+    report = compile_model("ernie-4.5-300b-a47b@meta", "cuda", CompileOptions(quant="wint8mix", lora_rank=8,
+                           tp=8, out=tmp_path / "m"))
     assert any("graph-only artifact" in w for w in report.warnings)
     root = tmp_path / "m"
     manifest = verify_artifact(root)
@@ -98,7 +100,7 @@ def test_meta_300b_compiles_with_tp8_pp2_sp(tmp_path: Path) -> None:
     """The seeds' FP8 32K layout (tp 8 x pp 2 with sp) on the whole 300B graph: 16 stage rank
     graphs cut at layer 28 (ERNIEKit's [0, 29, 57] with the embedding counted as a layer)."""
     root = tmp_path / "m"
-    report = compile_model("ernie-4.5-300b-a47b@meta", "cuda", tp=8, sp=True, pp=2, out=root)
+    report = compile_model("ernie-4.5-300b-a47b@meta", "cuda", CompileOptions(tp=8, sp=True, pp=2, out=root))
     assert "pp 2 (layers 0-27, 28-53" in report.parallel
     manifest = verify_artifact(root)
     assert manifest["parallel"]["pp"] == 2 and len(manifest["parallel"]["ranks"]) == 16
@@ -120,7 +122,8 @@ def test_folder_read_with_meta_opens_no_weight_file(tmp_path: Path) -> None:
     write_paddle_checkpoint(folder, cfg)
     for f in folder.glob("*.safetensors"):
         f.write_bytes(b"not safetensors at all")  # --meta must not even open them
-    report = compile_model(str(folder), "ascend", quant="wint8", tp=2, meta=True, out=tmp_path / "m")
+    report = compile_model(str(folder), "ascend", CompileOptions(quant="wint8", tp=2, meta=True,
+                           out=tmp_path / "m"))
     manifest = read_manifest(report.out)
     assert manifest["weights"] is False
     assert list(manifest["source"]["files"]) == ["config.json"]
@@ -130,7 +133,7 @@ def test_folder_read_with_meta_opens_no_weight_file(tmp_path: Path) -> None:
 
 
 def test_verify_refuses_a_file_that_resolves_outside_the_artifact(tmp_path: Path) -> None:
-    compile_model("ernie-4.5-0.3b@tiny", "ascend", out=tmp_path / "a")
+    compile_model("ernie-4.5-0.3b@tiny", "ascend", CompileOptions(out=tmp_path / "a"))
     outside = tmp_path / "elsewhere.ir"
     graph_ir = tmp_path / "a" / "rank0" / "graph.ir"
     outside.write_bytes(graph_ir.read_bytes())  # same bytes, so only the location can give it away

@@ -128,10 +128,10 @@ def test_paddle_layer_agrees_with_the_interpreter(model: str, quant: str, target
 def test_kunlun_artifact_runs_on_the_paddle_backend(tmp_path: Path) -> None:
     pytest.importorskip("paddle")
     from ernie_ir.backends.sessions import run_artifact
-    from ernie_ir.targets import compile_model
+    from ernie_ir.targets import CompileOptions, compile_model
 
     out = tmp_path / "art"
-    compile_model(MOE, "kunlun", quant="wint8", out=out)
+    compile_model(MOE, "kunlun", CompileOptions(quant="wint8", out=out))
     a = run_artifact(out, IDS, "interpreter")
     np.testing.assert_array_equal(a, logits(MOE, "wint8"))
     b = run_artifact(out, IDS, "paddle")

@@ -12,7 +12,7 @@ from _cli_kit import cli, user_error
 from ernie_ir.backends.onnx.session import full_sequence_feeds
 from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir import ErnieIRError
-from ernie_ir.targets import compile_model, verify_artifact
+from ernie_ir.targets import CompileOptions, compile_model, verify_artifact
 from ernie_ir.targets.executables import default_emit, parse_emit
 
 IDS = np.array([[1, 5, 9, 2]], dtype=np.int64)
@@ -44,7 +44,8 @@ def test_bad_names(text: str, message: str) -> None:
 def test_default_artifact_stores_each_weight_once(tmp_path: Path) -> None:
     """cuda sm70 packs every tiny weight, so the FastDeploy checkpoint is written too: it links."""
     out = tmp_path / "a"
-    report = compile_model("ernie-4.5-21b-a3b@tiny", "cuda", quant="wint8mix", cuda_arch=70, out=out)
+    report = compile_model("ernie-4.5-21b-a3b@tiny", "cuda", CompileOptions(quant="wint8mix", cuda_arch=70,
+                           out=out))
     assert report.emit == ["paddle", "fastdeploy"]
     manifest = verify_artifact(out)
     assert manifest["emit"] == ["paddle", "fastdeploy"] and manifest["formats"] == ["fastdeploy"]
@@ -62,8 +63,8 @@ def test_default_artifact_stores_each_weight_once(tmp_path: Path) -> None:
 
 def test_each_asked_executable_is_written(tmp_path: Path) -> None:
     out = tmp_path / "a"
-    report = compile_model("ernie-4.5-0.3b@tiny", "ascend", quant="wint8", out=out,
-                           emit="onnx,paddle-inference")
+    report = compile_model("ernie-4.5-0.3b@tiny", "ascend", CompileOptions(quant="wint8", out=out,
+                           emit="onnx,paddle-inference"))
     manifest = verify_artifact(out)
     assert report.emit == manifest["emit"] == ["onnx", "paddle-inference"]
     assert manifest["backends"] == ["interpreter", "onnxruntime", "paddle"]
@@ -91,7 +92,7 @@ def test_each_asked_executable_is_written(tmp_path: Path) -> None:
 def test_executables_that_cannot_be_made_are_refused(tmp_path: Path, kwargs: dict, message: str) -> None:
     args = {"model": "ernie-4.5-21b-a3b@tiny", "target": "cuda", **kwargs}
     with pytest.raises(ErnieIRError, match=message):
-        compile_model(args.pop("model"), args.pop("target"), out=tmp_path / "a", **args)
+        compile_model(args.pop("model"), args.pop("target"), CompileOptions(out=tmp_path / "a", **args))
     assert not (tmp_path / "a").exists()
 
 
@@ -113,7 +114,7 @@ def test_onnx_keeps_bf16_weights_as_bf16(tmp_path: Path) -> None:
     from onnx import TensorProto
 
     out = tmp_path / "a"
-    compile_model("ernie-4.5-0.3b@tiny", "cuda", out=out, emit="onnx")
+    compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(out=out, emit="onnx"))
     model = onnx.load(str(out / "inference/onnx/model.onnx"), load_external_data=False)
     kinds = {t.name: t.data_type for t in model.graph.initializer}
     assert kinds["ernie.embed_tokens.weight"] == TensorProto.BFLOAT16

@@ -25,11 +25,11 @@ import pytest
 from safetensors import safe_open
 
 from ernie_ir.backends.sessions import run_artifact
+from ernie_ir.formats.fastdeploy import FastDeployError, load_fastdeploy_checkpoint, write_float_checkpoint
 from ernie_ir.frontends import load_model
 from ernie_ir.ops.cuda_layout import unpack
 from ernie_ir.runtime.interpreter import run_graph
-from ernie_ir.targets import compile_model, verify_artifact
-from ernie_ir.targets.fastdeploy import FastDeployError, load_fastdeploy_checkpoint, write_float_checkpoint
+from ernie_ir.targets import CompileOptions, compile_model, verify_artifact
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
 from _parallel_testkit import is_moe_layer, tiny_config, write_paddle_checkpoint
@@ -212,7 +212,7 @@ def check(art: Path, tmp: Path, source_cfg: dict[str, Any], tensors: dict[str, n
 ])
 def test_tiny_models_at_sm70(tmp_path: Path, name: str, quant: str, tp: int, kind: str) -> None:
     art = tmp_path / "art"
-    report = compile_model(name, "cuda", quant=quant, tp=tp, cuda_arch=70, out=art)
+    report = compile_model(name, "cuda", CompileOptions(quant=quant, tp=tp, cuda_arch=70, out=art))
     assert not [w for w in report.warnings if "FastDeploy" in w]
     cfg = check(art, tmp_path, tiny_config(name.split("@")[0]), None, 70, tp)
     q = cfg["quantization_config"]
@@ -233,7 +233,7 @@ def test_checkpoint_folders_at_default_sm80(tmp_path: Path, name: str, overrides
                                              quant: str, tp: int) -> None:
     src, tensors = source_folder(tmp_path, name, overrides)
     art = tmp_path / "art"
-    report = compile_model(str(src), "cuda", quant=quant, tp=tp, out=art)
+    report = compile_model(str(src), "cuda", CompileOptions(quant=quant, tp=tp, out=art))
     assert report.cuda_arch == 80 and not report.fallbacks
     source_cfg = json.loads((src / "config.json").read_text())
     check(art, tmp_path, source_cfg, tensors, 80, tp)
@@ -253,7 +253,7 @@ def test_checkpoint_folders_at_default_sm80(tmp_path: Path, name: str, overrides
 ])
 def test_not_fastdeploy_loadable_is_a_warning_and_no_files(tmp_path: Path, model: str, kwargs: dict[str, Any],
                                                           why: str) -> None:
-    report = compile_model(model, "cuda", out=tmp_path / "a", **kwargs)
+    report = compile_model(model, "cuda", CompileOptions(out=tmp_path / "a", **kwargs))
     said = [w for w in report.warnings if w.startswith("not a FastDeploy checkpoint")]
     assert len(said) == 1 and why in said[0], report.warnings
     assert not (tmp_path / "a" / "config.json").exists()
@@ -267,8 +267,8 @@ def test_not_fastdeploy_loadable_is_a_warning_and_no_files(tmp_path: Path, model
 def test_other_models_targets_and_modes_get_no_fastdeploy_files(tmp_path: Path, model: str, target: str,
                                                                 mode: str) -> None:
     extra: dict[str, Any] = {"lora_rank": 2} if mode == "training" else {}
-    report = compile_model(model, target, quant="wint8", mode=mode, out=tmp_path / "a",
-                           cuda_arch=70, **extra)
+    report = compile_model(model, target, CompileOptions(quant="wint8", mode=mode, out=tmp_path / "a",
+                           cuda_arch=70, **extra))
     assert not [w for w in report.warnings if "FastDeploy" in w]
     assert not (tmp_path / "a" / "config.json").exists()
 

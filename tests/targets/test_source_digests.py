@@ -84,13 +84,13 @@ def test_a_broken_entry_or_an_unwritable_cache_gives_the_digest(reads: list[str]
 def test_a_second_compile_of_a_checkpoint_does_not_hash_it_again(reads: list[str], tmp_path: Path) -> None:
     from parallel._parallel_testkit import tiny_config, write_paddle_checkpoint
 
-    from ernie_ir.targets import compile_model
+    from ernie_ir.targets import CompileOptions, compile_model
 
     ckpt = tmp_path / "ckpt"
     write_paddle_checkpoint(ckpt, tiny_config("ernie-4.5-0.3b"))
-    first = compile_model(str(ckpt), "cuda", quant="wint8", out=tmp_path / "a")
+    first = compile_model(str(ckpt), "cuda", CompileOptions(quant="wint8", out=tmp_path / "a"))
     hashed = len(reads)
-    second = compile_model(str(ckpt), "ascend", quant="wint8", out=tmp_path / "b")
+    second = compile_model(str(ckpt), "ascend", CompileOptions(quant="wint8", out=tmp_path / "b"))
     assert hashed >= 2 and len(reads) == hashed  # every source file came from the cache
     m1 = json.loads((Path(first.out) / "manifest.json").read_text())["source"]["files"]
     m2 = json.loads((Path(second.out) / "manifest.json").read_text())["source"]["files"]

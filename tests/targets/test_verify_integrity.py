@@ -18,7 +18,7 @@ import pytest
 
 from ernie_ir.artifacts import ArtifactError, read_manifest, verify_artifact
 from ernie_ir.cli.app import main
-from ernie_ir.targets import compile_model
+from ernie_ir.targets import CompileOptions, compile_model
 
 MODEL = "ernie-4.5-0.3b@tiny"
 
@@ -26,7 +26,7 @@ MODEL = "ernie-4.5-0.3b@tiny"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("verify") / "art"
-    compile_model(MODEL, "kunlun", out=out)
+    compile_model(MODEL, "kunlun", CompileOptions(out=out))
     return out
 
 

@@ -236,30 +236,34 @@ class SplitPass(Pass):
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         o: SplitOptions = self.options  # type: ignore[assignment]
-        mapping = mapping_for(graph, o.tp, o.ep)
-        _sp(o, mapping)
+        mapping = _layout(graph, o)
         if mapping.is_single:
             return False
         if not 0 <= o.rank < mapping.world_size:
             raise SplitError(f"split: rank {o.rank} is outside the world of {mapping.world_size}")
-        ranked = split_rank(graph, mapping, o.rank, lm_head=o.lm_head, sp=_sp(o, mapping))
+        ranked = split_rank(graph, mapping, o.rank, lm_head=o.lm_head, sp=mapping.sp)
         _replace_contents(graph, ranked)
         return True
 
     def fan_out(self, graph: Graph, ctx: PassContext) -> list[Graph]:
         """Every rank's graph (the global graph is left as it is)."""
         o: SplitOptions = self.options  # type: ignore[assignment]
-        mapping = mapping_for(graph, o.tp, o.ep)
-        _sp(o, mapping)
+        mapping = _layout(graph, o)
         if mapping.is_single:
             return [graph]
-        return split_graph(graph, mapping, lm_head=o.lm_head, sp=_sp(o, mapping))
+        return split_graph(graph, mapping, lm_head=o.lm_head, sp=mapping.sp)
 
 
 def _sp(o: SplitOptions, mapping: Mapping) -> bool:
     if o.sp and mapping.tp < 2:
         raise SplitError(f"split: sequence parallelism (sp) needs tp > 1, got tp {mapping.tp}")
     return o.sp
+
+
+def _layout(graph: Graph, o: SplitOptions) -> Mapping:
+    """The split's Mapping, sequence parallelism included (the rank graphs record it)."""
+    mapping = mapping_for(graph, o.tp, o.ep)
+    return mapping.model_copy(update={"sp": True}) if _sp(o, mapping) else mapping
 
 
 def split_graph(graph: Graph, mapping: Mapping, *, lm_head: str = "split", sp: bool = False) -> list[Graph]:

@@ -27,6 +27,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict
+
 from ernie_ir.ir import ErnieIRError
 
 from ..infra.pipeline import load_pipeline
@@ -146,6 +148,72 @@ def lora_pipeline(lora_rank: int | None, lora_alpha: float | None, lora_targets:
     return [f"lora{{{','.join(opts)}}}"]
 
 
+class QuantChoice(BaseModel):
+    """`--quant` / `--quant-config` / `--calib-data`, resolved once: the canonical preset (or the
+    config file) and the pipeline elements they mean. `parse` refuses what cannot be resolved
+    (QuantFlagError, one line) and returns None for no quantization."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    spelled: str | None = None
+    """--quant as given (an alias, or a preset with its pass's options); None: --quant-config."""
+    preset: str | None = None
+    """The canonical preset name (`resolve_quant_name`); None: --quant-config."""
+    config: Path | None = None
+    calib_data: Path | None = None
+    elements: tuple[str, ...] = ()
+    """The pipeline elements (`quant_pipeline`), quantization before anything else."""
+
+    @classmethod
+    def parse(cls, quant: str | None, quant_config: Path | None = None,
+              calib_data: Path | None = None) -> QuantChoice | None:
+        if quant is not None and quant.strip().lower() in NO_QUANT:
+            quant = None
+        elements = tuple(quant_pipeline(quant, quant_config, calib_data))
+        if quant is None and quant_config is None:
+            return None
+        return cls(spelled=quant, preset=resolve_quant_name(quant) if quant is not None else None,
+                   config=None if quant_config is None else Path(quant_config),
+                   calib_data=None if calib_data is None else Path(calib_data), elements=elements)
+
+    @property
+    def fp8(self) -> bool:
+        """An FP8 preset: it needs a target with FP8 kernels."""
+        return self.preset is not None and self.preset.startswith("fp8")
+
+
+class LoraChoice(BaseModel):
+    """The LoRA flags (`--lora-rank/-alpha/-targets`, `--lora-adapter`, `--merge-lora`), resolved
+    once into their pipeline elements; `parse` returns None when none is given."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int | None = None
+    alpha: float | None = None
+    targets: tuple[str, ...] | None = None
+    adapter: Path | None = None
+    merge: bool = False
+    elements: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, rank: int | None = None, alpha: float | None = None,
+              targets: Sequence[str] | None = None, adapter: Path | None = None,
+              merge: bool = False) -> LoraChoice | None:
+        elements = tuple(lora_pipeline(rank, alpha, targets, adapter, merge))
+        if not elements:
+            return None
+        return cls(rank=rank, alpha=alpha, targets=None if targets is None else tuple(targets),
+                   adapter=None if adapter is None else Path(adapter), merge=merge, elements=elements)
+
+
+def pipeline_text(quant: QuantChoice | None, lora: LoraChoice | None) -> str:
+    """The pipeline text of resolved quantization and LoRA choices ("" for neither): quantization
+    first, then LoRA; with --merge-lora the adapter is folded in first, then quantized."""
+    q = list(quant.elements) if quant is not None else []
+    lo = list(lora.elements) if lora is not None else []
+    return ",".join(lo + q if lora is not None and lora.merge else q + lo)
+
+
 def pipeline_for(quant: str | None, quant_config: Path | None, lora_rank: int | None,
                  lora_alpha: float | None, lora_targets: Sequence[str] | None,
                  lora_adapter: Path | None, merge_lora: bool = False, calib_data: Path | None = None) -> str:
@@ -162,6 +230,5 @@ def pipeline_for(quant: str | None, quant_config: Path | None, lora_rank: int | 
     quant may be a pass preset with its pass's options: `wint2{w4_end_layer=6}`,
     `w4a8c8{calibration_tokens=512,kv_cache=float}` (`config.PASS_PRESETS`).
     """
-    quant_parts = quant_pipeline(quant, quant_config, calib_data)
-    lora_parts = lora_pipeline(lora_rank, lora_alpha, lora_targets, lora_adapter, merge_lora)
-    return ",".join(lora_parts + quant_parts if merge_lora else quant_parts + lora_parts)
+    return pipeline_text(QuantChoice.parse(quant, quant_config, calib_data),
+                         LoraChoice.parse(lora_rank, lora_alpha, lora_targets, lora_adapter, merge_lora))
