@@ -43,7 +43,7 @@ def eval_cmd(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ernie_ir.evaluation import evaluate, evaluate_quantized
+    from ernie_ir.evaluation import Scoring, evaluate, evaluate_quantized
 
     with Progress(TextColumn("tokens"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"),
@@ -61,9 +61,9 @@ def eval_cmd(
 
                 raise EvalError(f"--quant evaluates each preset's artifact with the interpreter: drop "
                                 f"--backend {backend} (or compile it and eval the artifact)")
+            scoring = Scoring(seq_len=seq_len, stride=stride, max_tokens=max_tokens, batch=batch)
             reports = evaluate_quantized(model, data, quants, target=target, calib_data=calib_data,
-                                         compare_to=compare_to, seq_len=seq_len, stride=stride,
-                                         max_tokens=max_tokens, batch=batch, trust_pickle=trust_pickle,
+                                         compare_to=compare_to, scoring=scoring, trust_pickle=trust_pickle,
                                          progress=progress)
         else:
             if calib_data is not None:

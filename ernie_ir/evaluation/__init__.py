@@ -14,8 +14,8 @@ their backends), reads text with the frontends' tokenizers and MODEL arguments w
 from __future__ import annotations
 
 from .corpus import Corpus, EvalError, read_corpus, windows
-from .evaluate import EvalReport, evaluate, evaluate_quantized
+from .evaluate import EvalReport, Scoring, evaluate, evaluate_quantized
 from .statistics import TokenStats, summarize, token_stats
 
-__all__ = ["Corpus", "EvalError", "EvalReport", "TokenStats", "evaluate", "evaluate_quantized", "read_corpus",
-           "summarize", "token_stats", "windows"]
+__all__ = ["Corpus", "EvalError", "EvalReport", "Scoring", "TokenStats", "evaluate", "evaluate_quantized",
+           "read_corpus", "summarize", "token_stats", "windows"]

@@ -134,11 +134,21 @@ def evaluate(model: str | Path, data: str | Path, *, compare_to: str | Path | No
                       seconds=time.perf_counter() - start, figures=summarize(stats))
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How a corpus is scored: windows of `seq_len` tokens every `stride` (None: seq_len), at
+    most `max_tokens` scored (None: all), `batch` windows per call (`evaluate`'s arguments)."""
+
+    seq_len: int = 512
+    stride: int | None = None
+    max_tokens: int | None = None
+    batch: int = 1
+
+
 def evaluate_quantized(model: str | Path, data: str | Path, quants: Sequence[str], *,
                        target: str = "cuda", cuda_arch: int | None = None,
                        calib_data: str | Path | None = None, compare_to: str | Path | None = None,
-                       seq_len: int = 512, stride: int | None = None, max_tokens: int | None = None,
-                       batch: int = 1, trust_pickle: bool = False,
+                       scoring: Scoring = Scoring(), trust_pickle: bool = False,
                        progress: Progress | None = None) -> list[EvalReport]:
     """`evaluate` each quantization of the float `model` against `compare_to` (default: `model`
     itself): per preset (`wint4`, `wint8mix`, `w4a8c8`, `wint2{w4_end_layer=1}`, ...) the artifact
@@ -173,9 +183,9 @@ def evaluate_quantized(model: str | Path, data: str | Path, quants: Sequence[str
             art = compile_model(str(model), target, CompileOptions(quant=q, cuda_arch=cuda_arch,
                                 out=work / f"q{i}", emit="paddle", trust_pickle=trust_pickle,
                                 calib_data=calib if calibrates(q) else None))
-            report = evaluate(art.out, data, compare_to=reference, seq_len=seq_len, stride=stride,
-                              max_tokens=max_tokens, batch=batch, trust_pickle=trust_pickle,
-                              progress=progress)
+            report = evaluate(art.out, data, compare_to=reference, seq_len=scoring.seq_len,
+                              stride=scoring.stride, max_tokens=scoring.max_tokens, batch=scoring.batch,
+                              trust_pickle=trust_pickle, progress=progress)
             reports.append(replace(report, model=str(model), quant=q))
             shutil.rmtree(work / f"q{i}", ignore_errors=True)
     finally:

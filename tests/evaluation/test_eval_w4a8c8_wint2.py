@@ -28,7 +28,7 @@ from _cli_kit import cli, user_error
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
 from _parallel_testkit import tiny_config, write_paddle_checkpoint
 
-from ernie_ir.evaluation import EvalError, evaluate_quantized
+from ernie_ir.evaluation import EvalError, Scoring, evaluate_quantized
 from ernie_ir.ir import ErnieIRError
 
 CFG = {**tiny_config("ernie-4.5-21b-a3b"), "hidden_size": 128, "moe_intermediate_size": 128,
@@ -54,7 +54,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def kl(model: Path, corpus: Path) -> dict[str, float]:
-    reports = evaluate_quantized(model, corpus, QUANTS, seq_len=64, batch=4)
+    reports = evaluate_quantized(model, corpus, QUANTS, scoring=Scoring(seq_len=64, batch=4))
     assert [r.quant for r in reports] == QUANTS
     for r in reports:
         assert r.reference == str(model) and r.model == str(model) and r.tokens_scored == 504
@@ -104,7 +104,8 @@ def test_refusals_are_one_line(model: Path, corpus: Path, capsys: pytest.Capture
     with pytest.raises(ErnieIRError, match="valid options: w4_end_layer, refine"):
         evaluate_quantized(model, corpus, ["wint4", "wint2{bogus=1}"])
     with pytest.raises(ErnieIRError, match="multiples of 128"):  # hidden 80
-        evaluate_quantized("ernie-4.5-21b-a3b@tiny", corpus, ["wint2"], seq_len=32, max_tokens=40)
+        evaluate_quantized("ernie-4.5-21b-a3b@tiny", corpus, ["wint2"],
+                           scoring=Scoring(seq_len=32, max_tokens=40))
     assert "give --quant" in user_error(capsys, "eval", str(model), "--data", str(corpus), "--calib-data",
                                         str(corpus))
     assert "drop --backend onnxruntime" in user_error(capsys, "eval", str(model), "--data", str(corpus),
