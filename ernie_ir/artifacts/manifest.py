@@ -23,6 +23,7 @@ import json
 import os
 import stat
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -295,9 +296,9 @@ def _check_records(root: Path, manifest: dict[str, Any], where: str) -> None:
                                     "recompile the model") from None
             if isinstance(recipe, dict):
                 records += [(k, recipe_name, recipe[k]) for k in ("target", "mode") if k in recipe]
-    for field, source, value in records:
-        if field in manifest and manifest[field] != value:
-            raise ArtifactError(f"{where}: {MANIFEST} says {field} {show(json.dumps(manifest[field]))} "
+    for key, source, value in records:
+        if key in manifest and manifest[key] != value:
+            raise ArtifactError(f"{where}: {MANIFEST} says {key} {show(json.dumps(manifest[key]))} "
                                 f"but {source} records {show(json.dumps(value))}: the manifest was edited "
                                 "(tampered with); recompile the model")
 
@@ -394,27 +395,42 @@ def hash_tree(root: Path, known: dict[str, str] | None = None) -> dict[str, str]
             for name in sorted(entries) if name != MANIFEST}
 
 
-def build_manifest(*, ernie_ir_version: str, source: dict[str, Any], pipeline: str, target: str,
-                   mode: str, weights: bool, mapping: Mapping, kernel_plan: dict[str, Any],
-                   backends: Iterable[str], files: dict[str, str], rank_names: Iterable[str],
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ManifestRecord:
+    """What a compile records of itself in the manifest, beside the files and their hashes."""
+
+    ernie_ir_version: str
+    source: dict[str, Any]
+    pipeline: str
+    target: str
+    mode: str
+    weights: bool
+    mapping: Mapping
+    kernel_plan: dict[str, Any]
+    backends: tuple[str, ...] = ()
+    """Executables written (FORMATS go to "formats", the rest to "backends" after the interpreter)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build_manifest(record: ManifestRecord, files: dict[str, str],
+                   rank_names: Iterable[str]) -> dict[str, Any]:
     """The manifest dict of a compiled artifact (key order is the file's)."""
     kernels: dict[str, int] = {}
-    for entry in kernel_plan.get("kernels", []):
+    for entry in record.kernel_plan.get("kernels", []):
         kernels[entry["kernel"]] = kernels.get(entry["kernel"], 0) + 1
     names = tuple(rank_names)
-    emitted = list(backends)
-    formats = [b for b in emitted if b in FORMATS]
+    mapping = record.mapping
+    formats = [b for b in record.backends if b in FORMATS]
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "ernie_ir_version": ernie_ir_version,
-        "source": source,
-        "pipeline": pipeline,
-        "target": target,
-        **({"cuda_arch": kernel_plan["cuda_arch"]} if "cuda_arch" in kernel_plan else {}),
-        "mode": mode,
-        "weights": weights,
+        "ernie_ir_version": record.ernie_ir_version,
+        "source": record.source,
+        "pipeline": record.pipeline,
+        "target": record.target,
+        **({"cuda_arch": record.kernel_plan["cuda_arch"]} if "cuda_arch" in record.kernel_plan else {}),
+        "mode": record.mode,
+        "weights": record.weights,
         "parallel": {"tp": mapping.tp, "ep": mapping.ep, "world_size": mapping.world_size,
                      "ranks": [f"rank{r}" for r in range(mapping.rank_graphs)],
                      **({"pp": mapping.pp} if mapping.pp > 1 else {}),
@@ -422,9 +438,9 @@ def build_manifest(*, ernie_ir_version: str, source: dict[str, Any], pipeline: s
                         if mapping.dp > 1 else {}),
                      "mapping": mapping.model_dump(mode="json")},
         "kernel_plan": {"kernels": dict(sorted(kernels.items())),
-                        "fallbacks": kernel_plan.get("fallbacks", [])},
-        **(extra or {}),
-        "backends": ["interpreter", *(b for b in emitted if b not in FORMATS)],
+                        "fallbacks": record.kernel_plan.get("fallbacks", [])},
+        **record.extra,
+        "backends": ["interpreter", *(b for b in record.backends if b not in FORMATS)],
         **({"formats": formats} if formats else {}),
         "rank_files": {f"rank{r}": {n: files[f"rank{r}/{n}"] for n in names}
                        for r in range(mapping.rank_graphs)},

@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from ernie_ir.artifacts.manifest import (  # noqa: F401  (re-exported: the names
     FORMATS,
     MANIFEST,
     ArtifactError,
+    ManifestRecord,
     artifact_mapping,
     build_manifest,
     hash_tree,
@@ -211,90 +213,107 @@ def check_out(out: str | os.PathLike[str], force: bool) -> Path:
     return dest
 
 
-def write_artifact(graph: Graph, out: str | os.PathLike[str], *, target: HardwareTarget, mode: str,
-                   pipeline: str, source: dict[str, Any] | Callable[[], dict[str, Any]],
-                   force: bool = False,
-                   extra: dict[str, Any] | None = None,
-                   emitters: dict[str, Callable[[Graph, Path], Any]] | None = None,
-                   progress: Callable[[str, int, int], None] | None = None,
-                   ranks: Sequence[Graph] | None = None, mapping: Mapping | None = None,
-                   tokenizer: Callable[[Path], str | None] | None = None) -> Path:
-    """Write the artifact folder atomically and return its path.
+@dataclass
+class ArtifactContents:
+    """What goes into an artifact besides its global graph (`write_artifact`).
 
     `source`: the manifest's source entry, or a function giving it (called when the manifest is
-    written, last: e.g. a hash of the source computed meanwhile).
-    `ranks`: the rank graphs (default: `[graph]`, one rank) under `mapping` (default: one rank);
-    `graph` is written as the global `graph.ir`, each rank's graph and weights into `rank{r}/`.
+    written, last: e.g. a hash of the source computed meanwhile). `ranks`: the rank graphs
+    (None: the global graph, one rank) under `mapping` (None: one rank). `emitters`: backend
+    name -> fn(graph, executable folder) that writes that backend's files (e.g. "onnxruntime" ->
+    `inference/onnx/`); the manifest's "backends" lists "interpreter" and these names (those in
+    FORMATS, e.g. "fastdeploy", go to "formats" instead), and every file they write is hashed
+    like the others. `tokenizer(root)`: writes the model's tokenizer files under the new
+    artifact's root, after the executables, and returns the folder it used (relative, recorded
+    as the manifest's `"tokenizer"`), or None when there was none. `extra`: more manifest fields.
+    """
 
-    `emitters`: backend name -> fn(graph, executable folder) that writes that backend's files
-    (e.g. "onnxruntime" -> `inference/onnx/`); the manifest's "backends" lists "interpreter"
-    and these names (those in FORMATS, e.g. "fastdeploy", go to "formats" instead), and every
-    file they write is hashed like the others.
+    target: HardwareTarget
+    mode: str
+    pipeline: str
+    source: dict[str, Any] | Callable[[], dict[str, Any]]
+    ranks: Sequence[Graph] | None = None
+    mapping: Mapping | None = None
+    emitters: dict[str, Callable[[Graph, Path], Any]] = field(default_factory=dict)
+    tokenizer: Callable[[Path], str | None] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def write_artifact(graph: Graph, out: str | os.PathLike[str], contents: ArtifactContents, *,
+                   force: bool = False, progress: Callable[[str, int, int], None] | None = None) -> Path:
+    """Write the artifact folder atomically and return its path: `graph` as the global
+    `graph.ir`, each rank's graph and weights into `rank{r}/`, the launch recipe, the
+    executables, the tokenizer and the manifest (`ArtifactContents` says what each is).
     `progress(stage, done, total)` reports weights written and executables emitted.
-    `tokenizer(root)`: writes the model's tokenizer files under the new artifact's root, after the
-    executables, and returns the folder it used (relative, recorded as the manifest's
-    `"tokenizer"`), or None when there was none.
 
     The write holds the destination's lock (ernie_ir.artifacts.publish): a second writer fails
     with one line; `out` is replaced only with `force` and only if it is still an artifact when
     the new one is moved into place.
     """
-    from ernie_ir import __version__
-
     dest = check_out(out, force)
     with artifact_lock(dest, parents=True), _temp_folder(dest, out) as tmp:
-        rank_graphs = list(ranks) if ranks else [graph]
-        layout = mapping if mapping is not None else Mapping.create()
+        rank_graphs = list(contents.ranks) if contents.ranks else [graph]
+        layout = contents.mapping if contents.mapping is not None else Mapping.create()
         if len(rank_graphs) != layout.rank_graphs:
             raise ArtifactError(f"{len(rank_graphs)} rank graphs for a world of {layout.world_size} x "
                                 f"{layout.pp} stage(s)")
         (tmp / "graph.ir").write_text(print_graph(graph), encoding="utf-8")
-        total = sum(1 for g in rank_graphs for p in g.params.values() if p.source is not None)
-        written = 0
-        known: dict[str, str] = {}  # sha256 of the files hashed as they were written
-        has_weights = all(p.source is not None for g in rank_graphs for p in g.params.values())
-        for r, rank_graph in enumerate(rank_graphs):
-            (tmp / f"rank{r}").mkdir()
-            base = written
-
-            def on_tensor(_name: str, done: int, _total: int, base: int = base) -> None:
-                if progress is not None:
-                    progress("weights", base + done, total)
-
-            if has_weights:
-                digests = write_graph_files(rank_graph, tmp / f"rank{r}", on_tensor=on_tensor)
-                _read_back(rank_graph, tmp / f"rank{r}" / WEIGHTS_FILE)
-            else:  # a meta graph: the IR is the artifact (for planning and review), no weights file
-                text = print_graph(rank_graph).encode("utf-8")
-                (tmp / f"rank{r}" / GRAPH_FILE).write_bytes(text)
-                digests = {GRAPH_FILE: hashlib.sha256(text).hexdigest()}
-            for name, digest in digests.items():
-                known[f"rank{r}/{name}"] = digest
-            written += sum(1 for p in rank_graph.params.values() if p.source is not None)
+        known, has_weights = _write_ranks(tmp, rank_graphs, progress)
         test_pause("weights")
-        exe = tmp / mode
+        exe = tmp / contents.mode
         exe.mkdir()
-        recipe = launch_recipe(target, mode, layout.processes)  # dp replicas: dp x world processes
+        recipe = launch_recipe(contents.target, contents.mode, layout.processes)  # dp x world processes
         (exe / "launch.json").write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
         (exe / "launch.sh").write_text(launch_script(recipe), encoding="utf-8")
         (exe / "launch.sh").chmod(0o777 & ~_umask())  # executable, as far as the user's umask allows
-        for i, (backend, emit) in enumerate((emitters or {}).items(), 1):
+        for i, (backend, emit) in enumerate(contents.emitters.items(), 1):
             emit(graph, exe)
             if progress is not None:
-                progress(f"executable {backend}", i, len(emitters or {}))
-        folder = tokenizer(tmp) if tokenizer is not None else None
-        if folder is not None:
-            extra = {**(extra or {}), "tokenizer": folder}
-        manifest = build_manifest(
-            ernie_ir_version=__version__, source=source() if callable(source) else source,
-            pipeline=pipeline, target=target.name, mode=mode, weights=has_weights, mapping=layout,
-            kernel_plan=graph.metadata.get("kernel_plan", {}), backends=list(emitters or {}),
-            files=hash_tree(tmp, known),
-            rank_names=(GRAPH_FILE, WEIGHTS_FILE) if has_weights else (GRAPH_FILE,), extra=extra)
+                progress(f"executable {backend}", i, len(contents.emitters))
+        folder = contents.tokenizer(tmp) if contents.tokenizer is not None else None
+        extra = {**contents.extra, **({"tokenizer": folder} if folder is not None else {})}
+        from ernie_ir import __version__
+
+        source = contents.source() if callable(contents.source) else contents.source
+        record = ManifestRecord(ernie_ir_version=__version__, source=source, pipeline=contents.pipeline,
+                                target=contents.target.name, mode=contents.mode, weights=has_weights,
+                                mapping=layout, kernel_plan=graph.metadata.get("kernel_plan", {}),
+                                backends=tuple(contents.emitters), extra=extra)
+        manifest = build_manifest(record, hash_tree(tmp, known),
+                                  (GRAPH_FILE, WEIGHTS_FILE) if has_weights else (GRAPH_FILE,))
         write_manifest(tmp, manifest)
         test_pause("manifest")
         move_into_place(tmp, dest, force)  # the decision to replace `out` is made here
     return dest
+
+
+def _write_ranks(tmp: Path, rank_graphs: list[Graph],
+                 progress: Callable[[str, int, int], None] | None) -> tuple[dict[str, str], bool]:
+    """Each rank's graph and weights into `tmp/rank{r}/` (a meta graph: its IR alone); returns
+    the sha256 of the files written (hashed as they were written) and whether weights were."""
+    total = sum(1 for g in rank_graphs for p in g.params.values() if p.source is not None)
+    written = 0
+    known: dict[str, str] = {}
+    has_weights = all(p.source is not None for g in rank_graphs for p in g.params.values())
+    for r, rank_graph in enumerate(rank_graphs):
+        (tmp / f"rank{r}").mkdir()
+        base = written
+
+        def on_tensor(_name: str, done: int, _total: int, base: int = base) -> None:
+            if progress is not None:
+                progress("weights", base + done, total)
+
+        if has_weights:
+            digests = write_graph_files(rank_graph, tmp / f"rank{r}", on_tensor=on_tensor)
+            _read_back(rank_graph, tmp / f"rank{r}" / WEIGHTS_FILE)
+        else:  # a meta graph: the IR is the artifact (for planning and review), no weights file
+            text = print_graph(rank_graph).encode("utf-8")
+            (tmp / f"rank{r}" / GRAPH_FILE).write_bytes(text)
+            digests = {GRAPH_FILE: hashlib.sha256(text).hexdigest()}
+        for name, digest in digests.items():
+            known[f"rank{r}/{name}"] = digest
+        written += sum(1 for p in rank_graph.params.values() if p.source is not None)
+    return known, has_weights
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from ernie_ir.passes.parallel.pipeline_stages import (
 )
 from ernie_ir.passes.parallel.split import mapping_for
 from ernie_ir.passes.quant.cli_flags import NO_QUANT, adapter_folder
-from ernie_ir.targets.artifact import check_out, write_artifact
+from ernie_ir.targets.artifact import ArtifactContents, check_out, write_artifact
 from ernie_ir.targets.capabilities import HardwareTarget
 from ernie_ir.targets.coverage import check_coverage
 from ernie_ir.targets.executables import backend_of, check_emit, default_emit, select_emitters
@@ -330,10 +330,11 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
     extra = _manifest_extra(before, after, written, numerics, o)
     tokenizer = (_tokenizer_writer(_tokenizer_source(model, trained), "onnxruntime" in emitters,
                                    "fastdeploy" in written, warnings) if emit_names else None)
-    path = write_artifact(ranked.global_graph if len(ranks) > 1 else ranks[0], dest, target=tgt, mode=o.mode,
-                          pipeline=str(resolved), source=source.result, force=o.force, extra=extra,
-                          emitters=emitters, progress=progress, ranks=ranks, mapping=mapping,
-                          tokenizer=tokenizer)
+    contents = ArtifactContents(target=tgt, mode=o.mode, pipeline=str(resolved), source=source.result,
+                                ranks=ranks, mapping=mapping, emitters=emitters, tokenizer=tokenizer,
+                                extra=extra)
+    path = write_artifact(ranked.global_graph if len(ranks) > 1 else ranks[0], dest, contents, force=o.force,
+                          progress=progress)
     plan = ranks[0].metadata.get("kernel_plan", {})
     return CompileReport(**common, out=str(path), params_after=after,
                          kernel_plan=list(plan.get("kernels", [])), fallbacks=list(plan.get("fallbacks", [])),

@@ -33,7 +33,7 @@ from ernie_ir.targets import (
     load_artifact,
     verify_artifact,
 )
-from ernie_ir.targets.artifact import write_artifact
+from ernie_ir.targets.artifact import ArtifactContents, write_artifact
 from ernie_ir.targets.cuda.packing import pack
 from ernie_ir.targets.registry import get_target
 
@@ -209,8 +209,8 @@ def test_failure_mid_write_leaves_nothing(tmp_path: Path, existing: bool) -> Non
 
     p.source.__class__ = Failing
     with pytest.raises(_Boom):
-        write_artifact(g, out, target=get_target("kunlun"), mode="inference", pipeline="x",
-                       source={"model": DENSE}, force=True)
+        write_artifact(g, out, ArtifactContents(target=get_target("kunlun"), mode="inference", pipeline="x",
+                                                source={"model": DENSE}), force=True)
     assert sorted(x.name for x in tmp_path.iterdir()) == (["a"] if existing else [])
     if existing:
         assert verify_artifact(out) == before
