@@ -24,7 +24,7 @@ from ernie_ir.targets.artifact import (
 )
 from ernie_ir.targets.capabilities import ArchOption, FusedMoE, HardwareTarget, WeightOnlyKernel
 from ernie_ir.targets.compile import CompileReport, compile_model
-from ernie_ir.targets.options import CompileOptions, Layout
+from ernie_ir.targets.options import CompileOptions, ParallelLayout
 from ernie_ir.targets.registry import TARGETS, TargetError, all_targets, get_target
 from ernie_ir.targets.rules import LegalizationRules, Legalizing
 
@@ -36,9 +36,9 @@ __all__ = [
     "CompileReport",
     "FusedMoE",
     "HardwareTarget",
-    "Layout",
     "LegalizationRules",
     "Legalizing",
+    "ParallelLayout",
     "TargetError",
     "WeightOnlyKernel",
     "all_targets",

@@ -33,7 +33,13 @@ from ernie_ir.targets.artifact import ArtifactContents, check_out, write_artifac
 from ernie_ir.targets.capabilities import HardwareTarget
 from ernie_ir.targets.coverage import check_coverage
 from ernie_ir.targets.executables import backend_of, check_emit, default_emit, select_emitters
-from ernie_ir.targets.options import DEFAULT_ONNX_NUMERICS, MODES, ONNX_NUMERICS, CompileOptions, Layout
+from ernie_ir.targets.options import (
+    DEFAULT_ONNX_NUMERICS,
+    MODES,
+    ONNX_NUMERICS,
+    CompileOptions,
+    ParallelLayout,
+)
 from ernie_ir.targets.registry import TargetError, all_targets, get_target
 
 __all__ = ["DEFAULT_ONNX_NUMERICS", "MODES", "ONNX_NUMERICS", "CompileOptions", "CompileReport",
@@ -202,7 +208,7 @@ def check_target_options(tgt: HardwareTarget, options: CompileOptions) -> int | 
 
 
 def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_text: str,
-                     pipeline: str | None, layout: Layout) -> tuple[Pipeline, Mapping]:
+                     pipeline: str | None, layout: ParallelLayout) -> tuple[Pipeline, Mapping]:
     """The pipeline compile runs on `graph` and the layout it makes: the user's `pipeline`, then
     `quant_text` (quantization and LoRA: `CompileOptions.quant_text`), then `split{tp,ep,sp}`
     when the layout splits, then the target's legalization, then `pipeline-stages{pp}` when the

@@ -5,7 +5,7 @@
 
 `CompileOptions` is built by the CLI or by a caller of the API and passed down whole:
 quantization and LoRA are resolved choices (`QuantChoice`, `LoraChoice`: the canonical preset
-and the pipeline elements it means, never a name to look up again), the layout is a `Layout`
+and the pipeline elements it means, never a name to look up again), the layout is a `ParallelLayout`
 (tp, ep, sp, pp, micro-batches, dp, sharding) checked once. Flat keyword arguments (`quant`,
 `quant_config`, `calib_data`, `lora_rank`, ..., `tp`, `ep`, ...) are accepted and grouped into
 those objects, so the CLI's flags and the API's arguments read alike. Every refusal is an
@@ -39,7 +39,7 @@ _LORA_KEYS = {"lora_rank": "rank", "lora_alpha": "alpha", "lora_targets": "targe
 _LAYOUT_KEYS = ("tp", "ep", "sp", "pp", "micro_batches", "dp", "sharding")
 
 
-class Layout(BaseModel):
+class ParallelLayout(BaseModel):
     """The parallel layout asked for: the model-parallel degrees (`tp`, `ep`, `sp`), pipeline
     stages (`pp`, `micro_batches`) and data-parallel replicas (`dp`, `sharding`). The model's own
     limits (heads, experts, layers) are checked when the Mapping is made from the graph; which
@@ -108,7 +108,7 @@ class CompileOptions(BaseModel):
     """The user's pipeline (text or a YAML file), run before quantization and LoRA."""
     quant: QuantChoice | None = None
     lora: LoraChoice | None = None
-    layout: Layout = Layout()
+    layout: ParallelLayout = ParallelLayout()
     cuda_arch: int | None = None
     """The value of the target's arch option (cuda: --cuda-arch); None: its default."""
     emit: tuple[str, ...] | None = None
@@ -143,7 +143,7 @@ class CompileOptions(BaseModel):
             data["lora"] = LoraChoice.parse(**lora)
         layout = {k: data.pop(k) for k in _LAYOUT_KEYS if k in data}
         if layout:
-            data["layout"] = Layout(**layout)
+            data["layout"] = ParallelLayout(**layout)
         if isinstance(data.get("emit"), str | Sequence) and data.get("emit") is not None:
             from ernie_ir.targets.executables import parse_emit
 
