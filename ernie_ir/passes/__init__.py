@@ -10,7 +10,8 @@
 - `lora/`: inserting, importing and merging LoRA adapters.
 - `fusion/`: bias, q/k/v, gate/up and parallel-block fusion, and the
   projection model and lazy weight views they share.
-- `parallel/`: `split`, the global graph into rank graphs.
+- `parallel/`: `split`, the global graph into rank graphs; `pipeline-stages`, every rank
+  graph into pipeline stages; the `rank_varying` analysis.
 - `builtin`: imports every pass module above (each registers itself); the
   registry runs it on its first lookup.
 

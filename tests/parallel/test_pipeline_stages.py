@@ -21,7 +21,6 @@ import re
 import numpy as np
 import pytest
 
-from ernie_ir.backends.paddle.layer import rank_varying
 from ernie_ir.ir import Graph
 from ernie_ir.ir.mapping import PIPELINE_STAGE, Mapping, stage_info
 from ernie_ir.ir.storage import clone_graph
@@ -37,6 +36,7 @@ from ernie_ir.passes.parallel.pipeline_stages import (
     pipeline_ranks,
     stage_bounds,
 )
+from ernie_ir.passes.parallel.rank_varying import rank_varying
 from ernie_ir.passes.parallel.split import mapping_for, split_graph
 from ernie_ir.runtime import Interpreter
 from ernie_ir.runtime.spmd import run_pipeline_spmd, run_spmd
@@ -145,7 +145,7 @@ def test_tensor_parallel_ranks_cut_into_stages(name: str, sp: bool) -> None:
     graph = load_input(f"{name}@tiny")
     ranks = split_graph(graph, mapping_for(graph, 2, 1), sp=sp)
     ref = run_spmd(ranks, {"input_ids": IDS})
-    stages, bounds = pipeline_ranks(ranks, 2, rank_varying)
+    stages, bounds = pipeline_ranks(ranks, 2)
     assert bounds == stage_bounds(ranks[0], 2)
     assert len(stages) == 2 * len(ranks)
     for g in stages:

@@ -47,10 +47,11 @@ from ernie_ir.backends.paddle.paddle_import import (
 )
 from ernie_ir.backends.paddle.paddle_import import require_paddle
 from ernie_ir.ir import DType, ErnieIRError, Graph, Node, OpDef, Param, Value
-from ernie_ir.ir.mapping import SHARD, stage_info
+from ernie_ir.ir.mapping import SHARD
 from ernie_ir.ops.cuda_layout import pack, packable, unpack
 from ernie_ir.ops.quant_numerics import FP8_MAX
 from ernie_ir.ops.rope import rope_angles
+from ernie_ir.passes.parallel.rank_varying import COLLECTIVE_OPS, rank_varying
 
 
 class PaddleEmitError(ErnieIRError):
@@ -329,31 +330,6 @@ def collective_functions(op: str, world: int) -> dict[str, Any]:
     _COLLECTIVES.update(all_reduce=AllReduceSum, all_gather=AllGather, copy_to_parallel=CopyToParallel,
                         reduce_scatter=ReduceScatter, all_gather_sequence=AllGatherSequence)
     return _COLLECTIVES
-
-
-COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather", "all_gather_sequence"})
-RANK_OPS = frozenset({"vocab_parallel_embedding", "moe_local_experts", "reduce_scatter", "scatter_sequence"})
-"""Ops whose outputs differ per rank even from replicated inputs (their attrs or their rank's shard)."""
-
-
-def rank_varying(graph: Graph) -> set[int]:
-    """ids of the values of a rank graph that differ between ranks: read from a sharded param
-    (`shard` annotation), produced by a rank-dependent op, or computed from such a value;
-    collectives make their outputs replicated again. A pipeline stage's inputs are as the
-    whole rank graph had them (`rank_varying_inputs` of its pipeline metadata)."""
-    varying: set[int] = set()
-    info = stage_info(graph.metadata)
-    if info is not None:
-        named = set(info.get("rank_varying_inputs", []))
-        varying.update(id(v) for v in graph.inputs if v.name in named)
-    for node in graph:
-        if node.op in COLLECTIVE_OPS:
-            continue
-        if node.op in RANK_OPS or any(
-                v is not None and (id(v) in varying or (isinstance(v, Param) and SHARD in v.annotations))
-                for v in node.inputs):
-            varying.update(id(o) for o in node.outputs)
-    return varying
 
 
 @_op("linear")

@@ -20,6 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -56,20 +57,29 @@ GraphEvaluator = Callable[[Graph], GraphRunner]
 `runtime`, so the caller supplies it: `compile_model`, the CLI and the golden harness pass
 `ernie_ir.runtime.Interpreter` (the class itself fits)."""
 
+AdapterReader = Callable[[Path], Any]
+"""What reads a LoRA adapter folder for `lora-import`: folder -> `ernie_ir.passes.lora.adapter.
+LoraAdapter` (typed loosely here: `infra` imports no pass family). Passes never read a checkpoint
+format, so the caller supplies it: `compile_model`, the CLI, the planner, `export` and the golden
+harness pass `ernie_ir.formats.paddleformers_adapter.read_adapter`."""
+
 
 @dataclass
 class PassContext:
-    """What a running pass may use besides the graph: statistics, diagnostics, an evaluator.
+    """What a running pass may use besides the graph: statistics, diagnostics, an evaluator, an
+    adapter reader.
 
     `count(key)` feeds the rewrite-count instrument; `warn(msg)` collects
     warnings that the CLI prints (the library itself never prints);
-    `evaluator` (None unless the caller of the pipeline gives one) runs a graph.
+    `evaluator` (None unless the caller of the pipeline gives one) runs a graph;
+    `adapter_reader` (likewise) reads a LoRA adapter folder for `lora-import`.
     """
 
     stats: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     debug: bool = True
     evaluator: GraphEvaluator | None = None
+    adapter_reader: AdapterReader | None = None
 
     def count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n
@@ -109,8 +119,10 @@ class Pass(ABC):
             ) from None
 
     fans_out: ClassVar[bool] = False
-    """A pass that turns one graph into several (the split into rank graphs): the pass manager's
-    `run_ranks` calls `fan_out` and runs every later pass on each of the graphs it returns."""
+    """A pass that turns one graph into several (the split into rank graphs, the pipeline cut into
+    stage graphs): the pass manager's `run_ranks` calls `fan_out_ranks` with every graph it holds
+    (the one graph, or the graphs an earlier fan-out pass made) and runs every later pass on each
+    of the graphs it returns."""
 
     @abstractmethod
     def run(self, graph: Graph, ctx: PassContext) -> bool:
@@ -120,6 +132,13 @@ class Pass(ABC):
         """The graphs this pass makes of `graph` (default: `graph` itself, run in place)."""
         self.run(graph, ctx)
         return [graph]
+
+    def fan_out_ranks(self, graphs: list[Graph], ctx: PassContext) -> list[Graph]:
+        """The graphs this pass makes of `graphs` (one graph, or the rank graphs an earlier
+        fan-out pass made, in rank order); default: each graph's `fan_out`, in order. A pass
+        that must see every rank graph at once (the pipeline cut, which balances its stages on
+        rank 0 and orders its graphs stage-major) overrides it."""
+        return [out for graph in graphs for out in self.fan_out(graph, ctx)]
 
     def spec(self) -> str:
         """This pass and its non-default options, in pipeline syntax."""

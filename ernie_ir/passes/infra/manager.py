@@ -28,7 +28,7 @@ from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.verifier import verify_problems
 
-from .base import GraphEvaluator, Pass, PassContext, graph_properties, set_graph_properties
+from .base import AdapterReader, GraphEvaluator, Pass, PassContext, graph_properties, set_graph_properties
 from .instruments import PassInstrument, PassTimes
 from .pipeline import Pipeline, load_pipeline
 from .pipeline_syntax import PipelineError
@@ -57,13 +57,15 @@ def _fingerprint(graph: Graph) -> str:
 class PassManager:
     def __init__(self, pipeline: Pipeline, *, instruments: Sequence[PassInstrument] = (),
                  debug: bool = True, disabled_passes: Iterable[str] = (),
-                 stop_after: str | int | None = None, evaluator: GraphEvaluator | None = None) -> None:
+                 stop_after: str | int | None = None, evaluator: GraphEvaluator | None = None,
+                 adapter_reader: AdapterReader | None = None) -> None:
         disabled = list(disabled_passes)
         self._cut = bool(disabled) or stop_after is not None
         self.pipeline = pipeline.restricted(disabled, stop_after) if self._cut else pipeline
         self.instruments = list(instruments)
         self.debug = debug
         self.evaluator = evaluator  # handed to every pass's context (see PassContext)
+        self.adapter_reader = adapter_reader  # likewise
 
     def _enter(self, graph: Graph) -> None:
         if self._cut:  # a cut pipeline may lose a pass that a later one requires
@@ -84,15 +86,16 @@ class PassManager:
         return result
 
     def run_ranks(self, graph: Graph) -> RankedResult:
-        """Run the pipeline, fanning out at a fan-out pass (the split): the passes before it
-        rewrite `graph`, the ones after it rewrite each of the graphs it made."""
+        """Run the pipeline, fanning out at each fan-out pass (the split, then the pipeline cut):
+        the passes before the first rewrite `graph`, the ones after it rewrite each of the graphs
+        it made, and a later fan-out pass turns all of those into its own graphs."""
         result = PipelineResult(changed=False)
         self._enter(graph)
         ran: list[str] = []
         graphs = [graph]
         for index, p in enumerate(self.pipeline.passes, 1):
-            if p.fans_out and len(graphs) == 1:
-                graphs = self._fan_out(index, p, graph, ran, result)
+            if p.fans_out:
+                graphs = self._fan_out(index, p, graphs, ran, result)
                 continue
             for i, g in enumerate(graphs):  # ranks after the first report only new warnings
                 scratch = result if i == 0 else PipelineResult(changed=False)
@@ -145,23 +148,29 @@ class PassManager:
         if ctx.stats:
             result.stats[f"{index}:{p.name}"] = dict(ctx.stats)
 
-    def _fan_out(self, index: int, p: Pass, graph: Graph, ran: list[str],
+    def _fan_out(self, index: int, p: Pass, graphs: list[Graph], ran: list[str],
                  result: PipelineResult) -> list[Graph]:
-        self._check_requires(p, graph)
-        times = PassTimes(instrument_seconds=self._before(index, p, graph))
-        ctx = PassContext(debug=self.debug, evaluator=self.evaluator)
-        t0 = time.perf_counter()
-        graphs = p.fan_out(graph, ctx)
-        times.seconds = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        """Run a fan-out pass once over every graph held; instruments see the first graph it
+        made, and each one it made is verified."""
         for g in graphs:
+            self._check_requires(p, g)
+        props = graph_properties(graphs[0])
+        times = PassTimes(instrument_seconds=self._before(index, p, graphs[0]))
+        ctx = PassContext(debug=self.debug, evaluator=self.evaluator, adapter_reader=self.adapter_reader)
+        t0 = time.perf_counter()
+        made = p.fan_out_ranks(list(graphs), ctx)
+        times.seconds = time.perf_counter() - t0
+        if not made:
+            raise PassContractError(f"pass {p.name} made no graph of {len(graphs)} graph(s)")
+        t0 = time.perf_counter()
+        for g in made:
             if self.debug:
                 self._verify(index, p, g, ran)
-            set_graph_properties(g, (graph_properties(graph) - p.invalidates) | p.produces)
+            set_graph_properties(g, (props - p.invalidates) | p.produces)
         times.verify_seconds = time.perf_counter() - t0
         ran.append(p.spec())
-        self._record(index, p, graphs[0], graphs != [graph], ctx, [], result, times)
-        return graphs
+        self._record(index, p, made[0], made != graphs, ctx, [], result, times)
+        return made
 
     def _run_pass(self, index: int, p: Pass, graph: Graph, ran: list[str],
                   result: PipelineResult) -> None:
@@ -170,7 +179,7 @@ class PassManager:
         t0 = time.perf_counter()
         before = _fingerprint(graph) if self.debug else ""
         times.verify_seconds = time.perf_counter() - t0
-        ctx = PassContext(debug=self.debug, evaluator=self.evaluator)
+        ctx = PassContext(debug=self.debug, evaluator=self.evaluator, adapter_reader=self.adapter_reader)
         t0 = time.perf_counter()
         changed = bool(p.run(graph, ctx))
         times.seconds = time.perf_counter() - t0
@@ -191,9 +200,10 @@ class PassManager:
 
 @dataclass
 class RankedResult:
-    """What `run_ranks` made: the global graph as the fan-out pass found it (the input graph,
-    rewritten in place up to there), the graphs after the pipeline (one per rank; `[graph]`
-    without a fan-out pass), and the pipeline result."""
+    """What `run_ranks` made: the global graph as the first fan-out pass found it (the input
+    graph, rewritten in place up to there), the graphs after the pipeline (one per rank, or with
+    the pipeline cut one per stage and rank, stage-major; `[graph]` without a fan-out pass), and
+    the pipeline result."""
 
     global_graph: Graph
     ranks: list[Graph]
@@ -203,23 +213,25 @@ class RankedResult:
 def run_pipeline(graph: Graph, pipeline: Pipeline | str, *,
                  instruments: Sequence[PassInstrument] = (), debug: bool = True,
                  disabled_passes: Iterable[str] = (), stop_after: str | int | None = None,
-                 evaluator: GraphEvaluator | None = None) -> PipelineResult:
+                 evaluator: GraphEvaluator | None = None,
+                 adapter_reader: AdapterReader | None = None) -> PipelineResult:
     """Run a pipeline (object or text) on a graph in place; `disabled_passes` / `stop_after`
-    cut it first (see `Pipeline.restricted`); `evaluator`: see `PassContext`."""
+    cut it first (see `Pipeline.restricted`); `evaluator`, `adapter_reader`: see `PassContext`."""
     if isinstance(pipeline, str):
         pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
     return PassManager(pipeline, instruments=instruments, debug=debug,
                        disabled_passes=disabled_passes, stop_after=stop_after,
-                       evaluator=evaluator).run(graph)
+                       evaluator=evaluator, adapter_reader=adapter_reader).run(graph)
 
 
 def run_pipeline_ranks(graph: Graph, pipeline: Pipeline | str, *,
                        instruments: Sequence[PassInstrument] = (), debug: bool = True,
                        disabled_passes: Iterable[str] = (), stop_after: str | int | None = None,
-                       evaluator: GraphEvaluator | None = None) -> RankedResult:
+                       evaluator: GraphEvaluator | None = None,
+                       adapter_reader: AdapterReader | None = None) -> RankedResult:
     """Run a pipeline that may split the graph into rank graphs (see `PassManager.run_ranks`)."""
     if isinstance(pipeline, str):
         pipeline = load_pipeline(pipeline, initial=graph_properties(graph))
     return PassManager(pipeline, instruments=instruments, debug=debug,
                        disabled_passes=disabled_passes, stop_after=stop_after,
-                       evaluator=evaluator).run_ranks(graph)
+                       evaluator=evaluator, adapter_reader=adapter_reader).run_ranks(graph)

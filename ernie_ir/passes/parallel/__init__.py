@@ -1,1 +1,2 @@
-"""Tensor and expert parallelism: `split`, the global graph into per-rank graphs."""
+"""Parallelism: `split` (tensor/expert/sequence parallel, the global graph into rank graphs),
+`pipeline-stages` (every rank graph into pipeline stages) and the `rank_varying` analysis."""

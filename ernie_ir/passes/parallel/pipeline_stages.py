@@ -11,6 +11,11 @@ input ids) is re-sent at every boundary rather than recomputed: the cut never du
 `stage_bounds` balances the stages by the bytes of the weights each holds (the embedding on the
 first stage, the final norm and lm_head on the last: a tied embedding counts on both), with
 `min_max_partition`, which the memory planner shares with its own (memory) cost.
+
+The pass, `pipeline-stages{pp=N}`, is a fan-out pass: under the pass manager's `run_ranks` it
+takes every rank graph (those `split` made, or the one graph) and returns pp x world stage graphs,
+graph g being stage g // world of rank g % world; `compile --pp N` appends it after the
+target's legalization. Run on one graph (`run`), the graph becomes stage `stage`.
 """
 
 from __future__ import annotations
@@ -21,7 +26,12 @@ from collections.abc import Callable, Sequence
 from copy import deepcopy
 
 from ernie_ir.ir import ErnieIRError, Graph, Node, Param, Value
-from ernie_ir.ir.mapping import PIPELINE_STAGE
+from ernie_ir.ir.mapping import PIPELINE_STAGE, stage_info
+
+from ..infra.base import Pass, PassContext, PassOptions
+from ..infra.registry import register_pass
+from .rank_varying import rank_varying
+from .split import _replace_contents
 
 LAYER = re.compile(r"^(.*?\.layers\.(\d+))(?:\.|$)")
 
@@ -149,16 +159,16 @@ def _needs_grad(graph: Graph) -> set[int]:
     return out
 
 
-def cut_stages(graph: Graph, bounds: Sequence[tuple[int, int]],
-               rank_varying: Callable[[Graph], set[int]] | None = None) -> list[Graph]:
+def cut_stages(graph: Graph, bounds: Sequence[tuple[int, int]], *,
+               tensor_parallel: bool = False) -> list[Graph]:
     """The stage graphs of `graph` for the layer ranges `bounds` (`stage_bounds`). Params are
     shared (each stage graph holds the params its nodes read, with the same sources, no byte
     copied); a frozen param two stages read (a tied embedding) is in both; a trainable one is
     refused (StageError: its two gradients would need summing across the stages).
-    `rank_varying(graph)`: id() of the values that differ between tensor-parallel ranks (the
-    runtime's analysis, which decides where gradients are summed over the ranks); the inputs of
-    a stage it names are recorded (`rank_varying_inputs`), since a stage cannot see that its
-    input was, say, a sequence shard."""
+    `tensor_parallel`: `graph` is one of several rank graphs; the inputs of a stage that differ
+    between its ranks (`rank_varying`, the analysis that decides where gradients are summed over
+    the ranks) are recorded (`rank_varying_inputs`), since a stage cannot see that its input
+    was, say, a sequence shard."""
     pp = len(bounds)
     node_stage, defined = _node_stages(graph, bounds)
     last_use: dict[int, int] = {}
@@ -177,7 +187,7 @@ def cut_stages(graph: Graph, bounds: Sequence[tuple[int, int]],
         for v in cross:
             names.setdefault(id(v), f"act{len(names) - len(graph.inputs)}")
     grad = _needs_grad(graph)
-    varying = rank_varying(graph) if rank_varying is not None else set()
+    varying = rank_varying(graph) if tensor_parallel else set()
     readers: dict[str, set[int]] = {}
     for node in graph:
         for v in node.inputs:
@@ -238,10 +248,72 @@ def _copy_param(p: Param) -> Param:
     return copy
 
 
-def pipeline_ranks(ranks: Sequence[Graph], pp: int, rank_varying: Callable[[Graph], set[int]] | None = None
-                   ) -> tuple[list[Graph], tuple[tuple[int, int], ...]]:
+def pipeline_ranks(ranks: Sequence[Graph], pp: int) -> tuple[list[Graph], tuple[tuple[int, int], ...]]:
     """Every model-parallel rank graph cut into `pp` stages at the same layer boundaries (those
     `stage_bounds` balances on rank 0): graph g = stage g // len(ranks) of rank g % len(ranks)."""
+    _check_uncut(ranks)
     bounds = stage_bounds(ranks[0], pp)
-    cut = [cut_stages(r, bounds, rank_varying if len(ranks) > 1 else None) for r in ranks]
+    cut = [cut_stages(r, bounds, tensor_parallel=len(ranks) > 1) for r in ranks]
     return [cut[r][s] for s in range(pp) for r in range(len(ranks))], bounds
+
+
+def _check_uncut(ranks: Sequence[Graph]) -> None:
+    for r in ranks:
+        info = stage_info(r.metadata)
+        if info is not None:
+            raise StageError(f"{r.name}: the graph is already pipeline stage {info.get('stage')} of "
+                             f"{info.get('pp')}: cut the whole rank graphs once (one pipeline-stages)")
+
+
+def pipeline_bounds(graph: Graph) -> tuple[tuple[int, int], ...] | None:
+    """The layer ranges of every stage, read from a stage graph's metadata (what the cut
+    recorded, for the layout: `Mapping.with_pipeline`); None for a graph that is not a stage."""
+    info = stage_info(graph.metadata)
+    if info is None:
+        return None
+    return tuple((int(a), int(b)) for a, b in info["stages"])
+
+
+class PipelineStagesOptions(PassOptions):
+    pp: int = 1
+    """Pipeline stages: each rank graph is cut into `pp` at decoder-layer boundaries."""
+    stage: int = 0
+    """Which stage's graph the pass leaves in place when run on one graph (`compile` keeps every
+    stage of every rank)."""
+
+
+@register_pass
+class PipelineStagesPass(Pass):
+    """Cut every rank graph into pipeline stages; run on one graph, it becomes stage `stage`."""
+
+    name = "pipeline-stages"
+    description = ("pipeline-parallel cut (pp) at decoder-layer boundaries, after split: the graph "
+                   "becomes one stage's graph; compile --pp writes every stage of every rank")
+    Options = PipelineStagesOptions
+    fans_out = True
+
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
+        o: PipelineStagesOptions = self.options  # type: ignore[assignment]
+        if not 0 <= o.stage < max(o.pp, 1):
+            raise StageError(f"pipeline-stages: stage {o.stage} is outside the {o.pp} stage(s)")
+        stages = self.fan_out_ranks([graph], ctx)
+        if stages == [graph]:
+            return False
+        _replace_contents(graph, stages[o.stage])
+        return True
+
+    def fan_out(self, graph: Graph, ctx: PassContext) -> list[Graph]:
+        """The stage graphs of `graph` (left as it is)."""
+        return self.fan_out_ranks([graph], ctx)
+
+    def fan_out_ranks(self, graphs: list[Graph], ctx: PassContext) -> list[Graph]:
+        """pp x len(graphs) stage graphs, stage-major (`pipeline_ranks`); pp 1: `graphs`."""
+        o: PipelineStagesOptions = self.options  # type: ignore[assignment]
+        _check_uncut(graphs)
+        check_pipeline(o.pp, layer_count(graphs[0]), graphs[0].name or "the model")
+        if o.pp == 1:
+            return list(graphs)
+        stages, _ = pipeline_ranks(graphs, o.pp)
+        ctx.count("stages", o.pp)
+        ctx.count("stage-graphs", len(stages))
+        return stages
