@@ -108,7 +108,9 @@ def _run(app: typer.Typer, argv: list[str] | None) -> None:
         from rich.markup import escape
 
         if _is_user_error(e):
-            one_line = " ".join(str(e).splitlines())  # a name holding a newline must not split the line
+            # the error's own fields (flag, value, problem, fix) as one line; a name holding a
+            # newline must not split it
+            one_line = " ".join((e.one_line() if hasattr(e, "one_line") else str(e)).splitlines())
             err.print(f"[bold red]error:[/] {escape(one_line)}", markup=True)
             sys.exit(2)
         usage = _usage_error(e)

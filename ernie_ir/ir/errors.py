@@ -9,7 +9,27 @@ from __future__ import annotations
 
 
 class ErnieIRError(Exception):
-    """An error caused by the input, with a message that names the problem and the fix."""
+    """An error caused by the input, with a message that names the problem and the fix.
+
+    A refusal of one option may carry it as fields: `flag` (as the user typed it, e.g. "--pp"),
+    `value` (what they gave) and `fix` (what to do instead); the message is then the problem
+    alone, and `one_line()` (what the CLI prints, and `str()`) reads
+    "--pp 0: the number of pipeline stages must be an integer >= 1: give --pp 1 or more"."""
+
+    def __init__(self, message: str = "", *args: object, flag: str | None = None, value: object = None,
+                 fix: str | None = None) -> None:
+        self.problem, self.flag, self.value, self.fix = message, flag, value, fix
+        super().__init__(message, *args)
+
+    def one_line(self) -> str:
+        """The error as one line: flag and value, the problem, the fix (where they are given)."""
+        head = None if self.flag is None else f"{self.flag}{'' if self.value is None else f' {self.value}'}"
+        problem = self.problem if self.flag is not None else super().__str__()
+        text = ": ".join(part for part in (head, problem, self.fix) if part)
+        return " ".join(text.splitlines())
+
+    def __str__(self) -> str:
+        return self.one_line() if self.flag is not None or self.fix else super().__str__()
 
 
 class IRParseError(ErnieIRError):

@@ -71,12 +71,14 @@ class ParallelLayout(BaseModel):
         check_degrees(self.tp, self.ep, num_experts=None if self.ep == 1 else 0)
         check_sequence_parallel(self.tp, self.sp)
         if not isinstance(self.pp, int) or self.pp < 1:
-            raise TargetError(f"--pp {self.pp}: the number of pipeline stages must be an integer >= 1")
+            raise TargetError("the number of pipeline stages must be an integer >= 1", flag="--pp",
+                              value=self.pp)
         if self.micro_batches is not None and self.micro_batches < 1:
-            raise TargetError(f"--micro-batches {self.micro_batches}: give an integer >= 1")
+            raise TargetError("", flag="--micro-batches", value=self.micro_batches,
+                              fix="give an integer >= 1")
         if self.pp == 1 and self.micro_batches not in (None, 1):
-            raise TargetError(f"--micro-batches {self.micro_batches} cuts each batch for a pipeline's "
-                              "schedule: it needs --pp 2 or more")
+            raise TargetError("cuts each batch for a pipeline's schedule", flag="--micro-batches",
+                              value=self.micro_batches, fix="it needs --pp 2 or more")
         if self.pp > 1 and self.dp > 1:
             raise TargetError(f"--pp {self.pp} with --dp {self.dp}: data parallelism of a pipelined model "
                               "is not built; drop one of them")
@@ -156,14 +158,15 @@ class CompileOptions(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> CompileOptions:
         if self.mode not in MODES:
-            raise TargetError(f"unknown --mode {self.mode!r}: choose inference or training")
+            raise TargetError(f"unknown --mode {self.mode!r}", fix="choose inference or training")
         lay = self.layout
         if lay.dp != 1 and self.mode != "training":
-            raise TargetError(f"--dp {lay.dp}: data parallelism is a training layout (--mode training); to "
-                              "serve replicas, start several inference engines (drop --dp)")
+            raise TargetError("data parallelism is a training layout (--mode training)", flag="--dp",
+                              value=lay.dp,
+                              fix="to serve replicas, start several inference engines (drop --dp)")
         if lay.sharding is not None and self.mode != "training":
-            raise TargetError(f"--sharding {lay.sharding} shards optimizer states: a training layout "
-                              "(--mode training)")
+            raise TargetError("shards optimizer states: a training layout (--mode training)",
+                              flag="--sharding", value=lay.sharding)
         if lay.pp > 1 and self.emit is not None and "fastdeploy" in self.emit:
             raise TargetError(f"--emit fastdeploy with --pp {lay.pp}: a FastDeploy checkpoint is "
                               "tensor-parallel only; drop --pp (serve with --tp) or drop fastdeploy "
