@@ -233,8 +233,14 @@ def collective_functions(op: str, world: int) -> dict[str, Any]:
             f"{op} over {world} ranks needs {world} paddle.distributed processes, but this process "
             f"runs in a world of {have}: run the artifact with `ernie-ir run ARTIFACT --backend paddle` "
             "(one process per rank) or `--backend interpreter` (SPMD)")
-    if _COLLECTIVES:
-        return _COLLECTIVES
+    if not _COLLECTIVES:
+        _COLLECTIVES.update(_tensor_parallel_layers(paddle, dist))
+        _COLLECTIVES.update(_sequence_parallel_layers(paddle, dist))
+    return _COLLECTIVES
+
+
+def _tensor_parallel_layers(paddle: Any, dist: Any) -> dict[str, Any]:
+    """all_reduce, all_gather and copy_to_parallel ("f") as PyLayers over the model-parallel group."""
     from paddle.autograd import PyLayer
 
     class AllReduceSum(PyLayer):  # type: ignore[misc]
@@ -279,6 +285,14 @@ def collective_functions(op: str, world: int) -> dict[str, Any]:
             g = grad.clone()
             dist.all_reduce(g, group=_MODEL_PARALLEL[0])
             return g
+
+    return {"all_reduce": AllReduceSum, "all_gather": AllGather, "copy_to_parallel": CopyToParallel}
+
+
+def _sequence_parallel_layers(paddle: Any, dist: Any) -> dict[str, Any]:
+    """Sequence parallelism's reduce_scatter and all_gather_sequence as PyLayers over the
+    model-parallel group."""
+    from paddle.autograd import PyLayer
 
     def group_rank() -> int:
         group = _MODEL_PARALLEL[0]
@@ -327,9 +341,7 @@ def collective_functions(op: str, world: int) -> dict[str, Any]:
             n, r = ctx.n, group_rank()
             return grad.reshape([-1, *ctx.rest])[r * n:(r + 1) * n].clone()
 
-    _COLLECTIVES.update(all_reduce=AllReduceSum, all_gather=AllGather, copy_to_parallel=CopyToParallel,
-                        reduce_scatter=ReduceScatter, all_gather_sequence=AllGatherSequence)
-    return _COLLECTIVES
+    return {"reduce_scatter": ReduceScatter, "all_gather_sequence": AllGatherSequence}
 
 
 @_op("linear")
@@ -945,41 +957,53 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
     arch = devices.cuda_arch() if devices.device_kind(dev) == "gpu" and not portable else None
     if device is not None:
         devices.set_device(device)
-    cls = _layer_class()
-    layer = cls()
-    layer.P, layer.F = paddle, paddle.nn.functional
-    layer.track_state = False
-    layer._pending = []
-    layer.graph_name = graph.metadata.get("model", "")
-    parallel = graph.metadata.get("parallel") or {}
-    layer.world_size = int(parallel.get("world_size", 1)) if isinstance(parallel, dict) else 1
-    layer.rank = int(parallel.get("rank", 0)) if isinstance(parallel, dict) else 0
-    sync = grad_sync and layer.world_size > 1
-    varying = rank_varying(graph) if sync else set()
-    synced: dict[int, int] = {}  # value id -> slot of its "f" copy (one per value, shared by readers)
-    slots: dict[Any, int] = {}
+    builder = _LayerBuilder(paddle, graph, grad_sync)
+    for node in graph:
+        builder.lower(node, dev, bool(portable), arch)
+    return builder.finish(dev)
 
-    def slot(v: Value) -> int:
-        return slots.setdefault(id(v), len(slots))
 
-    layer._input_slots = [slot(v) for v in graph.inputs]
-    layer.param_attrs = {}
-    layer.trainable_names = []
-    layer._param_slots = {}
-    layer.kernels = {}
-    layer._device_weights = {}
-    layer._node_consts = {}
-    layer.moe_dense = False  # True: MoE experts run densely (every expert on every token), for checking
-    # deferred per-expert dequantize (not when rank-varying reads go through the "f" function)
-    layer._expert_stacks = set() if sync else {id(n) for n in graph if _feeds_experts_only(n)}
-    consts: dict[int, np.ndarray] = {}  # folded values (unpack_weight of params), by value id
+class _LayerBuilder:
+    """The Layer `build_layer` returns, filled node by node: its params and folded constants, and
+    the program of (op lowering, node, input slots, output slots) its forward runs."""
 
-    def value_array(v: Value) -> np.ndarray | None:
+    def __init__(self, paddle: Any, graph: Graph, grad_sync: bool) -> None:
+        self.paddle, self.graph = paddle, graph
+        layer = self.layer = _layer_class()()
+        layer.P, layer.F = paddle, paddle.nn.functional
+        layer.track_state = False
+        layer._pending = []
+        layer.graph_name = graph.metadata.get("model", "")
+        parallel = graph.metadata.get("parallel") or {}
+        layer.world_size = int(parallel.get("world_size", 1)) if isinstance(parallel, dict) else 1
+        layer.rank = int(parallel.get("rank", 0)) if isinstance(parallel, dict) else 0
+        self.sync = grad_sync and layer.world_size > 1
+        self.varying = rank_varying(graph) if self.sync else set()
+        self.synced: dict[int, int] = {}  # value id -> slot of its "f" copy (one per value, all readers)
+        self.slots: dict[Any, int] = {}
+        layer._input_slots = [self.slot(v) for v in graph.inputs]
+        layer.param_attrs = {}
+        layer.trainable_names = []
+        layer._param_slots = {}
+        layer.kernels = {}
+        layer._device_weights = {}
+        layer._node_consts = {}
+        layer.moe_dense = False  # True: MoE experts run densely (every expert on every token), for checking
+        # deferred per-expert dequantize (not when rank-varying reads go through the "f" function)
+        layer._expert_stacks = set() if self.sync else {id(n) for n in graph if _feeds_experts_only(n)}
+        self.consts: dict[int, np.ndarray] = {}  # folded values (unpack_weight of params), by value id
+        self.program: list[tuple[OpImpl, Node, list[int | None], list[int]]] = []
+
+    def slot(self, v: Value) -> int:
+        return self.slots.setdefault(id(v), len(self.slots))
+
+    def value_array(self, v: Value) -> np.ndarray | None:
         if isinstance(v, Param):
             return np.asarray(v.read())
-        return consts.get(id(v))
+        return self.consts.get(id(v))
 
-    def add_param(p: Param) -> None:
+    def add_param(self, p: Param) -> None:
+        layer, paddle = self.layer, self.paddle
         if p.name in layer.param_attrs:
             return
         attr = f"p{len(layer.param_attrs)}"
@@ -1001,55 +1025,63 @@ def build_layer(graph: Graph, *, device: str | None = None, portable: bool | Non
         else:
             layer.register_buffer(attr, paddle.to_tensor(arr), persistable=True)
         layer.param_attrs[p.name] = attr
-        layer._param_slots[slot(p)] = attr
+        layer._param_slots[self.slot(p)] = attr
 
-    def add_const(v: Value, arr: np.ndarray) -> None:
-        attr = f"c{len(consts)}"
-        consts[id(v)] = arr
-        layer.register_buffer(attr, paddle.to_tensor(arr), persistable=True)
-        layer._param_slots[slot(v)] = attr
+    def add_const(self, v: Value, arr: np.ndarray) -> None:
+        attr = f"c{len(self.consts)}"
+        self.consts[id(v)] = arr
+        self.layer.register_buffer(attr, self.paddle.to_tensor(arr), persistable=True)
+        self.layer._param_slots[self.slot(v)] = attr
 
-    def logical_packed(n: Node) -> np.ndarray:
+    def logical_packed(self, n: Node) -> np.ndarray:
         at = n.attrs
-        packed = np.asarray(value_array(n.inputs[1]))
+        packed = np.asarray(self.value_array(n.inputs[1]))
         rows = packed.shape[0]
         return unpack(packed, at.in_features, rows if at.bits == 8 else 2 * rows, at.bits, at.arch)
 
-    program: list[tuple[OpImpl, Node, list[int | None], list[int]]] = []
-    for node in graph:
+    def lower(self, node: Node, dev: str, portable: bool, arch: int | None) -> None:
+        """Append `node` to the program (a function of params is folded now instead)."""
         if node.op in _FOLDED:  # a function of params: fold it now (int values, stored int8)
-            parts = [value_array(v) for v in node.inputs if v is not None]
+            parts = [self.value_array(v) for v in node.inputs if v is not None]
             if any(x is None for x in parts):
                 raise PaddleEmitError(f"{node.op} at {node.scope}: its inputs must be params")
             res = node.opdef.kernel(parts, node.attrs)[0]
-            add_const(node.outputs[0], np.asarray(res).astype(np.int8))
-            continue
+            self.add_const(node.outputs[0], np.asarray(res).astype(np.int8))
+            return
         for v in node.inputs:
             if isinstance(v, Param):
-                add_param(v)
+                self.add_param(v)
         if node.op in ("weight_only_linear", "weight_only_linear_packed"):
-            _plan_weight_only(layer, paddle, node, dev, bool(portable), arch, logical_packed,
-                              value_array)
-        ins: list[int | None] = [None if v is None else slot(v) for v in node.inputs]
-        if sync and node.op not in COLLECTIVE_OPS and any(id(o) in varying for o in node.outputs):
-            for i, v in enumerate(node.inputs):
-                if (v is None or id(v) in varying or not v.type.dtype.is_float
-                        or (isinstance(v, Param) and (not v.trainable or SHARD in v.annotations))):
-                    continue  # no gradient, or a slice whose gradient this rank holds whole
-                if id(v) not in synced:
-                    synced[id(v)] = slots.setdefault(("f", id(v)), len(slots))
-                    program.append((_copy_to_parallel, node, [slot(v)], [synced[id(v)]]))
-                ins[i] = synced[id(v)]
-        program.append((node.opdef.lower_paddle or OPS[node.op], node, ins, [slot(v) for v in node.outputs]))
-    for v in graph.outputs:
-        if isinstance(v, Param):
-            add_param(v)
-    layer._program = program
-    layer.synced_values = len(synced)
-    layer._output_slots = [slot(v) for v in graph.outputs]
-    layer.output_names = list(graph.output_names)
-    layer.device = dev
-    return layer
+            _plan_weight_only(self.layer, self.paddle, node, dev, portable, arch, self.logical_packed,
+                              self.value_array)
+        ins: list[int | None] = [None if v is None else self.slot(v) for v in node.inputs]
+        if self.sync and node.op not in COLLECTIVE_OPS and any(id(o) in self.varying for o in node.outputs):
+            self._sync_inputs(node, ins)
+        self.program.append((node.opdef.lower_paddle or OPS[node.op], node, ins,
+                             [self.slot(v) for v in node.outputs]))
+
+    def _sync_inputs(self, node: Node, ins: list[int | None]) -> None:
+        """Route the replicated float inputs of a rank-dependent node through the "f" function."""
+        for i, v in enumerate(node.inputs):
+            if (v is None or id(v) in self.varying or not v.type.dtype.is_float
+                    or (isinstance(v, Param) and (not v.trainable or SHARD in v.annotations))):
+                continue  # no gradient, or a slice whose gradient this rank holds whole
+            if id(v) not in self.synced:
+                self.synced[id(v)] = self.slots.setdefault(("f", id(v)), len(self.slots))
+                self.program.append((_copy_to_parallel, node, [self.slot(v)], [self.synced[id(v)]]))
+            ins[i] = self.synced[id(v)]
+
+    def finish(self, dev: str) -> Any:
+        layer = self.layer
+        for v in self.graph.outputs:
+            if isinstance(v, Param):
+                self.add_param(v)
+        layer._program = self.program
+        layer.synced_values = len(self.synced)
+        layer._output_slots = [self.slot(v) for v in self.graph.outputs]
+        layer.output_names = list(self.graph.output_names)
+        layer.device = dev
+        return layer
 
 
 def _feeds_experts_only(n: Node) -> bool:
