@@ -306,7 +306,7 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
     source = hashing.submit(source_info, model, graph, meta=o.meta)
     hashing.shutdown(wait=False)
     before = params_by_dtype(graph)
-    full, mapping = compile_pipeline(graph, tgt, arch, quant_text, o.pipeline, o.layout)
+    full, _ = compile_pipeline(graph, tgt, arch, quant_text, o.pipeline, o.layout)
     resolved, stopped = _restricted(graph, full, o)
     instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
     from ernie_ir.formats.paddleformers_adapter import read_adapter  # lora-import's reader
@@ -323,7 +323,8 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
         after = params_by_dtype(ranks[0]) if len(ranks) == 1 else _rank_params(ranks)
         return CompileReport(**common, out=str(dest), kernel_plan=[], fallbacks=[], stopped=stopped,
                              params_after=after, warnings=list(result.warnings))
-    ranks, mapping = _final_layout(ranks, mapping, o)
+    # the layout as the split made it, carried by the pass context (None: one rank)
+    ranks, mapping = _final_layout(ranks, ranked.mapping or Mapping.create(), o)
     if o.mode == "training":
         from ernie_ir.training.recipe import check_trainable
 
@@ -381,8 +382,6 @@ def _final_layout(ranks: list[Graph], mapping: Mapping, o: CompileOptions) -> tu
     """The rank graphs and the Mapping the artifact records: the pipeline stages the cut
     (`pipeline-stages`) recorded in the stage graphs, data-parallel replicas added."""
     bounds = pipeline_bounds(ranks[0]) if o.layout.pp > 1 else None  # None: the cut was disabled
-    if len(ranks) != mapping.world_size * (len(bounds) if bounds else 1):
-        mapping = Mapping.create()  # the split left one rank (tp = ep = 1)
     if bounds:
         mapping = mapping.with_pipeline(bounds, o.layout.micro_batches or 1)
     if o.layout.dp > 1:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ernie_ir.ir import Graph
+from ernie_ir.ir.mapping import Mapping as ParallelMapping
 
 from .pipeline_syntax import PipelineError, format_pass_spec
 
@@ -72,7 +73,10 @@ class PassContext:
     `count(key)` feeds the rewrite-count instrument; `warn(msg)` collects
     warnings that the CLI prints (the library itself never prints);
     `evaluator` (None unless the caller of the pipeline gives one) runs a graph;
-    `adapter_reader` (likewise) reads a LoRA adapter folder for `lora-import`.
+    `adapter_reader` (likewise) reads a LoRA adapter folder for `lora-import`;
+    `mapping`: the parallel layout the graphs are laid out by, once a fan-out pass made rank
+    graphs (the split sets it; None before, and for one rank), carried to every later pass and
+    to the caller (`RankedResult.mapping`), so nobody derives it again.
     """
 
     stats: dict[str, int] = field(default_factory=dict)
@@ -80,6 +84,7 @@ class PassContext:
     debug: bool = True
     evaluator: GraphEvaluator | None = None
     adapter_reader: AdapterReader | None = None
+    mapping: ParallelMapping | None = None
 
     def count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n

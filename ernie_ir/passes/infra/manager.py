@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.ir.mapping import Mapping as ParallelMapping
 from ernie_ir.ir.printer import print_graph
 from ernie_ir.ir.verifier import verify_problems
 
@@ -66,6 +67,7 @@ class PassManager:
         self.debug = debug
         self.evaluator = evaluator  # handed to every pass's context (see PassContext)
         self.adapter_reader = adapter_reader  # likewise
+        self.mapping: ParallelMapping | None = None  # set by a fan-out pass (the split)
 
     def _enter(self, graph: Graph) -> None:
         if self._cut:  # a cut pipeline may lose a pass that a later one requires
@@ -103,7 +105,7 @@ class PassManager:
                 result.warnings.extend(w for w in scratch.warnings if w not in result.warnings)
         for inst in self.instruments:
             inst.exit_pipeline(graphs[0])
-        return RankedResult(graph, graphs, result)
+        return RankedResult(graph, graphs, result, self.mapping)
 
     def _before(self, index: int, p: Pass, graph: Graph) -> float:
         """Run the instruments' before hooks; the seconds they took."""
@@ -156,9 +158,10 @@ class PassManager:
             self._check_requires(p, g)
         props = graph_properties(graphs[0])
         times = PassTimes(instrument_seconds=self._before(index, p, graphs[0]))
-        ctx = PassContext(debug=self.debug, evaluator=self.evaluator, adapter_reader=self.adapter_reader)
+        ctx = self._context()
         t0 = time.perf_counter()
         made = p.fan_out_ranks(list(graphs), ctx)
+        self.mapping = ctx.mapping
         times.seconds = time.perf_counter() - t0
         if not made:
             raise PassContractError(f"pass {p.name} made no graph of {len(graphs)} graph(s)")
@@ -172,6 +175,10 @@ class PassManager:
         self._record(index, p, made[0], made != graphs, ctx, [], result, times)
         return made
 
+    def _context(self) -> PassContext:
+        return PassContext(debug=self.debug, evaluator=self.evaluator, adapter_reader=self.adapter_reader,
+                           mapping=self.mapping)
+
     def _run_pass(self, index: int, p: Pass, graph: Graph, ran: list[str],
                   result: PipelineResult) -> None:
         self._check_requires(p, graph)
@@ -179,7 +186,7 @@ class PassManager:
         t0 = time.perf_counter()
         before = _fingerprint(graph) if self.debug else ""
         times.verify_seconds = time.perf_counter() - t0
-        ctx = PassContext(debug=self.debug, evaluator=self.evaluator, adapter_reader=self.adapter_reader)
+        ctx = self._context()
         t0 = time.perf_counter()
         changed = bool(p.run(graph, ctx))
         times.seconds = time.perf_counter() - t0
@@ -208,6 +215,8 @@ class RankedResult:
     global_graph: Graph
     ranks: list[Graph]
     result: PipelineResult
+    mapping: ParallelMapping | None = None
+    """The layout of `ranks` as the split made it (pass context's `mapping`); None: one rank."""
 
 
 def run_pipeline(graph: Graph, pipeline: Pipeline | str, *,

@@ -251,6 +251,7 @@ class SplitPass(Pass):
         mapping = _layout(graph, o)
         if mapping.is_single:
             return [graph]
+        ctx.mapping = mapping  # the later passes and the caller read the layout from the context
         return split_graph(graph, mapping, lm_head=o.lm_head, sp=mapping.sp)
 
 
