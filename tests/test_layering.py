@@ -24,6 +24,8 @@ DOC = ROOT / "docs" / "architecture.md"
 # Layer (a top-level module or subpackage of ernie_ir) -> the layers it may import. A layer
 # always imports itself. Transitively closed on purpose: a layer lists what it may use directly.
 LAYERS: dict[str, frozenset[str]] = {
+    # types, graph, op registry, text format, verifier, graph folders, the quantization spec
+    # (QuantConfig as plain data)
     "ir": frozenset(),
     "ops": frozenset({"ir"}),
     # the artifact format (manifest schema, reading, verifying, writing): lands from another
@@ -36,8 +38,9 @@ LAYERS: dict[str, frozenset[str]] = {
     # other tools' file formats, each read and written in one module (onnxruntime-genai's config,
     # FastDeploy's checkpoint, paddleformers' adapter folder)
     "formats": frozenset({"ir", "ops", "artifacts", "passes"}),
-    # each executable kind's lowering, writing and running (interpreter, onnx, paddle), opened
-    # through one `open_backend`; target facts reach them as data, never as a target import
+    # each executable kind's lowering, writing and running (interpreter, onnx, paddle; fastdeploy
+    # only writes), opened through one `open_backend`; target facts reach them as data, never as a
+    # target import
     "backends": frozenset({"ir", "ops", "artifacts", "passes", "runtime", "formats"}),
     # training: options, loop, checkpoints, data/vocabulary parallelism, its launcher and rank worker
     "training": frozenset({"ir", "ops", "artifacts", "passes", "runtime", "formats", "backends"}),
@@ -60,7 +63,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "evaluation": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "formats",
                              "backends", "load", "targets", "generation"}),
     # fine-tuning data and files: SFT text tokenized with the frontends' tokenizers for runtime's
-    # training loop, trained LoRA adapters written in paddleformers' format (the lora passes')
+    # training loop, trained LoRA adapters written in paddleformers' format (formats')
     "finetune": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "formats", "backends",
                            "training", "load"}),
     "cli": frozenset({"ir", "ops", "artifacts", "passes", "frontends", "runtime", "formats", "backends",
@@ -286,6 +289,15 @@ def test_nothing_imports_cli_and_only_cli_imports_testing_and_planning() -> None
     assert all("cli" not in allowed for layer, allowed in LAYERS.items() if layer != "cli")
     assert [layer for layer, allowed in LAYERS.items() if "testing" in allowed] == ["cli"]
     assert [layer for layer, allowed in LAYERS.items() if "planning" in allowed] == ["cli"]
+
+
+def test_passes_never_know_a_file_format() -> None:
+    """DESIGN: passes never know a checkpoint format. They import neither `frontends` nor
+    `formats`; `lora-import` reads its adapter through the reader its caller gives it."""
+    assert not {"formats", "frontends"} & LAYERS["passes"]
+    found = [e.where for e in all_imports(PACKAGE) if e.layers()[0] == "passes"
+             and e.layers()[1] in ("formats", "frontends")]
+    assert found == []
 
 
 def test_the_layer_table_has_no_cycle() -> None:

@@ -114,7 +114,7 @@ def select_emitters(emit: Sequence[str], *, explicit: bool, target: HardwareTarg
     one that does not apply (e.g. fastdeploy for GPT) is left out, with a warning where the
     model nearly qualified. `kv_cache_dtype`: the element type of the ONNX decoder's KV cache
     (None: the attention's key dtype)."""
-    from ernie_ir.targets.fastdeploy import fastdeploy_emitters
+    from ernie_ir.backends.fastdeploy import NOT_A_CHECKPOINT, fastdeploy_emitters
 
     first = ranks[0]
     emitters: dict[str, Emitter] = {}
@@ -125,10 +125,12 @@ def select_emitters(emit: Sequence[str], *, explicit: bool, target: HardwareTarg
     elif "paddle" in emit:
         emitters["paddle"] = _paddle_emitter(target, mode, mapping)
     if "fastdeploy" in emit:
-        found = fastdeploy_emitters(target, mode, model, ranks, mapping, arch, warnings)
+        # the target's part is decided here; the backend gets plain values
+        found = (fastdeploy_emitters(mode, model, ranks, mapping, arch, warnings)
+                 if "fastdeploy" in target.executables else {})
         if not found and explicit:
-            why = next((w.removeprefix("not a FastDeploy checkpoint: ") for w in reversed(warnings)
-                        if w.startswith("not a FastDeploy")), None)
+            why = next((w.removeprefix(NOT_A_CHECKPOINT) for w in reversed(warnings)
+                        if w.startswith(NOT_A_CHECKPOINT)), None)
             raise TargetError(f"--emit fastdeploy: {why}" if why else
                               f"--emit fastdeploy: {model} is not an ERNIE 4.5 model, the only family "
                               "FastDeploy checkpoints are written for; drop fastdeploy from --emit")

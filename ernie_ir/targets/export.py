@@ -4,8 +4,8 @@
     ernie-ir export BASE --lora-adapter DIR --out merged/
     ernie-ir compile merged/ --target cuda --quant wint8mix --tp 2      # or serve merged/ itself
 
-The folder is the published Paddle layout of ERNIE 4.5 (`fastdeploy.published_tensors`,
-`fastdeploy.write_checkpoint_files`: one writer for this format): `config.json` (the source's,
+The folder is the published Paddle layout of ERNIE 4.5 (`formats.fastdeploy.published_tensors`,
+`write_checkpoint_files`: one writer for this format): `config.json` (the source's,
 without `quantization_config`), `model.safetensors` (`ernie.` keys, weights [in, out], one key per
 routed expert, every tensor in the model's own dtype: bf16 stays bf16) and the source's tokenizer
 files, plus `ernie_ir_export.json` (where it came from: source model and sha256, pipeline, the
@@ -32,6 +32,7 @@ from typing import Any
 
 from ernie_ir.artifacts.manifest import read_manifest
 from ernie_ir.artifacts.publish import artifact_lock
+from ernie_ir.formats.fastdeploy import published_tensors, source_config, write_checkpoint_files
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.storage import replace_folder
 from ernie_ir.load import load_input
@@ -39,7 +40,6 @@ from ernie_ir.passes.infra.base import graph_properties
 from ernie_ir.passes.infra.pipeline import load_pipeline
 from ernie_ir.passes.quant.cli_flags import pipeline_for
 from ernie_ir.targets.compile import adapter_provenance, params_by_dtype, source_info
-from ernie_ir.targets.fastdeploy import published_tensors, source_config, write_checkpoint_files
 from ernie_ir.targets.registry import TargetError
 
 EXPORT_RECORD = "ernie_ir_export.json"
@@ -92,10 +92,11 @@ def export_checkpoint(model: str, out: str | os.PathLike[str], *, lora_adapter: 
         if split is not None:
             raise TargetError(f"--pipeline holds {split.spec()}: export writes the whole model (FastDeploy "
                               "and compile split it themselves); drop it")
+        from ernie_ir.formats.paddleformers_adapter import read_adapter
         from ernie_ir.passes import run_pipeline
         from ernie_ir.runtime import Interpreter
 
-        result = run_pipeline(graph, resolved, evaluator=Interpreter)
+        result = run_pipeline(graph, resolved, evaluator=Interpreter, adapter_reader=read_adapter)
         merged = sum(counts.get("merged", 0) for key, counts in result.stats.items()
                      if key.endswith(":lora-merge"))
         text = str(resolved)

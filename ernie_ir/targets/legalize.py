@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ernie_ir.formats.fastdeploy import FASTDEPLOY_KEY as FASTDEPLOY_KEY  # cuda's W4A8 / WINT2 experts
 from ernie_ir.ir import DType, Graph, GraphBuilder, Node, Param, TensorType, Value
 from ernie_ir.ir.weights import WeightSource
 from ernie_ir.passes.infra.param_placer import ParamPlacer
@@ -40,9 +41,6 @@ from ernie_ir.targets.errors import TargetError
 
 PLAN_KEY = "kernel_plan"
 LAYOUT_KEY = "cuda_layout"
-FASTDEPLOY_KEY = "fastdeploy_layout"
-"""On a per-expert param in one of FastDeploy's routed-expert layouts (cuda's W4A8 and WINT2
-experts): {"format": "w4a8" | "wint2", "logical": [K, N]}."""
 DEVICE_LAYOUT_KEY = "device_layout"
 _FP8 = (DType.F8E4M3, DType.F8E5M2)
 

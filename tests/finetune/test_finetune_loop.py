@@ -33,6 +33,7 @@ from test_tokenizer import ERNIE_TEMPLATE, train_sentencepiece
 
 from ernie_ir.artifacts import verify_artifact
 from ernie_ir.cli.app import main
+from ernie_ir.formats.paddleformers_adapter import read_adapter
 from ernie_ir.ir.weights import SafetensorsFile
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
@@ -123,7 +124,7 @@ def test_paddleformers_loads_the_trained_adapter(loop: dict) -> None:
 
     # the adapter is the trained checkpoint, bit for bit, and training moved B off zero
     ours = load_input(str(loop["base"]))
-    run_pipeline(ours, f'lora-import{{path="{adapter}"}}')
+    run_pipeline(ours, f'lora-import{{path="{adapter}"}}', adapter_reader=read_adapter)
     trained = SafetensorsFile(loop["checkpoint"] / "params.safetensors")
     names = [n for n in trained if ".lora_" in n]
     assert names
@@ -164,7 +165,7 @@ def test_merged_deploy_equals_quantizing_the_merged_weights(loop: dict) -> None:
     _ok("export", str(base), "--lora-adapter", str(ckpt), "--out", str(merged))
     _ok("compile", str(merged), "--quant", "wint8mix", "--target", "cuda", "--tp", "2", "--emit",
         "fastdeploy", "--out", str(direct))
-    from ernie_ir.targets.fastdeploy import load_fastdeploy_checkpoint
+    from ernie_ir.formats.fastdeploy import load_fastdeploy_checkpoint
 
     got, want = _tensors(deploy), _tensors(direct)
     assert set(got) == set(want) and any("rank1" in k for k in got)

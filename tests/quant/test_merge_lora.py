@@ -8,7 +8,8 @@ f32(scale))` in numpy (paddleformers' mergekit: float32, one cast back), and wei
 quantization is Paddle's per output channel rule (scale = bf16(absmax / qmax), q =
 clip(round_half_away(w / scale))). paddleformers itself (the `pf` reference environment) loads
 the exported folder and computes the logits. The adapters are written with
-`paddleformers_adapter.write_adapter` (the format module `lora-import` reads).
+`ernie_ir.formats.paddleformers_adapter.write_adapter` (the format module whose reader
+`lora-import` is given).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from _cli_kit import cli, user_error
 from _quant_testkit import run_reference
 from safetensors import safe_open
 
+from ernie_ir.formats.fastdeploy import load_fastdeploy_checkpoint, merge_ranks
+from ernie_ir.formats.paddleformers_adapter import read_adapter, write_adapter
 from ernie_ir.ir.storage import save_graph
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.lora.paddleformers_adapter import write_adapter
 from ernie_ir.runtime.interpreter import run_graph
 from ernie_ir.targets import verify_artifact
-from ernie_ir.targets.fastdeploy import load_fastdeploy_checkpoint, merge_ranks
 
 DENSE, MOE = "ernie-4.5-0.3b@tiny", "ernie-4.5-21b-a3b@tiny"  # MoE: GQA 10 / 2 heads, 16 experts
 MOE_TP2 = "ernie-4.5-300b-a47b@tiny"  # MoE whose tp 2 shards all pack for sm70 (1 kv head, replicated)
@@ -137,7 +138,8 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_merge_is_exact_in_float32_and_rounds_once(model: str, adapters: dict[str, Path]) -> None:
     adapter = adapters[model]
     graph = load_input(model)
-    result = run_pipeline(graph, f'lora-import{{path="{adapter}"}},lora-merge')  # a checkpoint folder too
+    result = run_pipeline(graph, f'lora-import{{path="{adapter}"}},lora-merge',  # a checkpoint folder too
+                          adapter_reader=read_adapter)
     assert result.stats["2:lora-merge"]["merged"] > 0
     assert not any(n.op in ("lora", "moe_experts_lora") for n in graph)
     folder = adapter if (adapter / "lora_config.json").exists() else adapter / "adapter"
@@ -311,7 +313,7 @@ def test_export_reads_back_bit_for_bit(adapters: dict[str, Path], tmp_path: Path
     code, _, err = cli(capsys, "export", MOE, "--lora-adapter", str(adapters[MOE]), "--out", str(out))
     assert code == 0, err
     merged = load_input(MOE)
-    run_pipeline(merged, f'lora-import{{path="{adapters[MOE]}"}},lora-merge')
+    run_pipeline(merged, f'lora-import{{path="{adapters[MOE]}"}},lora-merge', adapter_reader=read_adapter)
     back = load_input(str(out))
     assert back.metadata["layout"] == "paddle" and set(back.params) == set(merged.params)
     for name, p in merged.params.items():
@@ -362,7 +364,7 @@ def test_export_loads_in_paddleformers(tmp_path: Path, capsys: pytest.CaptureFix
           f"ours vs paddleformers on the export: {err_ours:.2e}")
     assert err_pf < TOL and err_ours < TOL
     merged = load_input(str(pf / "base"))
-    run_pipeline(merged, f'lora-import{{path="{pf / "adapter"}"}},lora-merge')
+    run_pipeline(merged, f'lora-import{{path="{pf / "adapter"}"}},lora-merge', adapter_reader=read_adapter)
     back = load_input(str(out))
     for name, p in merged.params.items():
         assert raw(p.read()) == raw(back.params[name].read()), name

@@ -7,10 +7,11 @@ selected weight param, e.g.
     param @ernie.layers.1.mlp.experts.up_gate_proj.weight : bf16[16,80,64]
         {quant = {algo = "weight_only_int4", group_size = -1, rule = 1}}
 
-and records the config in `graph.metadata["quantization"]`. The convert
+and records the config in `graph.metadata["quantization"]` (the keys and their readers:
+`ernie_ir.ir.quant_spec`, where the config is plain data). The convert
 passes (`weight-only-quant`, `qat-insert`, `fp8-quant`) read those
 annotations and rewrite the graph. Rules are described in
-`ernie_ir.passes.quant.config`.
+`ernie_ir.ir.quant_spec`.
 
 Warnings (through the pass context): a rule or ignore pattern that matched
 nothing, and a mix preset on a model without routed experts.
@@ -24,13 +25,14 @@ from typing import Any
 from pydantic import field_validator
 
 from ernie_ir.ir import Graph
+from ernie_ir.ir.quant_spec import ANNOTATION_KEY, RECORD_KEY
 
 from ..infra.base import Pass, PassContext, PassOptions
 from ..infra.pipeline_syntax import PipelineError
 from ..infra.registry import register_pass
 from .config import Algo, QuantConfig, QuantConfigError, decide_target, find_targets, match_path
 
-ANNOTATION = "quant"
+ANNOTATION = ANNOTATION_KEY
 
 
 class QuantAnnotateOptions(PassOptions):
@@ -134,8 +136,8 @@ class QuantAnnotate(Pass):
                 p.annotations[ANNOTATION] = ann
                 changed = True
         meta = cfg.to_dict()
-        if graph.metadata.get("quantization") != meta:
-            graph.metadata["quantization"] = meta
+        if graph.metadata.get(RECORD_KEY) != meta:
+            graph.metadata[RECORD_KEY] = meta
             changed = True
         ctx.count("annotated", len(decided))
         return changed

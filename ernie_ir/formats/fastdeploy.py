@@ -1,9 +1,9 @@
-"""FastDeploy pre-quantized, pre-sharded checkpoints (REFERENCE.md section 8).
+"""FastDeploy's checkpoint format: the tensor names and layouts FastDeploy reads, its
+config.json and `quantization_config`, written and read back (REFERENCE.md section 8).
 
 A cuda inference artifact of an ERNIE 4.5 model is also a folder FastDeploy
-serves as a pre-quantized, pre-sharded checkpoint:
-
-    python -m fastdeploy.entrypoints.openai.api_server --model ARTIFACT --tensor-parallel-size N
+serves as a pre-quantized, pre-sharded checkpoint (the writer that puts it
+there at compile time: `ernie_ir.backends.fastdeploy`):
 
     config.json                the source config.json + `quantization_config`
                                ({quantization, dense_quant_type, moe_quant_type, is_quantized: true,
@@ -15,11 +15,14 @@ serves as a pre-quantized, pre-sharded checkpoint:
                                Paddle's arch-permuted layout, `<layer>.weight_scale` [out] bf16,
                                per-expert keys), so the bytes are stored once
 
-The writer refuses (compile warns, writes no FastDeploy files) where the rank
-weights are not what FastDeploy reads: a quantized weight left unpacked (its
-shape has no layout for the arch), float linears FastDeploy would expect
-quantized, LoRA/QAT/FP8 params, grouped scales, expert parallelism, or an
-unquantized model (FastDeploy serves the source checkpoint itself).
+`quantization_config` is written from what the quant passes recorded, not guessed from the
+weights: the resolved `QuantConfig` (`graph.metadata["quantization"]`, `ernie_ir.ir.quant_spec`)
+and each weight's decision under it, and the w4a8c8 and wint2 passes' records. The writer
+refuses (compile warns, writes no FastDeploy files) where a record is missing or the rank
+weights are not what FastDeploy reads: a quantized weight left unpacked (its shape has no
+layout for the arch), float linears FastDeploy would expect quantized, LoRA/QAT/FP8 params,
+grouped scales, expert parallelism, or an unquantized model (FastDeploy serves the source
+checkpoint itself).
 
 `load_fastdeploy_checkpoint(folder)` reads such a folder back (any writer):
 each rank's tensors dequantized to float32 in the IR's logical layout, and
@@ -53,17 +56,26 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ernie_ir.ir import ErnieIRError, Graph
+from ernie_ir.ir import ErnieIRError, Graph, Param
 from ernie_ir.ir.mapping import Mapping
+from ernie_ir.ir.quant_spec import (
+    ANNOTATION_KEY,
+    RECORD_KEY,
+    Algo,
+    QuantConfigError,
+    recorded_config,
+    recorded_spec,
+)
 from ernie_ir.ir.storage import WEIGHTS_FILE
 from ernie_ir.ir.weights import WeightSource
 from ernie_ir.ops.cuda_layout import DEFAULT_CUDA_ARCH, unpack
 from ernie_ir.ops.fastdeploy_experts import unpack_int4_rows_array, w4a8_float_weight
 from ernie_ir.ops.moe_w4a8 import FASTDEPLOY_INT4_FACTOR, hadamard_blocks
 from ernie_ir.ops.wint2 import wint2_dequantize
-from ernie_ir.targets.capabilities import HardwareTarget
-from ernie_ir.targets.legalize import FASTDEPLOY_KEY
 
+FASTDEPLOY_KEY = "fastdeploy_layout"
+"""On a per-expert param in one of FastDeploy's routed-expert layouts (cuda's W4A8 and WINT2
+experts, which cuda's legalization writes): {"format": "w4a8" | "wint2", "logical": [K, N]}."""
 FD_WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 ARCHITECTURES = ("Ernie4_5_ForCausalLM", "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM",
@@ -77,7 +89,6 @@ _LINEAR = re.compile(r".*\.(self_attn\.(qkv|o)_proj|mlp\.(up_gate|down)_proj|"
                      r"mlp\.shared_experts\.(up_gate|down)_proj|mlp\.experts\.\d+\.(up_gate|down)_proj)$")
 _EXPERT = re.compile(r".*\.mlp\.experts\.\d+\.")
 _KV_SCALE = re.compile(r".*\.self_attn\.cache[kv]_matmul\.activation_scale$")
-_QUANT_TYPE = {8: "wint8", 4: "wint4"}
 _BITS = {"wint8": 8, "wint4": 4}
 FASTDEPLOY_HADAMARD_BLOCK = 128
 """FastDeploy's w4a8 `hadamard_block_size` (its default; the config records it)."""
@@ -92,8 +103,15 @@ def is_ernie45(graph: Graph) -> bool:
 
 
 def quantization_config(ranks: Sequence[Graph], mapping: Mapping | None = None) -> dict[str, Any]:
-    """FastDeploy's `quantization_config` for these rank graphs; FastDeployError (one line) naming
-    the first thing FastDeploy would not load.
+    """FastDeploy's `quantization_config` for these rank graphs, written from what the quant passes
+    recorded, not guessed from the weights' names: the resolved `QuantConfig` quant-annotate
+    applied (`graph.metadata["quantization"]`) and each packed weight's decision under it (its
+    `quant` annotation: weight-only int8 / int4 -> wint8 / wint4), the w4a8c8 pass's record
+    (`graph.metadata["w4a8c8"]`: W4A8 experts, the C8 KV cache, the Hadamard block) and the wint2
+    pass's (`graph.metadata["wint2"]`: the layer split). The rank weights are checked against
+    what FastDeploy loads (its key names, Paddle's packed layouts, cuda's per-expert layouts) and
+    against the records. FastDeployError (one line) names the first thing FastDeploy would not
+    load, or the record that is missing.
 
     Weight-only (wint8 / wint4 / mix_quant), W4A8C8 (`mix_quant` with `moe_quant_type: w4a8` and
     `kv_cache_quant_type: int8`, the w4a8c8 preset) and WINT2 (`quantization: wint2`, `moe_quant_type:
@@ -101,10 +119,15 @@ def quantization_config(ranks: Sequence[Graph], mapping: Mapping | None = None) 
     if mapping is not None and mapping.ep > 1:
         raise FastDeployError(f"expert parallelism (ep {mapping.ep}): FastDeploy's pre-sharded loader "
                               "reads TP-only rank folders (compile with --tp N alone)")
-    dense: set[int] = set()
-    moe: set[int] = set()
-    formats: set[str] = set()  # FastDeploy expert layouts: w4a8, wint2
-    kv = False
+    graph = ranks[0]
+    try:
+        recorded = recorded_config(graph.metadata)
+    except QuantConfigError as e:
+        raise FastDeployError(str(e)) from None
+    dense: set[str] = set()  # FastDeploy types of the dense linears' recorded decisions
+    moe: set[str] = set()  # ... and of the weight-only routed experts'
+    layouts: set[str] = set()  # FastDeploy expert layouts the weights are in: w4a8, wint2
+    kv_scales = False
     floats: list[str] = []
     for g in ranks:
         for p in g.params.values():
@@ -112,7 +135,7 @@ def quantization_config(ranks: Sequence[Graph], mapping: Mapping | None = None) 
             if name.endswith(".quant_weight"):
                 fd = p.annotations.get(FASTDEPLOY_KEY)
                 if fd is not None:
-                    formats.add(str(fd["format"]))
+                    layouts.add(str(fd["format"]))
                     continue
                 layout = p.annotations.get("cuda_layout")
                 if layout is None:
@@ -120,16 +143,12 @@ def quantization_config(ranks: Sequence[Graph], mapping: Mapping | None = None) 
                                           "layout (its shape has none for this arch), which FastDeploy's "
                                           "weight_only_linear reads: use --cuda-arch 70 or sizes that are "
                                           "multiples of 64")
-                group = (p.annotations.get("quant") or {}).get("group_size", -1)
-                if group not in (-1, None):
-                    raise FastDeployError(f"{name}: group-wise scales (group {group}); FastDeploy's "
-                                          "wint8/wint4 checkpoints are per output channel")
-                (moe if _EXPERT.match(name) else dense).add(int(layout["bits"]))
+                (moe if _EXPERT.match(name) else dense).add(_weight_only_type(p, int(layout["bits"])))
             elif name.endswith((".weight_scale", ".super_scales", ".code_scale", ".code_zp")):
                 continue
             elif name.endswith(".activation_scale"):
                 if _KV_SCALE.match(name):
-                    kv = True
+                    kv_scales = True
                 elif not _EXPERT.match(name):
                     raise FastDeployError(f"{name}: an activation scale FastDeploy has no key for")
             elif name.endswith((".weight", ".bias", ".e_score_correction_bias")):
@@ -139,22 +158,34 @@ def quantization_config(ranks: Sequence[Graph], mapping: Mapping | None = None) 
                 raise FastDeployError(f"{name} is not a weight FastDeploy loads (LoRA, QAT or FP8 "
                                       "params, or W4A8 / WINT2 experts without cuda's per-expert "
                                       "layout): compile without them")
-    if not dense and not moe and not formats:
-        raise FastDeployError("the model is not quantized: FastDeploy serves the source checkpoint "
-                              "itself (quantizing and splitting at load)")
+    if recorded is None:
+        if dense or moe or layouts or kv_scales:
+            raise FastDeployError("the weights are quantized but the graph records no quantization "
+                                  f"config (graph.metadata[{RECORD_KEY!r}], which quant-annotate writes), "
+                                  "the record FastDeploy's quantization_config is written from: quantize "
+                                  "with --quant")
+        raise FastDeployError("the model is not quantized (it records no quantization config): FastDeploy "
+                              "serves the source checkpoint itself (quantizing and splitting at load)")
+    if not dense and not moe and not layouts:
+        raise FastDeployError(f"the model is not quantized (the recorded quantization {recorded.name!r} "
+                              "quantizes no weight): FastDeploy serves the source checkpoint itself")
     if floats:
-        raise FastDeployError(f"{floats[0]} stays float while FastDeploy quantizes every linear of a "
-                              "quantized model: use --quant wint8, wint4, wint8mix, w4a8c8 or wint2")
+        raise FastDeployError(f"{floats[0]} stays float under the recorded quantization {recorded.name!r} "
+                              "while FastDeploy quantizes every linear of a quantized model: use --quant "
+                              "wint8, wint4, wint8mix, w4a8c8 or wint2")
     if len(dense) > 1 or len(moe) > 1:
         raise FastDeployError("mixed int4/int8 dense (or expert) weights: FastDeploy takes one type "
                               "for dense linears and one for experts")
-    d = _QUANT_TYPE[next(iter(dense))] if dense else None
-    m = _QUANT_TYPE[next(iter(moe))] if moe else None
-    if formats:
-        return _w4a8_or_wint2(ranks[0], formats, d, m, kv)
-    if kv:
-        raise FastDeployError("an int8 KV cache without W4A8 experts: FastDeploy's pre-quantized mix_quant "
-                              "checkpoints here are the w4a8c8 preset's")
+    d = next(iter(dense)) if dense else None
+    m = next(iter(moe)) if moe else None
+    passes = _expert_records(graph, layouts)
+    kv = (passes.get("w4a8") or {}).get("kv_cache_quant_type") == "int8"
+    if kv_scales != kv:
+        raise FastDeployError("the KV cache scales (cachek/cachev_matmul.activation_scale) and the w4a8c8 "
+                              "record (graph.metadata['w4a8c8'].kv_cache_quant_type) disagree on an int8 "
+                              "KV cache: compile with --quant w4a8c8")
+    if passes:
+        return _w4a8_or_wint2(passes, d, m, kv)
     if m is None or (d == m and m == "wint8"):
         kind = d or m or ""
         return {"quantization": kind, "is_quantized": True, "is_permuted": True}
@@ -164,20 +195,68 @@ def quantization_config(ranks: Sequence[Graph], mapping: Mapping | None = None) 
             "is_quantized": True, "is_permuted": True}
 
 
-def _w4a8_or_wint2(graph: Graph, formats: set[str], dense: str | None, w4: str | None,
+_FD_WEIGHT_ONLY = {Algo.WEIGHT_ONLY_INT8: "wint8", Algo.WEIGHT_ONLY_INT4: "wint4"}
+"""FastDeploy's weight-only type for each recorded algorithm its pre-quantized loader reads."""
+_EXPERT_RECORDS = {"w4a8": "w4a8c8", "wint2": "wint2"}
+"""FastDeploy expert layout -> the pass that makes it, which records itself in graph.metadata[pass]
+(and the --quant preset that runs it)."""
+
+
+def _weight_only_type(p: Param, bits: int) -> str:
+    """FastDeploy's type (wint8 / wint4) of a packed weight, from its recorded decision."""
+    try:
+        spec = recorded_spec(p.annotations)
+    except QuantConfigError as e:
+        raise FastDeployError(f"{p.name}: {e}") from None
+    if spec is None:
+        raise FastDeployError(f"{p.name} is quantized but records no decision (its {ANNOTATION_KEY!r} "
+                              "annotation, which quant-annotate writes), the record FastDeploy's "
+                              "quantization_config is written from: quantize with --quant")
+    kind = _FD_WEIGHT_ONLY.get(spec.algo)
+    if kind is None:
+        raise FastDeployError(f"{p.name}: recorded as {spec.algo}, which FastDeploy's pre-quantized "
+                              "checkpoints do not hold (weight-only wint8 / wint4 here)")
+    if spec.group_size != -1:
+        raise FastDeployError(f"{p.name}: group-wise scales (group {spec.group_size}); FastDeploy's "
+                              "wint8/wint4 checkpoints are per output channel")
+    if spec.algo.bits != bits:
+        raise FastDeployError(f"{p.name}: recorded as {spec.algo} but packed as {bits}-bit")
+    return kind
+
+
+def _expert_records(graph: Graph, layouts: set[str]) -> dict[str, dict[str, Any]]:
+    """FastDeploy expert layout (w4a8, wint2) -> its pass's record, for every pass the graph
+    records; each must have its weights in that layout (`layouts`), and each layout a record."""
+    records: dict[str, dict[str, Any]] = {}
+    for layout, key in _EXPERT_RECORDS.items():
+        record = graph.metadata.get(key)
+        if isinstance(record, dict):
+            records[layout] = record
+        elif layout in layouts:
+            raise FastDeployError(f"{layout} experts, but the graph records no {key} pass (graph.metadata"
+                                  f"[{key!r}]), the record FastDeploy's quantization_config is written "
+                                  f"from: compile with --quant {key}")
+    unlaid = sorted(set(records) - layouts)
+    if unlaid:
+        raise FastDeployError(f"the {_EXPERT_RECORDS[unlaid[0]]} record names {unlaid[0]} experts, but no "
+                              "weight is in cuda's per-expert FastDeploy layout for them")
+    return records
+
+
+def _w4a8_or_wint2(records: dict[str, dict[str, Any]], dense: str | None, w4: str | None,
                    kv: bool) -> dict[str, Any]:
-    """The config of W4A8(C8) or WINT2 rank graphs (`formats`: the FastDeploy expert layouts seen)."""
-    if len(formats) > 1:
-        raise FastDeployError(f"both {' and '.join(sorted(formats))} experts: FastDeploy takes one")
+    """The config of W4A8(C8) or WINT2 rank graphs, from their pass's record (`records`: FastDeploy
+    expert layout -> record)."""
+    if len(records) > 1:
+        raise FastDeployError(f"both {' and '.join(sorted(records))} experts: FastDeploy takes one")
     if dense != "wint8":
-        raise FastDeployError(f"{next(iter(formats))} experts with {dense or 'float'} dense linears: "
+        raise FastDeployError(f"{next(iter(records))} experts with {dense or 'float'} dense linears: "
                               "FastDeploy's checkpoints of these presets have wint8 dense linears")
-    if "w4a8" in formats:
+    if "w4a8" in records:
         if w4 is not None:
             raise FastDeployError("W4A8 experts beside weight-only experts: FastDeploy's mix_quant takes "
                                   "one expert type")
-        meta = graph.metadata.get("w4a8c8") or {}
-        block = meta.get("hadamard_block_size", FASTDEPLOY_HADAMARD_BLOCK)
+        block = records["w4a8"].get("hadamard_block_size")
         if block != FASTDEPLOY_HADAMARD_BLOCK:
             raise FastDeployError(f"W4A8 experts with hadamard_block {block}: FastDeploy's w4a8 kernel "
                                   f"rotates the down_proj input in blocks of {FASTDEPLOY_HADAMARD_BLOCK} "
@@ -188,24 +267,29 @@ def _w4a8_or_wint2(graph: Graph, formats: set[str], dense: str | None, w4: str |
             out.update(kv_cache_quant_type="int8", is_channel_wise=True, has_zero_point=False)
         out.update(hadamard_block_size=FASTDEPLOY_HADAMARD_BLOCK, is_quantized=True, is_permuted=True)
         return out
-    meta = graph.metadata.get("wint2")
-    if not isinstance(meta, dict) or kv:
-        raise FastDeployError("2-bit experts without the wint2 pass's layer split (graph.metadata"
-                              "['wint2']), or with an int8 KV cache: compile with --quant wint2")
+    meta = records["wint2"]
+    if kv:
+        raise FastDeployError("2-bit experts with an int8 KV cache: FastDeploy's WINT2 checkpoints keep "
+                              "the KV cache float (compile with --quant wint2 alone)")
     if w4 not in (None, "wint4"):
         raise FastDeployError(f"WINT2 with {w4} experts in the early MoE layers: FastDeploy's w4 layers "
                               "are wint4")
+    try:
+        w4_layers = (int(meta["w4_start_layer"]), int(meta["w4_end_layer"]))
+        w2_layers = (int(meta["w2_start_layer"]), int(meta["w2_end_layer"]))
+        group = int(meta["group_size"])
+    except (KeyError, TypeError, ValueError):
+        raise FastDeployError("graph.metadata['wint2'] lacks the layer split (w4/w2_start/end_layer, "
+                              "group_size) the wint2 pass records: compile with --quant wint2") from None
     return {"quantization": "wint2", "dense_quant_type": "wint8", "dense_quant_config": "wint8",
             "moe_quant_type": "w4w2",
             "moe_quant_config": {
                 "quant_type": "w4w2",
                 "moe_w4_quant_config": {"quant_type": "wint4", "quant_granularity": "per_channel",
-                                        "quant_start_layer": int(meta["w4_start_layer"]),
-                                        "quant_end_layer": int(meta["w4_end_layer"])},
+                                        "quant_start_layer": w4_layers[0], "quant_end_layer": w4_layers[1]},
                 "moe_w2_quant_config": {"quant_type": "wint2", "quant_granularity": "pp_acc",
-                                        "quant_group_size": int(meta.get("group_size", 64)),
-                                        "quant_start_layer": int(meta["w2_start_layer"]),
-                                        "quant_end_layer": int(meta["w2_end_layer"])}},
+                                        "quant_group_size": group,
+                                        "quant_start_layer": w2_layers[0], "quant_end_layer": w2_layers[1]}},
             "is_quantized": True}
 
 
@@ -252,31 +336,6 @@ def copy_tokenizer_files(source_folder: Path | None, root: Path) -> list[str]:
                 shutil.copyfile(f, root / name)
                 written.append(name)
     return written
-
-
-def fastdeploy_emitters(target: HardwareTarget, mode: str, model: str, ranks: Sequence[Graph],
-                        mapping: Mapping, arch: int | None,
-                        warnings: list[str]) -> dict[str, Callable[[Graph, Path], Any]]:
-    """The FastDeploy writer for an inference artifact of ERNIE 4.5 for a target that offers it
-    (`"fastdeploy" in target.executables`: cuda; other models and targets: none); a warning says
-    why an ERNIE 4.5 cuda artifact gets none."""
-    if "fastdeploy" not in target.executables or mode != "inference" or not ranks or not is_ernie45(ranks[0]):
-        return {}
-    if any(p.source is None for g in ranks for p in g.params.values()):
-        return {}
-    try:
-        quant = quantization_config(ranks, mapping)
-    except FastDeployError as e:
-        warnings.append(f"not a FastDeploy checkpoint: {e}")
-        return {}
-    config = source_config(model, ranks[0])
-    folder = Path(model) if Path(model).is_dir() else None
-    cuda_arch = arch if arch is not None else DEFAULT_CUDA_ARCH
-
-    def emit(_graph: Graph, exe: Path) -> None:
-        write_fastdeploy(exe.parent, ranks, config, quant, cuda_arch, folder)
-
-    return {"fastdeploy": emit}
 
 
 # -- reading a FastDeploy checkpoint back ----------------------------------------------------------
