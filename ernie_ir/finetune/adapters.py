@@ -7,9 +7,9 @@
 `export_adapter(artifact, checkpoint)` reads the checkpoint's `params.safetensors` (trained
 values at global names and shapes) and the artifact's rank-0 graph (the adapters, their rank and
 scale; a rank graph of a tp split gives the global head counts with the artifact's tp), writes
-the folder with `ernie_ir.passes.lora.paddleformers_adapter.write_adapter` (the one writer of
-that format: paddleformers' `LoRAModel.from_pretrained` loads it, `compile --lora-adapter`
-reads it), then, under the artifact's lock, renames it into the checkpoint folder and lists its
+the folder with `ernie_ir.formats.paddleformers_adapter.write_adapter` (the one writer of that
+format: paddleformers' `LoRAModel.from_pretrained` loads it, `compile --lora-adapter` reads it),
+then, under the artifact's lock, renames it into the checkpoint folder and lists its
 files in the manifest, so `verify` keeps passing and a kill leaves either no `adapter/` or a
 complete one (a temp folder of a dead process is removed by the next writer).
 
@@ -25,9 +25,9 @@ from typing import Any
 
 from ernie_ir.artifacts import artifact_lock, artifact_mapping, read_manifest, record_files, temp_name
 from ernie_ir.artifacts.publish import CHECKPOINT_WAIT_S, clean_stale
+from ernie_ir.formats.paddleformers_adapter import graph_adapters, write_adapter
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.storage import load_graph
-from ernie_ir.passes.lora.paddleformers_adapter import graph_adapters, write_adapter
 from ernie_ir.training.checkpoints import PARAMS
 
 ADAPTER = "adapter"

@@ -128,13 +128,14 @@ class GoldenCase:
 
     def compute(self) -> Graph:
         """Load the input and run the pipeline (debug mode: verified after each pass)."""
+        from ernie_ir.formats.paddleformers_adapter import read_adapter
         from ernie_ir.load import load_input
         from ernie_ir.passes import run_pipeline
         from ernie_ir.runtime import Interpreter
 
         graph = load_input(self.resolve_input())
         if self.pipeline:
-            run_pipeline(graph, self.pipeline, evaluator=Interpreter)
+            run_pipeline(graph, self.pipeline, evaluator=Interpreter, adapter_reader=read_adapter)
         return graph
 
     def _hashes(self, graph: Graph) -> dict[str, str]:

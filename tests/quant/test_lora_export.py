@@ -28,6 +28,8 @@ import numpy as np
 import pytest
 from _quant_testkit import logits, run_reference, token_ids
 
+from ernie_ir.formats import paddleformers_adapter as pfa
+from ernie_ir.formats.paddleformers_adapter import adapter_params, graph_adapters, read_adapter, write_adapter
 from ernie_ir.frontends import load_model
 from ernie_ir.frontends.builtins import builtin_config
 from ernie_ir.frontends.config import parse_config
@@ -36,9 +38,7 @@ from ernie_ir.ir import DType, Graph
 from ernie_ir.ir.weights import SafetensorsFile
 from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
-from ernie_ir.passes.lora import paddleformers_adapter as pfa
 from ernie_ir.passes.lora.insert import LoraError
-from ernie_ir.passes.lora.paddleformers_adapter import adapter_params, graph_adapters, write_adapter
 
 DENSE = "ernie-4.5-0.3b"  # tiny: 8 heads : 1 KV head (MQA)
 MOE = "ernie-4.5-21b-a3b"  # tiny: 10 heads : 2 KV heads, 16 experts, 2 shared
@@ -93,7 +93,7 @@ def test_round_trip_is_bit_exact(case: str, tmp_path: Path) -> None:
     assert [f.name for f in files] == ["lora_config.json", "peft_model-00001-of-00001.safetensors",
                                        "peft_model.safetensors.index.json", "config.json"]
     back = make()
-    run_pipeline(back, f'lora-import{{path="{tmp_path / "adapter"}"}}')
+    run_pipeline(back, f'lora-import{{path="{tmp_path / "adapter"}"}}', adapter_reader=read_adapter)
     lora_names = {n for n in back.params if n.endswith((".lora_A", ".lora_B"))}
     assert lora_names == set(values)
     for name, want in values.items():

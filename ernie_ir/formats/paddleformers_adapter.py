@@ -21,7 +21,8 @@ appended (no `.weight`): `model.layers.{l}.self_attn.qkv_proj.lora_A` [in, r],
 - a GQA `qkv_proj` (kv heads < heads): paddleformers fuses it per KV group,
   `[q heads of group g | k_g | v_g]` for each g, our graphs plain
   `[all q | all k | all v]`; lora_B's columns are reordered
-  (`kv_group_to_plain` / `plain_to_kv_group`). MHA needs none (our fused qkv
+  (`kv_group_to_plain` on import, `plain_to_kv_group` here on export, both in
+  ernie_ir.passes.lora.adapter). MHA needs none (our fused qkv
   is per head there, as paddleformers' per group is);
 - routed experts: one key pair per expert
   (`model.layers.{l}.mlp.experts.{e}.up_gate_proj.lora_A`), our graphs one
@@ -29,8 +30,13 @@ appended (no `.weight`): `model.layers.{l}.self_attn.qkv_proj.lora_A` [in, r],
 
 `up_gate_proj` lora_B is `[gate | up]` in both, as are `o_proj` / `down_proj`.
 
-Reading: `read_adapter`, `adapter_settings`, `group_by_module`, `head_counts`
-(the `lora-import` pass attaches the result). Writing: `write_adapter(folder,
+Reading: `read_adapter(folder)` is the adapter reader the callers of pipelines
+hand `lora-import` (`run_pipeline(..., adapter_reader=read_adapter)`; the pass
+reads no file): it returns a `LoraAdapter` (ernie_ir.passes.lora.adapter) with
+the settings of lora_config.json (`adapter_settings`), each tensor under its
+module name, the head counts of config.json and the per-KV-group qkv order.
+The pass renames the names (`PREFIX_MAP` is its default `prefix_map`), stacks
+per-expert ones and reorders the qkv columns. Writing: `write_adapter(folder,
 graph, params)` writes the adapters of a LoRA graph (a whole graph or one rank
 graph of a split) with trained values given at global shape, so that
 `lora-import` of the folder gives the same values bit for bit.
@@ -56,16 +62,32 @@ from ernie_ir.ir.errors import WeightError
 from ernie_ir.ir.inputs import read_json
 from ernie_ir.ir.mapping import shard_of
 from ernie_ir.ir.weights import SafetensorsFile, count_nonfinite, write_safetensors
+from ernie_ir.passes.lora.adapter import (
+    DEFAULT_PREFIX_MAP,
+    KV_GROUPED,
+    AdapterTensor,
+    Heads,
+    LoraAdapter,
+    config_heads,
+    global_shape,
+    head_counts,
+    kv_grouped,
+    plain_to_kv_group,
+    qkv_width,
+    rename,
+)
 from ernie_ir.passes.lora.insert import MAX_LORA_RANK, LoraError
-from ernie_ir.passes.quant.config import WeightSite, expert_paths, find_targets
+from ernie_ir.passes.quant.cli_flags import adapter_folder
+from ernie_ir.passes.quant.config import expert_paths, find_targets
 
 CONFIG_FILE = "lora_config.json"
 WEIGHTS_FILE = "peft_model-00001-of-00001.safetensors"
 INDEX_FILE = "peft_model.safetensors.index.json"
 BASE_CONFIG_FILE = "config.json"
 
-PREFIX_MAP: dict[str, str] = {"model.": "ernie."}
-"""Key prefixes of an adapter file -> our graphs' (paddleformers' in-memory `model.` -> `ernie.`)."""
+PREFIX_MAP: dict[str, str] = dict(DEFAULT_PREFIX_MAP)
+"""Key prefixes of an adapter file -> our graphs' (paddleformers' in-memory `model.` -> `ernie.`):
+`lora-import`'s default `prefix_map`."""
 
 WRITE_PREFIX_MAP: dict[str, str] = {new: old for old, new in PREFIX_MAP.items()}
 
@@ -78,17 +100,29 @@ _PF_CLASSES = {"Ernie4_5_ForCausalLM": ("Ernie4_5ForCausalLM", "ernie4_5"),
                "Ernie4_5_MoeForCausalLM": ("Ernie4_5_MoeForCausalLM", "ernie4_5_moe")}
 
 _KEY = re.compile(r"(?P<module>.+)\.(?P<which>lora_A|lora_B)(?:\.weight)?$")
-_EXPERT = re.compile(r"(?P<head>.+\.experts)\.(?P<e>\d+)\.(?P<tail>[^.]+)$")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-Heads = tuple[int, int, int]
-"""(heads, kv heads, head_dim), global."""
 
 
 # -- reading ----------------------------------------------------------------------------------
 
 
-def read_adapter(folder: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
+def read_adapter(path: Path) -> LoraAdapter:
+    """The adapter of folder `path` (or of `path/adapter`, a training checkpoint folder's), as
+    `lora-import` attaches it: the reader to pass as `adapter_reader=` to a pipeline."""
+    folder = adapter_folder(path)
+    cfg, tensors, base = read_files(folder)
+    settings = adapter_settings(cfg, folder / CONFIG_FILE)
+    read: list[AdapterTensor] = []
+    for key, arr in tensors.items():
+        m = _KEY.match(key)
+        if m is None:
+            raise LoraError(f"{folder}: tensor {key!r} is not a lora_A / lora_B adapter weight")
+        read.append(AdapterTensor(key, m["module"], m["which"], arr))  # type: ignore[arg-type]
+    return LoraAdapter(str(folder), settings.rank, settings.scale, settings.dropout, tuple(read),
+                       heads=config_heads(base), qkv_order=KV_GROUPED)
+
+
+def read_files(folder: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
     """(lora_config, tensors by key, base config or {}) of an adapter folder."""
     if not folder.is_dir():
         raise LoraError(f"LoRA adapter folder {folder} does not exist")
@@ -171,137 +205,6 @@ def adapter_settings(cfg: dict[str, Any], source: Path) -> AdapterSettings:
     dropout = _number(cfg, "lora_dropout", source, default=0.0, probability=True)
     assert dropout is not None
     return AdapterSettings(rank, scale, dropout)
-
-
-def rename(key: str, prefix_map: Mapping[str, str]) -> str:
-    """`key` with the first matching prefix of `prefix_map` replaced."""
-    for old, new in prefix_map.items():
-        if key.startswith(old):
-            return new + key[len(old):]
-    return key
-
-
-def group_by_module(tensors: Mapping[str, np.ndarray], targets: Mapping[str, WeightSite],
-                    prefix_map: Mapping[str, str], folder: Path) -> dict[str, dict[str, np.ndarray]]:
-    """Adapter tensors by the graph module they adapt: {path: {"lora_A": a, "lora_B": b}}.
-
-    Keys are renamed with `prefix_map` (or taken as they are when the graph has that name);
-    per-expert keys are stacked in expert order into the grouped expert adapter. Values keep
-    the file's layout (a GQA qkv lora_B is still per KV group)."""
-    pairs: dict[str, dict[str, np.ndarray]] = {}
-    experts: dict[str, dict[int, dict[str, np.ndarray]]] = {}
-    for key, arr in tensors.items():
-        m = _KEY.match(key)
-        if m is None:
-            raise LoraError(f"{folder}: tensor {key!r} is not a lora_A / lora_B adapter weight")
-        module = rename(m["module"], prefix_map)
-        if module not in targets and m["module"] in targets:
-            module = m["module"]
-        em = _EXPERT.match(module)
-        if module not in targets and em is not None and f"{em['head']}.{em['tail']}" in targets:
-            experts.setdefault(f"{em['head']}.{em['tail']}", {}).setdefault(int(em["e"]), {})[
-                m["which"]] = arr
-            continue
-        if module not in targets:
-            close = [p for p in targets if p.endswith(module.split(".", 1)[-1])][:2]
-            hint = f" (the model has e.g. {', '.join(close)})" if close else ""
-            raise LoraError(f"{folder}: adapter {key!r} targets {module}, which is not a linear of "
-                            f"the model{hint}")
-        pairs.setdefault(module, {})[m["which"]] = arr
-    for path, per in experts.items():
-        t = targets[path]
-        if sorted(per) != list(range(t.experts)):
-            raise LoraError(f"{folder}: {path} has adapters for experts {sorted(per)}, the model has "
-                            f"{t.experts} experts")
-        pairs[path] = {w: np.stack([per[e][w] for e in range(t.experts)]) for w in ("lora_A", "lora_B")
-                       if all(w in per[e] for e in per)}
-    return pairs
-
-
-# -- the qkv column order ---------------------------------------------------------------------
-
-
-def kv_group_to_plain(b: np.ndarray, heads: int, kv_heads: int, head_dim: int) -> np.ndarray:
-    """Columns [q of group g | k_g | v_g] for each KV group g -> [all q | all k | all v] (last axis)."""
-    group = heads // kv_heads
-    lead = b.shape[:-1]
-    per = b.reshape(*lead, kv_heads, (group + 2) * head_dim)
-    q = per[..., : group * head_dim].reshape(*lead, heads * head_dim)
-    k = per[..., group * head_dim: (group + 1) * head_dim].reshape(*lead, kv_heads * head_dim)
-    v = per[..., (group + 1) * head_dim:].reshape(*lead, kv_heads * head_dim)
-    return np.concatenate([q, k, v], axis=-1)
-
-
-def plain_to_kv_group(b: np.ndarray, heads: int, kv_heads: int, head_dim: int) -> np.ndarray:
-    """Columns [all q | all k | all v] -> [q of group g | k_g | v_g] for each KV group g (last axis);
-    the inverse of `kv_group_to_plain`."""
-    group = heads // kv_heads
-    lead = b.shape[:-1]
-    q = b[..., : heads * head_dim].reshape(*lead, kv_heads, group * head_dim)
-    k = b[..., heads * head_dim: (heads + kv_heads) * head_dim].reshape(*lead, kv_heads, head_dim)
-    v = b[..., (heads + kv_heads) * head_dim:].reshape(*lead, kv_heads, head_dim)
-    return np.concatenate([q, k, v], axis=-1).reshape(*lead, (heads + 2 * kv_heads) * head_dim)
-
-
-def kv_grouped(path: str, heads: Heads | None) -> bool:
-    """Whether paddleformers' lora_B of module `path` has the per-KV-group column order that
-    our plain one differs from (a fused qkv_proj with fewer KV heads than heads)."""
-    return path.endswith("qkv_proj") and heads is not None and heads[1] < heads[0]
-
-
-def qkv_width(heads: Heads) -> int:
-    nh, nkv, hd = heads
-    return (nh + 2 * nkv) * hd
-
-
-def _count(value: Any) -> int | None:
-    """A positive int, else unknown."""
-    return value if type(value) is int and 0 < value <= 1 << 20 else None
-
-
-def _config_heads(cfg: Mapping[str, Any]) -> Heads | None:
-    nh, nkv = _count(cfg.get("num_attention_heads")), _count(cfg.get("num_key_value_heads"))
-    hidden = _count(cfg.get("hidden_size"))
-    hd = _count(cfg.get("head_dim")) or (hidden // nh if nh and hidden else None)
-    return (nh, nkv or nh, hd) if nh and hd else None
-
-
-def global_shape(p: Param) -> tuple[int, ...]:
-    """The shape of the whole tensor a param holds (a rank graph's param may be a slice of it)."""
-    shard = shard_of(p.annotations)
-    shape = shard.get("global_shape") if shard is not None else None
-    if isinstance(shape, list) and all(type(d) is int for d in shape):
-        return tuple(shape)
-    return tuple(d if isinstance(d, int) else -1 for d in p.type.shape)
-
-
-def _ops_heads(graph: Graph, tp: int) -> Heads | None:
-    """Head counts read from the graph's ops: the first attention's q and k ([B, S, heads, hd],
-    per rank: x tp) and, for the KV heads, the global width of a fused qkv projection."""
-    attn = next((n for n in graph if n.op == "attention"), None)
-    if attn is None or len(attn.inputs) < 2 or attn.inputs[0] is None or attn.inputs[1] is None:
-        return None
-    q, k = attn.inputs[0].type.shape, attn.inputs[1].type.shape
-    if len(q) != 4 or len(k) != 4 or not all(isinstance(d, int) for d in (q[2], q[3], k[2])):
-        return None
-    nh, hd = int(q[2]) * tp, int(q[3])
-    nkv = int(k[2]) * tp  # KV heads replicated over ranks (tp > kv heads) overcount: use the width
-    for t in find_targets(graph):
-        if t.path.endswith("qkv_proj") and t.param is not None and t.param.type.dtype.is_float:
-            width = global_shape(t.param)[-1]
-            if width > 0 and width % hd == 0 and (width // hd - nh) > 0 and (width // hd - nh) % 2 == 0:
-                nkv = (width // hd - nh) // 2
-            break
-    return (nh, nkv, hd) if 0 < nkv <= nh else None
-
-
-def head_counts(base: Mapping[str, Any], graph: Graph, tp: int = 1) -> Heads | None:
-    """Global (heads, kv heads, head_dim): from an adapter's base config, else the graph's
-    metadata config, else its ops (`tp`: the tensor-parallel degree of a rank graph)."""
-    for cfg in (base, graph.metadata.get("config") or {}):
-        if isinstance(cfg, Mapping) and (heads := _config_heads(cfg)) is not None:
-            return heads
-    return _ops_heads(graph, tp)
 
 
 # -- writing ----------------------------------------------------------------------------------
