@@ -18,7 +18,7 @@ under a temp dir that is deleted after) and, for each, in one run:
   adds `--emit onnx`, `ascend+paddle-inference` `--emit paddle-inference`), the CLI in its
   own process under `/usr/bin/time -f "%e %M"` (peak RSS), with its RssAnon / RssFile sampled
   every 10 ms from /proc/PID/status; `sync` (untimed) before each; best of --repeat (default 2);
-- `plan_memory(DIR, target, quant="wint8mix")` in its own process: the planner's rank 0
+- `plan_memory(DIR, target, CompileOptions(quant="wint8mix"))` in its own process: the planner's rank 0
   `by_category["weights"] + ["lora"]` next to the tensor bytes actually written into
   rank0/weights.safetensors (from its header's data offsets, as tests/planning do; the file
   adds its header): they must be equal.
@@ -166,9 +166,10 @@ def measure_baseline(root: Path) -> dict[str, Any]:
 def measure_plan(folder: Path, target: str) -> dict[str, Any]:
     """Run in a fresh process: plan_memory of the checkpoint folder (its config.json) for `target`."""
     from ernie_ir.planning import plan_memory
+    from ernie_ir.targets import CompileOptions
 
     start = time.perf_counter()
-    plan = plan_memory(str(folder), target, quant=QUANT)
+    plan = plan_memory(str(folder), target, CompileOptions(quant=QUANT))
     r0 = plan.per_rank[0]
     return {"plan_s": time.perf_counter() - start, "devices": plan.devices, "by_category": r0.by_category,
             "weights_by_dtype": r0.weights_by_dtype, "pipeline": plan.pipeline}

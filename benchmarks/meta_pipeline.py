@@ -13,7 +13,7 @@ is its own):
 2. compile: `compile_model(MODEL, "cuda", quant="wint8mix", lora_rank=8, tp=8, out=tmp)` end to
    end (a graph-only artifact: manifest + per-rank graph.ir), against the issue's goal
    (< 10 s, < 2 GB peak RSS); then `plan_memory` of the artifact written, as a cross-check.
-3. plan: `plan_memory(MODEL, "cuda", quant="wint8mix", lora_rank=8, tp=8)` (the same
+3. plan: `plan_memory(MODEL, "cuda", CompileOptions(quant="wint8mix", lora_rank=8, tp=8))` (the same
    configuration; inference, seq 4096, batch 1).
 
 Times: the first (cold) round / the best of --repeat (default 3) rounds in the case's own
@@ -251,13 +251,14 @@ def measure_compile(repeat: int) -> dict[str, Any]:
 def measure_plan(repeat: int) -> dict[str, Any]:
     """plan_memory of the same configuration, `repeat` times."""
     from ernie_ir.planning import plan_memory
+    from ernie_ir.targets import CompileOptions
 
     baseline_kb = _status_kb("VmRSS")
     sampler = RssSampler().start()
     times, row = [], {}
     for i in range(repeat):
         start = time.perf_counter()
-        plan = plan_memory(MODEL, TARGET, quant=QUANT, lora_rank=LORA_RANK, tp=TP)
+        plan = plan_memory(MODEL, TARGET, CompileOptions(quant=QUANT, lora_rank=LORA_RANK, tp=TP))
         times.append(time.perf_counter() - start)
         if i == 0:
             peaks = sampler.reset()

@@ -79,7 +79,9 @@ def plan(
     import json
 
     from ernie_ir.ir import ErnieIRError
-    from ernie_ir.planning import plan_memory
+    from ernie_ir.planning import PlanRequest, plan_memory
+    from ernie_ir.planning.request import check_replica_flags, plan_sharding
+    from ernie_ir.targets import CompileOptions
     from ernie_ir.targets.compile import check_arch_flag
 
     from .plan_view import plan_lines, plan_table, search_table
@@ -87,15 +89,17 @@ def plan(
     check_arch_flag(target, cuda_arch)
     if plot is not None and (plot.suffix.lower() != ".svg" or not plot.parent.is_dir()):
         raise ErnieIRError(f"--plot {plot}: give a .svg file in an existing folder")
-    result = plan_memory(model, target, quant=quant, tp=tp, ep=ep, mode=mode, lora_rank=lora_rank,
-                         seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer,
-                         recompute=recompute, device_memory=device_memory,
-                         cuda_arch=cuda_arch,
-                         moment_dtype=moment_dtype, kv_cache_dtype=kv_cache_dtype, reserve=reserve,
-                         engine=engine, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                         gpu_memory_utilization=gpu_memory_utilization,
-                         max_num_batched_tokens=max_num_batched_tokens, dp=dp, sharding=sharding,
-                         devices=devices, sp=sp or None, pp=pp, micro_batches=micro_batches)
+    stage = plan_sharding(sharding)  # the planner's words for dp/sharding/devices, before compile's
+    check_replica_flags(mode, dp, stage, devices)
+    options = CompileOptions(mode=mode, quant=quant, lora_rank=lora_rank, cuda_arch=cuda_arch, tp=tp, ep=ep,
+                             dp=dp, sharding=stage, sp=sp or None, pp=pp, micro_batches=micro_batches)
+    request = PlanRequest(seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer,
+                          recompute=recompute, device_memory=device_memory, moment_dtype=moment_dtype,
+                          kv_cache_dtype=kv_cache_dtype, reserve=reserve, engine=engine,
+                          max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                          gpu_memory_utilization=gpu_memory_utilization,
+                          max_num_batched_tokens=max_num_batched_tokens, devices=devices)
+    result = plan_memory(model, target, options, request)
     if plot is not None:
         from ernie_ir.planning.svg import plan_svg
 

@@ -381,28 +381,12 @@ def training_activations(graph: Graph, facts: GraphFacts, env: Mapping[str, int]
     stage); `loss`: whether this part holds the loss (the last stage)."""
     nodes = [n for n in graph if include is None or include(n)]
     layer = [layer_of(n) for n in nodes]
-    first_layer = next((i for i, x in enumerate(layer) if x is not None), len(nodes))
     region = sequence_parallel_values(graph, facts) if sp > 1 else set()
-    kept: dict[object, list[int]] = {}  # value key -> [bytes, index of the op after whose backward it goes]
+    kept = _Kept(env, region, sp)  # kept from forward into backward (with recompute: the layer inputs)
     kept_internal = [0] * len(nodes)
-    layer_vals: dict[str, dict[object, list[int]]] = {}
+    layer_vals: dict[str, _Kept] = {}  # with recompute: what each layer's backward rebuilds
     layer_internal = [0] * len(nodes)
     transient = [0] * len(nodes)
-
-    def keep(table: dict[object, list[int]], v: Value, i: int, reader: str | None = None) -> None:
-        key: object = id(v)
-        b = tensor_bytes(v.type, env)
-        if id(v) in region:
-            if reader in LINEAR_OPS:
-                key = (id(v), "gathered")  # the all-gathered copy a column-parallel linear keeps
-            else:
-                b = -(-b // sp)
-        entry = table.get(key)
-        if entry is None:
-            table[key] = [b, i]
-        else:
-            entry[1] = min(entry[1], i)
-
     index = {id(n): i for i, n in enumerate(nodes)}
     gather = logits_gather(graph) if vocab_parallel else None
     loss_reads = ([gather.inputs[0] if gather is not None and v is gather.outputs[0] else v
@@ -418,57 +402,99 @@ def training_activations(graph: Graph, facts: GraphFacts, env: Mapping[str, int]
         inner = layer[i] if recompute else None
         if inner is None:
             for v in saved.values:
-                keep(kept, v, i, node.op)
+                kept.keep(v, i, node.op)
             kept_internal[i] = internal
             continue
         layer_internal[i] = internal
-        table = layer_vals.setdefault(inner, {})
+        table = layer_vals.setdefault(inner, _Kept(env, region, sp))
         for v in saved.values:
-            keep(table, v, i, node.op)
+            table.keep(v, i, node.op)
         for v in node.inputs:  # the layer's inputs stay for its recompute
             src = v.producer if v is not None else None
             j = index.get(id(src)) if src is not None else None
             if facts.is_act(v) and v is not None and (j is None or layer[j] != inner):
-                keep(kept, facts.root(v), i)
+                kept.keep(facts.root(v), i)
     for v in loss_reads:  # the loss's softmax
         if v is not None and v.dtype.is_float and facts.is_act(v) and v.producer is not None:
-            keep(kept, v, index[id(v.producer)])
+            kept.keep(v, index[id(v.producer)])
     free = [kept_internal[i] + layer_internal[i] for i in range(len(nodes))]
-    for b, i in kept.values():
+    for b, i in kept.table.values():
         free[i] += b
     rebuilt: dict[str, int] = {}
-    for name, table in layer_vals.items():
+    for name, vals in layer_vals.items():
         rebuilt[name] = sum(layer_internal[i] for i in range(len(nodes)) if layer[i] == name)
-        for vid, (b, i) in table.items():
-            if vid not in kept:
+        for vid, (b, i) in vals.table.items():
+            if vid not in kept.table:
                 rebuilt[name] += b
                 free[i] += b
+    saved_bytes = sum(b for b, _ in kept.table.values()) + sum(kept_internal)
+    peak = _backward_peak(layer if recompute else [None] * len(nodes), saved_bytes, rebuilt, free, transient)
+    return TrainingActivations(peak_bytes=peak, saved_bytes=saved_bytes,
+                               recomputed_bytes=max(rebuilt.values(), default=0),
+                               transient_bytes=max(transient, default=0),
+                               layers=len({x for x in layer if x is not None}), recompute=recompute,
+                               saved_by_layer=_saved_by_layer(kept, kept_internal, layer))
+
+
+@dataclass
+class _Kept:
+    """Tensors kept for backward: value key -> [bytes, index of the op after whose backward it
+    goes]. A sequence-parallel value (`region`) is kept as a token shard (/ sp, rounded up), except
+    by a linear, which keeps its all-gathered copy (a separate tensor)."""
+
+    env: Mapping[str, int]
+    region: set[int]
+    sp: int
+    table: dict[object, list[int]] = field(default_factory=dict)
+
+    def keep(self, v: Value, i: int, reader: str | None = None) -> None:
+        key: object = id(v)
+        b = tensor_bytes(v.type, self.env)
+        if id(v) in self.region:
+            if reader in LINEAR_OPS:
+                key = (id(v), "gathered")  # the all-gathered copy a column-parallel linear keeps
+            else:
+                b = -(-b // self.sp)
+        entry = self.table.get(key)
+        if entry is None:
+            self.table[key] = [b, i]
+        else:
+            entry[1] = min(entry[1], i)
+
+
+def _saved_by_layer(kept: _Kept, kept_internal: list[int], layer: list[str | None]) -> dict[str, int]:
+    """The saved bytes by the layer of the op that keeps each tensor ("<pre>" / "<post>": outside
+    the layers, before / after them)."""
+    first_layer = next((i for i, x in enumerate(layer) if x is not None), len(layer))
     by_layer: dict[str, int] = {}
 
     def owner(i: int) -> str:
         return layer[i] or ("<pre>" if i < first_layer else "<post>")
 
-    for b, i in kept.values():
+    for b, i in kept.table.values():
         by_layer[owner(i)] = by_layer.get(owner(i), 0) + b
     for i, b in enumerate(kept_internal):
         if b:
             by_layer[owner(i)] = by_layer.get(owner(i), 0) + b
-    alive = sum(b for b, _ in kept.values()) + sum(kept_internal)
-    saved_bytes = alive
+    return by_layer
+
+
+def _backward_peak(recomputed: list[str | None], alive: int, rebuilt: Mapping[str, int], free: list[int],
+                   transient: list[int]) -> int:
+    """The most activation memory alive at once, walking backward from the loss: `alive` (the
+    saved set at the end of forward) + the layer being recomputed (`rebuilt`, added as its backward
+    starts; `recomputed[i]`: op i's layer under recompute, else None) + op i's backward working set
+    (`transient`); after op i's backward, `free[i]` goes."""
     peak = alive
     entered: set[str] = set()
-    for i in range(len(nodes) - 1, -1, -1):
-        name = layer[i] if recompute else None
+    for i in range(len(free) - 1, -1, -1):
+        name = recomputed[i]
         if name is not None and name not in entered:
             entered.add(name)
             alive += rebuilt.get(name, 0)
         peak = max(peak, alive + transient[i])
         alive -= free[i]
-    return TrainingActivations(peak_bytes=peak, saved_bytes=saved_bytes,
-                               recomputed_bytes=max(rebuilt.values(), default=0),
-                               transient_bytes=max(transient, default=0),
-                               layers=len({x for x in layer if x is not None}), recompute=recompute,
-                               saved_by_layer=by_layer)
+    return peak
 
 
 # -- inference ----------------------------------------------------------------------------------------

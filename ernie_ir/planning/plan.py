@@ -24,31 +24,36 @@ A cuda inference plan models the engine that serves it, FastDeploy, by default (
 `gpu_memory_utilization` of the device is its to use, activations are those of its profile run
 over `max_num_batched_tokens` tokens, and it starts only when the KV blocks left hold one
 `max_model_len` sequence plus 2 blocks (REFERENCE.md section 13; docs/planning.md section 4).
-The model behind each figure is docs/planning.md; the JSON (`MemoryPlan.model_dump`) is
-documented there too.
+The options are parsed once into typed objects: what compile would be asked is its
+`CompileOptions` (quantization, LoRA, arch option, layout), the planner's own knobs a
+`PlanRequest` (request.py). The model behind each figure is docs/planning.md; the JSON
+(`MemoryPlan.model_dump`) is documented there too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ernie_ir.formats.paddleformers_adapter import read_adapter
 from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param
+from ernie_ir.ir.mapping import check_degrees
 from ernie_ir.ir.storage import GRAPH_FILE, load_graph
 from ernie_ir.load import load_input
 from ernie_ir.passes.infra.manager import run_pipeline, run_pipeline_ranks
 from ernie_ir.passes.infra.pipeline import Pipeline, load_pipeline
 from ernie_ir.passes.parallel.pipeline_stages import min_max_partition
 from ernie_ir.passes.parallel.split import SplitError
-from ernie_ir.passes.quant.cli_flags import NO_QUANT, pipeline_for
-from ernie_ir.passes.quant.config import resolve_quant_name
+from ernie_ir.passes.quant.cli_flags import QuantChoice
+from ernie_ir.passes.quant.config import Algo, QuantConfig
 from ernie_ir.runtime import Interpreter
-from ernie_ir.targets.compile import check_compile_options, compile_pipeline, legalize_spec
-from ernie_ir.targets.registry import find_target
+from ernie_ir.targets.capabilities import HardwareTarget
+from ernie_ir.targets.compile import check_target_options, compile_pipeline, legalize_spec
+from ernie_ir.targets.options import CompileOptions, ParallelLayout
+from ernie_ir.targets.registry import find_target, get_target
 
 from .graph_memory import (
     GraphFacts,
@@ -62,6 +67,7 @@ from .graph_memory import (
     tensor_bytes,
     training_activations,
 )
+from .request import MAX_DEVICES, MAX_WORLD, PlanRequest, check_replica_flags
 from .units import parse_memory
 
 FORMAT = "ernie-ir-memory-plan"
@@ -70,35 +76,22 @@ CATEGORIES = ("weights", "lora", "gradients", "optimizer_moments", "master_weigh
               "kv_cache", "reserve")
 """The keys of every `by_category`, in this order (0 where a category does not apply)."""
 HOST_CATEGORIES = ("optimizer_moments", "master_weights")
-GiB = 1024 ** 3
-DEFAULT_DEVICE_MEMORY = 80 * GiB
-DEFAULT_RESERVE = 2 * GiB
-"""CUDA context and library handles (~0.5-1 GiB on Hopper), cuBLAS/cuDNN workspaces, NCCL
-communicator buffers and allocator fragmentation: one stated constant, not a fitted one."""
-MAX_DEVICES = 64
 ENGINES = ("fastdeploy", "none")
 """Serving engines a plan can model: FastDeploy (the default for cuda inference) or none (the bare
 compiled model: all of the device, one prefill of `seq_len` tokens, `batch` sequences of KV)."""
-FASTDEPLOY_MAX_NUM_SEQS = 8
-FASTDEPLOY_GPU_MEMORY_UTILIZATION = 0.9
-FASTDEPLOY_MAX_NUM_BATCHED_TOKENS = 8192
-"""FastDeploy's defaults (`fastdeploy/engine/args_utils.py`; 8192 is what an unset
-`max_num_batched_tokens` becomes on GPU under the default V1 scheduler)."""
 FASTDEPLOY_BLOCK_SIZE = 64
 FASTDEPLOY_MAX_BLOCKS = 40000
 """KV blocks: 64 tokens each, at most 40000 of them per rank."""
-DEFAULT_SEQ_LEN = 4096
-SHARDING = ("none", "stage1", "stage2")
-"""ZeRO stages a training plan can model (ERNIEKit's `sharding:` values): none, stage1 (AdamW
-moments and f32 master weights divided over the data-parallel ranks), stage2 (gradients too)."""
 SHARDED = {"none": (), "stage1": ("optimizer_moments", "master_weights"),
            "stage2": ("optimizer_moments", "master_weights", "gradients")}
-MAX_WORLD = 1 << 16
-"""The largest `devices` a plan takes (data parallelism fills it; model-parallel groups stay within
-`max_devices`)."""
+"""The categories each ZeRO stage (`request.SHARDING`) divides by dp."""
 _MOMENT = {"fp32": DType.F32, "f32": DType.F32, "bf16": DType.BF16}
 _KV = {"bf16": DType.BF16, "f16": DType.F16, "fp16": DType.F16, "fp8": DType.F8E4M3,
        "f8e4m3": DType.F8E4M3, "int8": DType.I8, "i8": DType.I8}
+_ENGINE_FLAGS = {"--max-model-len": "max_model_len", "--max-num-seqs": "max_num_seqs",
+                 "--gpu-memory-utilization": "gpu_memory_utilization",
+                 "--max-num-batched-tokens": "max_num_batched_tokens"}
+"""FastDeploy's flags and the PlanRequest fields that carry them."""
 
 
 class RankMemory(BaseModel):
@@ -249,30 +242,22 @@ class MemoryPlan(BaseModel):
     notes: list[str]
 
 
-def plan_memory(model: str, target: str, quant: str | None = None, tp: int | None = None,
-                ep: int | None = None, mode: str = "inference", lora_rank: int | None = None,
-                seq_len: int | None = None, batch: int | None = None, offload_optimizer: bool = False,
-                recompute: bool = False, device_memory: int | str | None = None, *,
-                cuda_arch: int | None = None, lora_alpha: float | None = None,
-                lora_targets: Sequence[str] | None = None, quant_config: Path | None = None,
-                moment_dtype: str = "fp32", master_weights: bool = True,
-                kv_cache_dtype: str | None = None, prefill_tokens: int | None = None,
-                reserve: int | str = DEFAULT_RESERVE, capacity_factor: float = 1.0,
-                max_devices: int = MAX_DEVICES, engine: str | None = None,
-                max_model_len: int | None = None, max_num_seqs: int | None = None,
-                gpu_memory_utilization: float | None = None,
-                max_num_batched_tokens: int | None = None, dp: int | None = None,
-                sharding: str | None = None, devices: int | None = None, sp: bool | None = None,
-                pp: int | None = None, micro_batches: int | None = None) -> MemoryPlan:
-    """Plan the per-rank memory of `model` compiled for `target` (see the module docstring).
+def plan_memory(model: str, target: str, options: CompileOptions | None = None,
+                request: PlanRequest | None = None) -> MemoryPlan:
+    """Plan the per-rank memory of `model` compiled for `target` (see the module docstring):
+    `options` is what `compile_model` would be asked (`CompileOptions`: mode, quantization, LoRA,
+    the arch option, the layout; None: the defaults), `request` the planner's own knobs
+    (`PlanRequest`: the step, the device, the serving engine; None: its defaults). Options that
+    change no figure (emit, out, ...) are not read; `options.pipeline` runs first, as in compile.
 
     model: a checkpoint folder (config.json only is read), a built-in name (`NAME`, `NAME@meta`,
     `NAME@tiny`), an .ir file / graph folder, or a compiled artifact (its rank graphs; then
-    quant, LoRA and tp/ep come from the artifact and must not be given; so do dp and sharding
-    where its layout records them). device_memory: bytes or
-    a string (`80GiB`); with it and neither tp nor ep, layouts are searched from 1 device up
-    (docs/planning.md section 5) and the plan is that of the smallest one that fits (or of the
-    largest tried, with min_devices None). Errors are ErnieIRError subclasses (one line).
+    quantization, LoRA and tp/ep come from the artifact and must not be given; so do dp and
+    sharding where its layout records them). `request.device_memory`: bytes or a string
+    (`80GiB`); given, with neither tp nor ep given (`ParallelLayout.given`), layouts are searched
+    from 1 device up (docs/planning.md section 5) and the plan is that of the smallest one that
+    fits (or of the largest tried, with min_devices None). Errors are ErnieIRError subclasses (one
+    line).
 
     engine: "fastdeploy" (the default for cuda inference) or "none" (the default elsewhere; the
     bare model). Under FastDeploy, max_model_len (default: seq_len, 4096), max_num_seqs (8),
@@ -280,111 +265,169 @@ def plan_memory(model: str, target: str, quant: str | None = None, tp: int | Non
     given, is the number of max_model_len sequences the KV blocks must hold (default 1, the
     engine's own start check). seq_len and batch default to 4096 and 1.
 
-    Training only (docs/planning.md section 5): dp, data-parallel replicas (default 1; batch is
-    per replica); sharding, ZeRO "none" (default), "stage1" (optimizer states / dp) or "stage2"
-    (gradients too), which needs dp > 1 or devices; devices, a device count to lay out: layouts
-    with max(tp, ep) x dp = devices are tried, the smallest model-parallel group first, dp filling
-    the rest (tp, ep, dp where given fix that degree), and the plan is the first that fits.
+    Training only (docs/planning.md section 5): the layout's dp, data-parallel replicas (default
+    1; batch is per replica), and sharding, ZeRO stage1 (optimizer states / dp) or stage2
+    (gradients too), which needs dp > 1 or devices; `request.devices`, a device count to lay out:
+    layouts with max(tp, ep) x dp = devices are tried, the smallest model-parallel group first, dp
+    filling the rest (tp, ep, dp where given fix that degree), and the plan is the first that fits.
 
-    Modelled, not compiled (docs/planning.md section 3): sp, sequence parallelism (needs tp > 1;
-    None: off, and both ways in a `devices` search); pp, pipeline stages at layer boundaries
-    (devices = max(tp, ep) x pp x dp; a `devices` search tries 1, 2, 4, ... dividing the layers);
-    micro_batches, M micro-batches of batch / M under 1F1B.
+    Modelled, not compiled (docs/planning.md section 3): the layout's sp, sequence parallelism
+    (needs tp > 1; not given: off, and both ways in a `devices` search); pp, pipeline stages at
+    layer boundaries (devices = max(tp, ep) x pp x dp; a `devices` search tries 1, 2, 4, ...
+    dividing the layers); micro_batches, M micro-batches of batch / M under 1F1B.
     """
-    opts = _Options.make(mode=mode, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len,
-                         batch=1 if batch is None else batch, offload_optimizer=offload_optimizer,
-                         recompute=recompute, moment_dtype=moment_dtype, master_weights=master_weights,
-                         kv_cache_dtype=kv_cache_dtype, prefill_tokens=prefill_tokens, reserve=reserve,
-                         capacity_factor=capacity_factor, sharding=sharding)
-    opts = _with_pipeline(opts, tp, sp, pp, micro_batches)
-    serving = dict(engine=engine, seq_len=seq_len, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                   gpu_memory_utilization=gpu_memory_utilization,
-                   max_num_batched_tokens=max_num_batched_tokens, prefill_tokens=prefill_tokens)
-    given = device_memory is not None
-    memory = (parse_memory(device_memory) if isinstance(device_memory, str)
-              else int(device_memory) if device_memory is not None else DEFAULT_DEVICE_MEMORY)
-    if memory < 1:
-        raise PlanError(f"--device-memory {device_memory}: must be at least one byte")
-    if max_devices < 1:
-        raise PlanError(f"max_devices must be >= 1, not {max_devices}")
-    for flag, degree in (("--tp", tp), ("--ep", ep)):
+    o = options if options is not None else CompileOptions()
+    req = request if request is not None else PlanRequest()
+    fixed = _Fixed.of(o.layout)
+    opts = _with_pipeline(_Options.make(o, req), fixed)
+    memory = _device_memory(req)
+    if req.max_devices < 1:
+        raise PlanError(f"max_devices must be >= 1, not {req.max_devices}")
+    for flag, degree in (("--tp", fixed.tp), ("--ep", fixed.ep)):
         if degree is not None and degree < 1:
             raise PlanError(f"{flag} {degree}: a parallel degree is a positive integer")
     if _is_artifact(model):
-        if any(x is not None for x in (quant, tp, ep, lora_rank, quant_config)):
+        if o.quant is not None or o.lora is not None or fixed.tp is not None or fixed.ep is not None:
             raise PlanError(f"{model} is a compiled artifact: its quantization, LoRA and layout are fixed; "
                             "drop --quant/--lora-rank/--tp/--ep (or plan its source model)")
-        return _plan_artifact(model, target, opts, memory, given, serving, dp, devices)
-    _check_data_parallel(opts, dp, devices, tp, ep, pp)
-    tgt, arch = check_compile_options(target, mode, quant, cuda_arch, tp or 1, ep or 1)
-    opts = _with_engine(opts, tgt.name, **serving)
-    targets = list(lora_targets) if lora_targets else None
-    quant_text = pipeline_for(quant, quant_config, lora_rank, lora_alpha, targets, None)
-    quant_name = None if quant is None or quant.strip().lower() in NO_QUANT else resolve_quant_name(quant)
-    head = dict(model=model, target=tgt.name, cuda_arch=arch, quant=quant_name, mode=mode,
-                lora_rank=lora_rank)
+        return _plan_artifact(model, target, opts, memory, req, fixed.dp)
+    _check_data_parallel(opts, fixed.dp, req.devices, fixed.tp, fixed.ep, fixed.pp)
+    tgt = get_target(target)
+    check_degrees(o.layout.tp, o.layout.ep, num_experts=None if o.layout.ep == 1 else 0)
+    arch = check_target_options(tgt, o)
+    planner = _Planner(model, tgt, arch, o, _with_engine(opts, tgt.name, req), memory,
+                       req.given("device_memory"))
+    if req.devices is None and not (planner.given and fixed.tp is None and fixed.ep is None):
+        return planner.plan(o.layout.tp, o.layout.ep, 1 if fixed.dp is None else fixed.dp)
+    return planner.search(fixed, req)
 
-    built: dict[tuple[int, int], tuple[list[Graph], str, list[str]] | ErnieIRError] = {}
 
-    def build(t: int, e: int) -> tuple[list[Graph], str, list[str]]:
-        if (t, e) not in built:
+@dataclass(frozen=True)
+class _Fixed:
+    """The layout degrees the caller gave (`ParallelLayout.given`); None where not given: searched
+    (tp, ep, dp over `devices`, sp both ways) or the default (1, off)."""
+
+    tp: int | None
+    ep: int | None
+    dp: int | None
+    pp: int | None
+    sp: bool | None
+    micro_batches: int | None
+
+    @classmethod
+    def of(cls, layout: ParallelLayout) -> _Fixed:
+        def given(name: str) -> Any:
+            return getattr(layout, name) if layout.given(name) else None
+
+        return cls(tp=given("tp"), ep=given("ep"), dp=given("dp"), pp=given("pp"), sp=given("sp"),
+                   micro_batches=layout.micro_batches)
+
+
+def _device_memory(req: PlanRequest) -> int:
+    """Bytes per device of `req.device_memory` (bytes or a string: `80GiB`)."""
+    value = req.device_memory
+    memory = parse_memory(value) if isinstance(value, str) else int(value)
+    if memory < 1:
+        raise PlanError(f"--device-memory {value}: must be at least one byte")
+    return memory
+
+
+@dataclass
+class _Planner:
+    """The plans of one model for one target and CompileOptions: the rank graphs of each (tp, ep)
+    layout built once (`build`), planned at one layout (`plan`) or over a search (`search`)."""
+
+    model: str
+    tgt: HardwareTarget
+    arch: int | None
+    options: CompileOptions
+    opts: _Options
+    memory: int
+    given: bool
+    """Whether the device memory was given (`PlanRequest.given`)."""
+    built: dict[tuple[int, int], tuple[list[Graph], str, list[str]] | ErnieIRError] = field(
+        default_factory=dict)
+
+    @property
+    def head(self) -> dict[str, Any]:
+        """The plan's fields that name what was planned."""
+        o = self.options
+        return dict(model=self.model, target=self.tgt.name, cuda_arch=self.arch,
+                    quant=o.quant.preset if o.quant is not None else None, mode=o.mode,
+                    lora_rank=o.lora.rank if o.lora is not None else None)
+
+    def build(self, t: int, e: int) -> tuple[list[Graph], str, list[str]]:
+        """The rank graphs, pipeline text and notes of layout (t, e) (`_compile_ranks`), once."""
+        if (t, e) not in self.built:
             try:
-                built[t, e] = _compile_ranks(model, tgt, arch, quant_text, t, e)
+                self.built[t, e] = _compile_ranks(self.model, self.tgt, self.arch, self.options, t, e)
             except ErnieIRError as err:
-                built[t, e] = err
-        got = built[t, e]
+                self.built[t, e] = err
+        got = self.built[t, e]
         if isinstance(got, ErnieIRError):
             raise got
         return got
 
-    replicas = 1 if dp is None else dp
-    if devices is None and not (given and tp is None and ep is None):
-        ranks, pipeline, notes = build(tp or 1, ep or 1)
-        return _assemble(head, ranks, pipeline, notes, tp or 1, ep or 1, opts, memory, given, dp=replicas)
-    probe = _load(model)
-    layers = _layer_count(probe)
-    if opts.pp > layers:
-        raise _too_many_stages(opts.pp, layers)
-    Layout = tuple[int, int, int, int, int, bool]  # devices, tp, ep, dp, pp, sp
-    if devices is not None:
-        layouts: list[Layout] = search_layouts(probe, mode, devices, tp, ep, dp, max_devices,
-                                               pp=pp, sp=sp)
+    def plan(self, t: int, e: int, dp: int, opts: _Options | None = None) -> MemoryPlan:
+        """The plan of layout (t, e) with `dp` replicas (`opts`: a search's pp/sp variant)."""
+        ranks, pipeline, notes = self.build(t, e)
+        return _assemble(self.head, ranks, pipeline, notes, t, e, opts or self.opts, self.memory, self.given,
+                         dp=dp)
+
+    def layouts(self, fixed: _Fixed, req: PlanRequest) -> list[tuple[int, int, int, int, int, bool]]:
+        """(devices, tp, ep, dp, pp, sp) to try, in order: over `req.devices` (`search_layouts`),
+        else the device counts up to `req.max_devices` (`candidate_layouts`)."""
+        probe = _load(self.model)
+        layers = _layer_count(probe)
+        opts, devices = self.opts, req.devices
+        if opts.pp > layers:
+            raise _too_many_stages(opts.pp, layers)
+        if devices is None:
+            replicas = 1 if fixed.dp is None else fixed.dp
+            return [(w * replicas * opts.pp, t, e, replicas, opts.pp, opts.sp)
+                    for w, t, e in candidate_layouts(probe, opts.mode, req.max_devices)
+                    if t > 1 or not opts.sp]
+        layouts = search_layouts(probe, opts.mode, devices, fixed.tp, fixed.ep, fixed.dp, req.max_devices,
+                                 pp=fixed.pp, sp=fixed.sp)
         if not layouts:
             raise PlanError(f"--devices {devices}: no layout max(tp, ep) x pp x dp = {devices} with "
-                            + ", ".join(f"{f} {v}" for f, v in (("--tp", tp), ("--ep", ep), ("--dp", dp),
-                                                                ("--pp", pp), ("--sp", sp or None))
+                            + ", ".join(f"{f} {v}" for f, v in (("--tp", fixed.tp), ("--ep", fixed.ep),
+                                                                ("--dp", fixed.dp), ("--pp", fixed.pp),
+                                                                ("--sp", fixed.sp or None))
                                         if v is not None)
-                            + f" (model-parallel groups of at most {max_devices}): change one of them")
-    else:
-        layouts = [(w * replicas * opts.pp, t, e, replicas, opts.pp, opts.sp)
-                   for w, t, e in candidate_layouts(probe, mode, max_devices) if t > 1 or not opts.sp]
-    tries: list[LayoutTry] = []
-    last: MemoryPlan | None = None
-    for count, t, e, d, q, on in layouts:
-        try:
-            ranks, pipeline, notes = build(t, e)
-        except ErnieIRError as err:
-            tries.append(LayoutTry(devices=count, tp=t, ep=e, dp=d, pp=q, sp=on, fits=None,
-                                   max_rank_bytes=None, error=str(err)))
-            continue
-        variant = opts.model_copy(update={"pp": q, "sp": on})
-        plan = _assemble(head, ranks, pipeline, notes, t, e, variant, memory, given, dp=d)
-        tries.append(LayoutTry(devices=count, tp=t, ep=e, dp=d, pp=q, sp=on, fits=plan.fits,
-                               max_rank_bytes=plan.max_rank_bytes))
-        # over a fixed device count, keep the layout nearest to fitting; else the largest tried
-        if last is None or devices is None or plan.max_rank_bytes < last.max_rank_bytes:
-            last = plan
-        if plan.fits:
-            return plan.model_copy(update={"min_devices": None if devices is not None else count,
-                                           "searched": True, "search": tries, "search_devices": devices})
-    where = f"of {devices} devices" if devices is not None else f"up to {max_devices} devices"
-    if last is None:
-        raise PlanError(f"no layout of {model} {where} could be compiled: "
-                        f"{tries[-1].error if tries else 'no candidate layouts'}")
-    why = (f"nothing fits on {where.removeprefix('of ')} of {memory} bytes; this is the plan of the "
-           + ("layout with the smallest largest rank" if devices is not None else "largest layout tried"))
-    return last.model_copy(update={"min_devices": None, "searched": True, "search": tries,
-                                   "search_devices": devices, "notes": [*last.notes, why]})
+                            + f" (model-parallel groups of at most {req.max_devices}): change one of them")
+        return layouts
+
+    def search(self, fixed: _Fixed, req: PlanRequest) -> MemoryPlan:
+        """The first layout that fits (`layouts`), or the one nearest to fitting over a fixed
+        device count, else the largest tried, with a note."""
+        devices = req.devices
+        tries: list[LayoutTry] = []
+        last: MemoryPlan | None = None
+        for count, t, e, d, q, on in self.layouts(fixed, req):
+            try:
+                self.build(t, e)
+            except ErnieIRError as err:
+                tries.append(LayoutTry(devices=count, tp=t, ep=e, dp=d, pp=q, sp=on, fits=None,
+                                       max_rank_bytes=None, error=str(err)))
+                continue
+            plan = self.plan(t, e, d, self.opts.model_copy(update={"pp": q, "sp": on}))
+            tries.append(LayoutTry(devices=count, tp=t, ep=e, dp=d, pp=q, sp=on, fits=plan.fits,
+                                   max_rank_bytes=plan.max_rank_bytes))
+            # over a fixed device count, keep the layout nearest to fitting; else the largest tried
+            if last is None or devices is None or plan.max_rank_bytes < last.max_rank_bytes:
+                last = plan
+            if plan.fits:
+                return plan.model_copy(update={"min_devices": None if devices is not None else count,
+                                               "searched": True, "search": tries, "search_devices": devices})
+        where = f"of {devices} devices" if devices is not None else f"up to {req.max_devices} devices"
+        if last is None:
+            raise PlanError(f"no layout of {self.model} {where} could be compiled: "
+                            f"{tries[-1].error if tries else 'no candidate layouts'}")
+        why = (f"nothing fits on {where.removeprefix('of ')} of {self.memory} bytes; this is the plan of the "
+               + ("layout with the smallest largest rank" if devices is not None else "largest layout tried"))
+        return last.model_copy(update={"min_devices": None, "searched": True, "search": tries,
+                                       "search_devices": devices, "notes": [*last.notes, why]})
 
 
 def search_layouts(graph: Graph, mode: str, devices: int, tp: int | None = None, ep: int | None = None,
@@ -457,17 +500,8 @@ def _layouts_of(w: int, moe: bool, mode: str) -> list[tuple[int, int]]:
 def _check_data_parallel(opts: _Options, dp: int | None, devices: int | None, tp: int | None,
                          ep: int | None, pp: int | None = None) -> None:
     """dp, sharding and devices: training only, consistent with each other and with tp/ep."""
-    if dp is not None and not 1 <= dp <= MAX_WORLD:
-        raise PlanError(f"--dp {dp}: a parallel degree is a positive integer (at most {MAX_WORLD})")
-    if devices is not None and not 1 <= devices <= MAX_WORLD:
-        raise PlanError(f"--devices {devices}: a device count from 1 to {MAX_WORLD}")
+    check_replica_flags(opts.mode, dp, opts.sharding, devices)
     if opts.mode != "training":
-        flag = ("--devices" if devices is not None else f"--dp {dp}" if dp is not None and dp > 1
-                else f"--sharding {opts.sharding}" if opts.sharding != "none" else None)
-        if flag is not None:
-            raise PlanError(f"{flag} applies to --mode training (a serving replica's memory does not depend "
-                            "on how many replicas run); --device-memory alone searches the smallest serving "
-                            "layout")
         return
     if opts.sharding != "none" and devices is None and (dp is None or dp == 1):
         raise PlanError(f"--sharding {opts.sharding} divides optimizer states over data-parallel ranks: give "
@@ -489,6 +523,9 @@ def _check_data_parallel(opts: _Options, dp: int | None, devices: int | None, tp
 
 
 class _Options(BaseModel):
+    """A plan's options resolved: CompileOptions' mode and ZeRO stage, PlanRequest's values checked
+    and in their units (dtypes, bytes), the engine and the modelled layout filled in."""
+
     model_config = ConfigDict(frozen=True)
 
     mode: str
@@ -509,10 +546,10 @@ class _Options(BaseModel):
     micro_batches: int = 1
 
     @classmethod
-    def make(cls, *, mode: str, seq_len: int, batch: int, offload_optimizer: bool, recompute: bool,
-             moment_dtype: str, master_weights: bool, kv_cache_dtype: str | None,
-             prefill_tokens: int | None, reserve: int | str, capacity_factor: float,
-             sharding: str | None = None) -> _Options:
+    def make(cls, o: CompileOptions, req: PlanRequest) -> _Options:
+        """`req`'s values checked against `o.mode` (one line each); the KV cache dtype is
+        `req.kv_cache_dtype`, else compile's (`o.kv_cache_dtype`)."""
+        mode, seq_len, batch = o.mode, req.seq_len, req.batch
         if mode not in ("inference", "training"):
             raise PlanError(f"unknown --mode {mode!r}: choose inference or training")
         if seq_len < 1 or batch < 1:
@@ -520,41 +557,36 @@ class _Options(BaseModel):
         if seq_len > 1 << 24 or batch > 1 << 20:  # the config cap on positions; a batch of 1M sequences
             raise PlanError(f"--seq-len {seq_len} --batch {batch}: at most {1 << 24} tokens per sequence and "
                             f"{1 << 20} sequences")
-        if mode == "inference" and (offload_optimizer or recompute):
-            flag = "--offload-optimizer" if offload_optimizer else "--recompute"
+        if mode == "inference" and (req.offload_optimizer or req.recompute):
+            flag = "--offload-optimizer" if req.offload_optimizer else "--recompute"
             raise PlanError(f"{flag} applies to --mode training (inference keeps no optimizer states or "
                             "saved activations)")
-        moment = _MOMENT.get(moment_dtype.strip().lower())
+        moment = _MOMENT.get(req.moment_dtype.strip().lower())
         if moment is None:
-            raise PlanError(f"--moment-dtype {moment_dtype!r}: choose fp32 or bf16")
+            raise PlanError(f"--moment-dtype {req.moment_dtype!r}: choose fp32 or bf16")
+        kv_text = req.kv_cache_dtype if req.kv_cache_dtype is not None else o.kv_cache_dtype
         kv = None
-        if kv_cache_dtype is not None:
-            kv = _KV.get(kv_cache_dtype.strip().lower())
+        if kv_text is not None:
+            kv = _KV.get(kv_text.strip().lower())
             if kv is None:
-                raise PlanError(f"--kv-cache-dtype {kv_cache_dtype!r}: choose bf16, f16, fp8 or int8")
-        if prefill_tokens is not None and prefill_tokens < 1:
-            raise PlanError(f"--prefill-tokens must be a positive integer, not {prefill_tokens}")
-        if not capacity_factor >= 1.0:
-            raise PlanError(f"capacity_factor must be >= 1 (1 = balanced routing), not {capacity_factor}")
+                raise PlanError(f"--kv-cache-dtype {kv_text!r}: choose bf16, f16, fp8 or int8")
+        if req.prefill_tokens is not None and req.prefill_tokens < 1:
+            raise PlanError(f"--prefill-tokens must be a positive integer, not {req.prefill_tokens}")
+        if not req.capacity_factor >= 1.0:
+            raise PlanError(f"capacity_factor must be >= 1 (1 = balanced routing), not {req.capacity_factor}")
+        reserve = req.reserve
         res = parse_memory(reserve, option="--reserve") if isinstance(reserve, str) else int(reserve)
         if res < 0:
             raise PlanError(f"--reserve must not be negative, not {reserve}")
-        stage = "none" if sharding is None else sharding.strip().lower()
-        if stage == "stage3":
-            raise PlanError("--sharding stage3 (ZeRO-3: the parameters sharded too, gathered layer by layer) "
-                            "is not modelled: give stage1 (optimizer states / dp) or stage2 (gradients too)")
-        if stage not in SHARDING:
-            raise PlanError(f"--sharding {sharding!r}: choose none, stage1 (optimizer states / dp) or stage2 "
-                            "(gradients too)")
-        return cls(mode=mode, seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer,
-                   recompute=recompute, moment=moment, master_weights=master_weights, kv_dtype=kv,
-                   prefill_tokens=prefill_tokens or seq_len, reserve=res, capacity_factor=capacity_factor,
-                   sharding=stage)
+        return cls(mode=mode, seq_len=seq_len, batch=batch, offload_optimizer=req.offload_optimizer,
+                   recompute=req.recompute, moment=moment, master_weights=req.master_weights, kv_dtype=kv,
+                   prefill_tokens=req.prefill_tokens or seq_len, reserve=res,
+                   capacity_factor=req.capacity_factor, sharding=o.layout.sharding or "none")
 
 
-def _with_pipeline(opts: _Options, tp: int | None, sp: bool | None, pp: int | None,
-                   micro_batches: int | None) -> _Options:
+def _with_pipeline(opts: _Options, fixed: _Fixed) -> _Options:
     """`opts` with sequence/pipeline parallelism and micro-batches checked (training only)."""
+    tp, sp, pp, micro_batches = fixed.tp, fixed.sp, fixed.pp, fixed.micro_batches
     flag = ("--sp" if sp else f"--pp {pp}" if pp is not None and pp != 1 else
             f"--micro-batches {micro_batches}" if micro_batches is not None and micro_batches != 1 else None)
     if opts.mode != "training" and flag is not None:
@@ -581,22 +613,18 @@ def _too_many_stages(pp: int, layers: int) -> PlanError:
                      f"one: give --pp {layers} or less")
 
 
-def _with_engine(opts: _Options, target: str, engine: str | None, seq_len: int | None,
-                 max_model_len: int | None, max_num_seqs: int | None, gpu_memory_utilization: float | None,
-                 max_num_batched_tokens: int | None, prefill_tokens: int | None) -> _Options:
+def _with_engine(opts: _Options, target: str, req: PlanRequest) -> _Options:
     """`opts` with the serving engine resolved: FastDeploy by default for cuda inference (its flags
     checked and defaulted; `seq_len` becomes max_model_len, the prefill its profile run's tokens),
     none elsewhere, where the engine's flags are refused."""
     tgt = find_target(target)
     applies = tgt is not None and "fastdeploy" in tgt.executables and opts.mode == "inference"
+    engine = req.engine
     name = ("fastdeploy" if applies else "none") if engine is None else engine.strip().lower()
     if name not in ENGINES:
         raise PlanError(f"--engine {engine!r}: choose fastdeploy (cuda inference) or none (the bare model)")
-    flags = {"--max-model-len": max_model_len, "--max-num-seqs": max_num_seqs,
-             "--gpu-memory-utilization": gpu_memory_utilization,
-             "--max-num-batched-tokens": max_num_batched_tokens}
     if name == "none":
-        flag = next((f for f, v in flags.items() if v is not None), None)
+        flag = next((f for f, key in _ENGINE_FLAGS.items() if req.given(key)), None)
         if flag is not None:
             why = "--engine none" if applies else ("--mode training" if opts.mode == "training"
                                                    else f"--target {target}")
@@ -607,16 +635,15 @@ def _with_engine(opts: _Options, target: str, engine: str | None, seq_len: int |
         where = "--mode training" if opts.mode == "training" else f"--target {target}"
         raise PlanError(f"--engine fastdeploy models FastDeploy serving on cuda, not {where}: drop --engine "
                         "(or give --engine none)")
-    if prefill_tokens is not None:
+    if req.prefill_tokens is not None:
         raise PlanError("prefill_tokens does not apply under --engine fastdeploy: its profile run's "
                         "max_num_batched_tokens sets the activations; give that instead")
-    if max_model_len is not None and seq_len is not None and max_model_len != seq_len:
-        raise PlanError(f"--seq-len {seq_len} and --max-model-len {max_model_len} disagree: under --engine "
-                        "fastdeploy they are one number; give one of them")
+    max_model_len = req.max_model_len
+    if max_model_len is not None and req.given("seq_len") and max_model_len != req.seq_len:
+        raise PlanError(f"--seq-len {req.seq_len} and --max-model-len {max_model_len} disagree: under "
+                        "--engine fastdeploy they are one number; give one of them")
     mml = opts.seq_len if max_model_len is None else max_model_len
-    seqs = FASTDEPLOY_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
-    util = FASTDEPLOY_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
-    tokens = FASTDEPLOY_MAX_NUM_BATCHED_TOKENS if max_num_batched_tokens is None else max_num_batched_tokens
+    seqs, util, tokens = req.max_num_seqs, req.gpu_memory_utilization, req.max_num_batched_tokens
     for flag, value, cap in (("--max-model-len", mml, 1 << 24), ("--max-num-seqs", seqs, 1 << 20),
                              ("--max-num-batched-tokens", tokens, 1 << 24)):
         if not 1 <= value <= cap:
@@ -649,28 +676,39 @@ def _num_experts(graph: Graph) -> int | None:
     return None
 
 
-def _compile_ranks(model: str, tgt: Any, arch: int | None, quant_text: str, tp: int,
+def _compile_ranks(model: str, tgt: HardwareTarget, arch: int | None, options: CompileOptions, tp: int,
                    ep: int) -> tuple[list[Graph], str, list[str]]:
     """The rank graphs compile would write for this layout, the pipeline text, and notes."""
     graph = _load(model)
     notes: list[str] = []
+    quant_text = options.quant_text
     try:
-        resolved, _ = compile_pipeline(graph, tgt, arch, quant_text, None, tp, ep)
+        layout = ParallelLayout(tp=tp, ep=ep)
+        resolved, _ = compile_pipeline(graph, tgt, arch, quant_text, options.pipeline, layout)
         ranks = run_ranks(graph, resolved)
     except SplitError as e:
         # FP8's tensor-wise scales span the whole weight, so the split refuses an FP8 graph and
         # compile cannot build this layout today. Each rank quantizing its own slice has the same
         # param types and shapes (one f32 scale per tensor), so plan that order and say so.
-        if "fp8" not in quant_text and "FP8" not in str(e):
+        if not _quantizes_fp8(options.quant):
             raise
         graph = _load(model)
+        user = str(load_pipeline(options.pipeline)) if options.pipeline else ""
         legal = legalize_spec(tgt, arch)
-        text = ",".join(x for x in (f"split{{tp={tp},ep={ep}}}", quant_text, legal) if x)
+        text = ",".join(x for x in (user, f"split{{tp={tp},ep={ep}}}", quant_text, legal) if x)
         resolved = load_pipeline(text)
         ranks = run_ranks(graph, resolved)
         notes.append(f"compile cannot split an FP8 graph today ({e}); planned as {text}: each rank "
                      "quantizes its own slice (same param types and shapes, per-rank scales)")
     return ranks, str(resolved), notes
+
+
+def _quantizes_fp8(quant: QuantChoice | None) -> bool:
+    """Whether `quant` makes FP8 weights: an FP8 preset (`QuantChoice.fp8`), or a quant-config
+    file with an FP8 rule."""
+    if quant is None:
+        return False
+    return quant.fp8 or (quant.config is not None and Algo.FP8 in QuantConfig.from_yaml(quant.config).algos)
 
 
 def run_ranks(graph: Graph, pipeline: Pipeline) -> list[Graph]:
@@ -682,8 +720,10 @@ def run_ranks(graph: Graph, pipeline: Pipeline) -> list[Graph]:
     passes = pipeline.passes
     cut = next((i for i, p in enumerate(passes) if p.fans_out), None)
     if cut is None:
-        return run_pipeline_ranks(graph, pipeline, debug=False, evaluator=Interpreter).ranks
-    split = run_pipeline_ranks(graph, Pipeline(passes[: cut + 1]), debug=False, evaluator=Interpreter).ranks
+        return run_pipeline_ranks(graph, pipeline, debug=False, evaluator=Interpreter,
+                                  adapter_reader=read_adapter).ranks
+    split = run_pipeline_ranks(graph, Pipeline(passes[: cut + 1]), debug=False, evaluator=Interpreter,
+                               adapter_reader=read_adapter).ranks
     rest = Pipeline(passes[cut + 1:])
     done: dict[Any, Graph] = {}
     out: list[Graph] = []
@@ -691,7 +731,7 @@ def run_ranks(graph: Graph, pipeline: Pipeline) -> list[Graph]:
         key = _type_key(g)
         if key not in done:
             if rest.passes:
-                run_pipeline(g, rest, debug=False, evaluator=Interpreter)
+                run_pipeline(g, rest, debug=False, evaluator=Interpreter, adapter_reader=read_adapter)
             done[key] = g
         out.append(done[key])
     return out
@@ -702,10 +742,11 @@ def _type_key(g: Graph) -> tuple[Any, ...]:
             tuple((n.op, n.scope, tuple(o.type for o in n.outputs)) for n in g))
 
 
-def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: bool,
-                   serving: dict[str, Any], dp: int | None, devices: int | None) -> MemoryPlan:
+def _plan_artifact(model: str, target: str, opts: _Options, memory: int, req: PlanRequest,
+                   dp: int | None) -> MemoryPlan:
     from ernie_ir.artifacts import artifact_mapping, verify_artifact
 
+    devices = req.devices
     manifest = verify_artifact(model)
     if target and target != manifest.get("target"):
         raise PlanError(f"{model} was compiled for --target {manifest.get('target')}, not {target}: "
@@ -733,110 +774,27 @@ def _plan_artifact(model: str, target: str, opts: _Options, memory: int, given: 
                         "not a multiple of that (devices = ranks x dp)")
     _check_data_parallel(opts, replicas, devices, mapping.tp, mapping.ep)
     ranks = [load_graph(Path(model) / f"rank{r}") for r in range(mapping.world_size)]
-    opts = _with_engine(opts, str(manifest.get("target")), **serving)
+    opts = _with_engine(opts, str(manifest.get("target")), req)
     plan_meta = ranks[0].metadata.get("kernel_plan", {}) or {}
     head = dict(model=model, target=str(manifest.get("target")), cuda_arch=plan_meta.get("cuda_arch"),
                 quant=(ranks[0].metadata.get("quantization") or {}).get("name"), mode=opts.mode,
                 lora_rank=None)
     return _assemble(head, ranks, str(manifest.get("pipeline", "")), [], mapping.tp, mapping.ep, opts,
-                     memory, given, dp=replicas)
+                     memory, req.given("device_memory"), dp=replicas)
 
 
 def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: list[str], tp: int, ep: int,
               opts: _Options, memory: int, given: bool, *, dp: int = 1) -> MemoryPlan:
     """The plan of one layout, `ranks` being one data-parallel replica's (no search: `min_devices`
     None; the search fills it in)."""
-    training = opts.mode == "training"
     if opts.sp and tp < 2:
         raise PlanError("--sp shards the residual stream over the tensor-parallel ranks: it needs --tp 2 or "
                         "more, not --tp 1")
     if opts.pp > 1 and opts.pp > _layer_count(ranks[0]):
         raise _too_many_stages(opts.pp, _layer_count(ranks[0]))
-    per_rank: list[RankMemory] = []
-    kind: Literal["none", "graph", "full"] = "none"
-    trainable_count = 0
-    measured: dict[tuple[int, int], RankMemory] = {}
-
-    def trainable_of(g: Graph) -> tuple[set[str], Literal["none", "graph", "full"]]:
-        if not training:
-            return set(), "none"
-        names = {p.name for p in g.params.values() if p.trainable}
-        return (names, "graph") if names else (full_parameter_trainable(g), "full")
-
-    specs: list[_Stage | None] = [None]
-    infos: list[StageInfo] = []
-    if training and opts.pp > 1:
-        parts, infos = _partition(ranks[0], trainable_of(ranks[0])[0], opts, tp, dp)
-        specs = list(parts)
-    for st, spec in enumerate(specs):
-        for r, g in enumerate(ranks):
-            trainable, kind = trainable_of(g)
-            if r == 0 and st == 0:
-                trainable_count = len(trainable)
-            if (id(g), st) not in measured:  # type-identical ranks share one graph (see run_ranks)
-                measured[id(g), st] = _rank_memory(r, g, trainable, opts, memory, dp, tp=tp, stage=spec)
-            per_rank.append(measured[id(g), st].model_copy(update={"rank": st * len(ranks) + r, "stage": st}))
+    per_rank, infos, kind, trainable_count = _measure(ranks, opts, memory, tp, dp)
     worst = max(per_rank, key=lambda m: m.total_bytes)
-    assumptions: dict[str, Any] = {
-        "reserve_bytes": opts.reserve,
-        "attention": "memory-efficient (flash): no [S, S] scores kept",
-        "moe_routing": f"balanced over experts, capacity factor {opts.capacity_factor:g}",
-    }
-    if training:
-        assumptions.update({
-            "optimizer": "AdamW (2 moments per trainable param)",
-            "moment_dtype": str(opts.moment), "master_weights": "f32 for trainable params not in f32"
-            if opts.master_weights else "none", "gradients": "param dtype (bf16 for fp8/int params)",
-            "offload_optimizer": opts.offload_optimizer, "recompute": "full, per decoder layer"
-            if opts.recompute else "none",
-            "loss": "cross-entropy over the graph's f32 logits; at tp > 1 over each rank's vocabulary "
-                    "shard (the vocabulary-parallel loss, never gathered)",
-            "sequence_parallel": (
-                f"on (modelled, not compiled): the residual stream, the norms and their outputs are kept as "
-                f"token shards (/ tp {tp}); each column-parallel linear keeps its all-gathered input whole"
-                if opts.sp else "none: activations between tensor-parallel ops are whole on every rank"),
-            "pipeline_parallel": (
-                f"pp {opts.pp} (modelled, not compiled), 1F1B over {opts.micro_batches} micro-batch(es): "
-                "stage s keeps min(pp - s, M) micro-batches' saved activations; layers partitioned to "
-                "balance each stage's params, gradients, device optimizer states and in-flight kept "
-                "activations (rank 0)"
-                if opts.pp > 1 else "none"),
-            "micro_batches": opts.micro_batches,
-            "micro_batch_sequences": opts.batch // opts.micro_batches,
-            "tokens_per_step": opts.batch * opts.seq_len,
-            "data_parallel": f"dp {dp}: every replica holds these ranks' weights, gradients and "
-                             "activations; --batch is per replica (ERNIEKit's per_device_train_batch_size)",
-            "sharding": {"none": "none", "stage1": f"stage1: AdamW moments and f32 master weights / dp {dp}",
-                         "stage2": f"stage2: AdamW moments, f32 master weights and gradients / dp {dp}"
-                         }[opts.sharding] + ("" if opts.sharding == "none" else
-                                             " (even split, rounded up; no bucket buffers)"),
-            "global_tokens_per_step": opts.batch * opts.seq_len * dp,
-        })
-        if opts.sharding != "none" and dp == 1:
-            notes = [*notes, f"--sharding {opts.sharding} over dp 1 divides nothing: every rank keeps all "
-                     "of its optimizer states"]
-        if kind == "full" and any(p.type.dtype in (DType.F8E4M3, DType.F8E5M2)
-                                  for p in ranks[0].params.values()):
-            notes = [*notes, "full-parameter training of FP8 params as ERNIEKit's FP8 QAT stores them "
-                     "(FP8 on the device, gradients bf16, f32 masters with the optimizer states); this "
-                     "toolchain's own FP8 QAT graph (fp8-quant{form=fake}) keeps bf16 weights"]
-    else:
-        kv = opts.kv_dtype
-        assumptions.update({
-            "kv_cache_dtype": str(kv) if kv is not None else "the attention inputs' dtype",
-            "kv_cache_tokens": opts.batch * opts.seq_len, "prefill_tokens": opts.prefill_tokens,
-            "logits": "last position of each sequence only",
-        })
-        if opts.engine is not None:
-            assumptions.update({
-                "engine": "FastDeploy: usable = device x gpu_memory_utilization; the reserve, weights and "
-                          "the activation peak of a profile run over max_num_batched_tokens tokens come "
-                          "first; the KV blocks left must hold required_sequences of max_model_len + 2 "
-                          "blocks (at most 40000 blocks)",
-            })
-            if any(r.kv_detail["blocks_needed"] > opts.engine.max_blocks for r in per_rank):
-                notes = [*notes, f"max_model_len {opts.seq_len} needs more than FastDeploy's "
-                         f"{opts.engine.max_blocks} KV blocks per rank: it cannot start on any memory"]
+    notes = [*notes, *_plan_notes(ranks, per_rank, kind, opts, dp)]
     engine = (opts.engine.model_copy(update={"usable_bytes": _usable(opts, memory)})
               if opts.engine is not None else None)
     return MemoryPlan(
@@ -847,9 +805,124 @@ def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: li
         devices=len(ranks) * dp * opts.pp, device_memory_bytes=memory, device_memory_given=given,
         fits=all(m.fits for m in per_rank), headroom_bytes=min(m.headroom_bytes for m in per_rank),
         max_rank_bytes=worst.total_bytes, min_devices=None, searched=False, search=[],
-        trainable=kind, trainable_params=trainable_count, assumptions=assumptions, per_rank=per_rank,
-        host_total_bytes=sum(m.host_bytes for m in per_rank) * dp, notes=notes,
+        trainable=kind, trainable_params=trainable_count, assumptions=_assumptions(opts, tp, dp),
+        per_rank=per_rank, host_total_bytes=sum(m.host_bytes for m in per_rank) * dp, notes=notes,
     )
+
+
+Trainable = Literal["none", "graph", "full"]
+
+
+def _trainable_of(g: Graph, opts: _Options) -> tuple[set[str], Trainable]:
+    """The params of `g` a training step updates, and which rule chose them (`MemoryPlan.trainable`)."""
+    if opts.mode != "training":
+        return set(), "none"
+    names = {p.name for p in g.params.values() if p.trainable}
+    return (names, "graph") if names else (full_parameter_trainable(g), "full")
+
+
+def _measure(ranks: list[Graph], opts: _Options, memory: int, tp: int,
+             dp: int) -> tuple[list[RankMemory], list[StageInfo], Trainable, int]:
+    """Every rank's memory (stage by stage with pipeline parallelism), the stages, which params
+    train and how many of rank 0's do."""
+    per_rank: list[RankMemory] = []
+    kind: Trainable = "none"
+    trainable_count = 0
+    measured: dict[tuple[int, int], RankMemory] = {}
+    specs: list[_Stage | None] = [None]
+    infos: list[StageInfo] = []
+    if opts.mode == "training" and opts.pp > 1:
+        parts, infos = _partition(ranks[0], _trainable_of(ranks[0], opts)[0], opts, tp, dp)
+        specs = list(parts)
+    for st, spec in enumerate(specs):
+        for r, g in enumerate(ranks):
+            trainable, kind = _trainable_of(g, opts)
+            if r == 0 and st == 0:
+                trainable_count = len(trainable)
+            if (id(g), st) not in measured:  # type-identical ranks share one graph (see run_ranks)
+                measured[id(g), st] = _rank_memory(r, g, trainable, opts, memory, dp, tp=tp, stage=spec)
+            per_rank.append(measured[id(g), st].model_copy(update={"rank": st * len(ranks) + r, "stage": st}))
+    return per_rank, infos, kind, trainable_count
+
+
+def _assumptions(opts: _Options, tp: int, dp: int) -> dict[str, Any]:
+    """What the plan assumes (`MemoryPlan.assumptions`)."""
+    assumptions: dict[str, Any] = {
+        "reserve_bytes": opts.reserve,
+        "attention": "memory-efficient (flash): no [S, S] scores kept",
+        "moe_routing": f"balanced over experts, capacity factor {opts.capacity_factor:g}",
+    }
+    if opts.mode == "training":
+        assumptions.update(_training_assumptions(opts, tp, dp))
+        return assumptions
+    kv = opts.kv_dtype
+    assumptions.update({
+        "kv_cache_dtype": str(kv) if kv is not None else "the attention inputs' dtype",
+        "kv_cache_tokens": opts.batch * opts.seq_len, "prefill_tokens": opts.prefill_tokens,
+        "logits": "last position of each sequence only",
+    })
+    if opts.engine is not None:
+        assumptions.update({
+            "engine": "FastDeploy: usable = device x gpu_memory_utilization; the reserve, weights and "
+                      "the activation peak of a profile run over max_num_batched_tokens tokens come "
+                      "first; the KV blocks left must hold required_sequences of max_model_len + 2 "
+                      "blocks (at most 40000 blocks)",
+        })
+    return assumptions
+
+
+def _training_assumptions(opts: _Options, tp: int, dp: int) -> dict[str, Any]:
+    """The training step's assumptions (optimizer, recompute, layout)."""
+    return {
+        "optimizer": "AdamW (2 moments per trainable param)",
+        "moment_dtype": str(opts.moment), "master_weights": "f32 for trainable params not in f32"
+        if opts.master_weights else "none", "gradients": "param dtype (bf16 for fp8/int params)",
+        "offload_optimizer": opts.offload_optimizer, "recompute": "full, per decoder layer"
+        if opts.recompute else "none",
+        "loss": "cross-entropy over the graph's f32 logits; at tp > 1 over each rank's vocabulary "
+                "shard (the vocabulary-parallel loss, never gathered)",
+        "sequence_parallel": (
+            f"on (modelled, not compiled): the residual stream, the norms and their outputs are kept as "
+            f"token shards (/ tp {tp}); each column-parallel linear keeps its all-gathered input whole"
+            if opts.sp else "none: activations between tensor-parallel ops are whole on every rank"),
+        "pipeline_parallel": (
+            f"pp {opts.pp} (modelled, not compiled), 1F1B over {opts.micro_batches} micro-batch(es): "
+            "stage s keeps min(pp - s, M) micro-batches' saved activations; layers partitioned to "
+            "balance each stage's params, gradients, device optimizer states and in-flight kept "
+            "activations (rank 0)"
+            if opts.pp > 1 else "none"),
+        "micro_batches": opts.micro_batches,
+        "micro_batch_sequences": opts.batch // opts.micro_batches,
+        "tokens_per_step": opts.batch * opts.seq_len,
+        "data_parallel": f"dp {dp}: every replica holds these ranks' weights, gradients and "
+                         "activations; --batch is per replica (ERNIEKit's per_device_train_batch_size)",
+        "sharding": {"none": "none", "stage1": f"stage1: AdamW moments and f32 master weights / dp {dp}",
+                     "stage2": f"stage2: AdamW moments, f32 master weights and gradients / dp {dp}"
+                     }[opts.sharding] + ("" if opts.sharding == "none" else
+                                         " (even split, rounded up; no bucket buffers)"),
+        "global_tokens_per_step": opts.batch * opts.seq_len * dp,
+    }
+
+
+def _plan_notes(ranks: list[Graph], per_rank: list[RankMemory], kind: Trainable, opts: _Options,
+                dp: int) -> list[str]:
+    """What the plan says beside its figures: sharding that divides nothing, FP8 params trained,
+    a max_model_len FastDeploy cannot start with."""
+    notes: list[str] = []
+    if opts.mode == "training":
+        if opts.sharding != "none" and dp == 1:
+            notes.append(f"--sharding {opts.sharding} over dp 1 divides nothing: every rank keeps all "
+                         "of its optimizer states")
+        if kind == "full" and any(p.type.dtype in (DType.F8E4M3, DType.F8E5M2)
+                                  for p in ranks[0].params.values()):
+            notes.append("full-parameter training of FP8 params as ERNIEKit's FP8 QAT stores them "
+                         "(FP8 on the device, gradients bf16, f32 masters with the optimizer states); this "
+                         "toolchain's own FP8 QAT graph (fp8-quant{form=fake}) keeps bf16 weights")
+    elif opts.engine is not None and any(r.kv_detail["blocks_needed"] > opts.engine.max_blocks
+                                         for r in per_rank):
+        notes.append(f"max_model_len {opts.seq_len} needs more than FastDeploy's "
+                     f"{opts.engine.max_blocks} KV blocks per rank: it cannot start on any memory")
+    return notes
 
 
 @dataclass(frozen=True)

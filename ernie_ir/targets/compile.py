@@ -32,7 +32,7 @@ from ernie_ir.passes.quant.cli_flags import NO_QUANT, adapter_folder
 from ernie_ir.targets.artifact import ArtifactContents, check_out, write_artifact
 from ernie_ir.targets.capabilities import HardwareTarget
 from ernie_ir.targets.coverage import check_coverage
-from ernie_ir.targets.executables import backend_of, check_emit, default_emit, select_emitters
+from ernie_ir.targets.executables import EmitSettings, backend_of, check_emit, default_emit, select_emitters
 from ernie_ir.targets.options import (
     DEFAULT_ONNX_NUMERICS,
     MODES,
@@ -400,10 +400,11 @@ def _emitters(model: str, ranks: list[Graph], mapping: Mapping, tgt: HardwareTar
         return {}, ()
     emit_names = tuple(check_coverage(ranks, emit_names, target=tgt.name, mode=o.mode,
                                       explicit=emit_names if o.emit is not None else (), warnings=warnings))
-    emitters = select_emitters(emit_names, explicit=o.emit is not None, target=tgt, mode=o.mode, model=model,
-                               ranks=ranks, mapping=mapping, arch=arch,
-                               onnx_numerics=o.onnx_numerics or DEFAULT_ONNX_NUMERICS, warnings=warnings,
-                               kv_cache_dtype=o.kv_cache_dtype)
+    settings = EmitSettings(explicit=o.emit is not None, mode=o.mode,
+                            onnx_numerics=o.onnx_numerics or DEFAULT_ONNX_NUMERICS,
+                            kv_cache_dtype=o.kv_cache_dtype)
+    emitters = select_emitters(emit_names, settings, target=tgt, model=model, ranks=ranks, mapping=mapping,
+                               arch=arch, warnings=warnings)
     return emitters, emit_names
 
 

@@ -27,6 +27,7 @@ own params file).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,16 +106,28 @@ def check_emit(emit: Sequence[str], target: str | HardwareTarget, mode: str, wor
                               f"{', '.join(tgt.executables)}): drop it from --emit")
 
 
-def select_emitters(emit: Sequence[str], *, explicit: bool, target: HardwareTarget, mode: str, model: str,
-                    ranks: Sequence[Graph], mapping: Mapping, arch: int | None, onnx_numerics: str,
-                    warnings: list[str], kv_cache_dtype: str | None = None) -> dict[str, Emitter]:
-    """backend/format name -> writer, for the executables in `emit` (see EXECUTABLES).
+@dataclass(frozen=True)
+class EmitSettings:
+    """What the compile options say about the executables: whether the user named them
+    (`--emit`: one that cannot be made is an error; a default one that does not apply, e.g.
+    fastdeploy for GPT, is left out with a warning where the model nearly qualified), the mode,
+    the ONNX numerics and the element type of the ONNX decoder's KV cache (None: the
+    attention's key dtype)."""
 
-    `explicit`: the user named them (`--emit`): one that cannot be made is an error; a default
-    one that does not apply (e.g. fastdeploy for GPT) is left out, with a warning where the
-    model nearly qualified. `kv_cache_dtype`: the element type of the ONNX decoder's KV cache
-    (None: the attention's key dtype)."""
+    explicit: bool
+    mode: str
+    onnx_numerics: str
+    kv_cache_dtype: str | None = None
+
+
+def select_emitters(emit: Sequence[str], settings: EmitSettings, *, target: HardwareTarget, model: str,
+                    ranks: Sequence[Graph], mapping: Mapping, arch: int | None,
+                    warnings: list[str]) -> dict[str, Emitter]:
+    """backend/format name -> writer, for the executables in `emit` (see EXECUTABLES)."""
     from ernie_ir.backends.fastdeploy import NOT_A_CHECKPOINT, fastdeploy_emitters
+
+    explicit, mode = settings.explicit, settings.mode
+    onnx_numerics, kv_cache_dtype = settings.onnx_numerics, settings.kv_cache_dtype
 
     first = ranks[0]
     emitters: dict[str, Emitter] = {}

@@ -10,7 +10,7 @@ from ernie_ir.ir import GraphBuilder, bf16, i64, tensor
 from ernie_ir.ir.weights import GeneratedSource
 from ernie_ir.load import load_input
 from ernie_ir.passes.infra.manager import run_pipeline_ranks
-from ernie_ir.planning import plan_memory
+from ernie_ir.planning import PlanRequest, plan_memory
 from ernie_ir.planning.graph_memory import (
     GraphFacts,
     inference_peak,
@@ -18,6 +18,7 @@ from ernie_ir.planning.graph_memory import (
     saved_for_backward,
     training_activations,
 )
+from ernie_ir.targets import CompileOptions
 
 BF16, F32 = 2, 4
 
@@ -134,18 +135,21 @@ def test_kv_cache_by_hand() -> None:
 
     assert kv_cache_bytes(g, seq_len=100, batch=3, dtype=DType.F8E4M3) == 2 * 2 * 3 * 100 * 16
     # 21B-A3B@tiny: 3 layers, 2 KV heads of 8; tp 2 leaves one KV head per rank
-    plan = plan_memory("ernie-4.5-21b-a3b@tiny", "cuda", tp=2, seq_len=64, batch=5, engine="none")
+    plan = plan_memory("ernie-4.5-21b-a3b@tiny", "cuda", CompileOptions(tp=2),
+                       PlanRequest(seq_len=64, batch=5, engine="none"))
     for r in plan.per_rank:
         assert r.by_category["kv_cache"] == 3 * 2 * 5 * 64 * 1 * 8 * BF16
     # FastDeploy (the default): blocks of 64 tokens, 5 sequences of one block each + 2 blocks
-    plan = plan_memory("ernie-4.5-21b-a3b@tiny", "cuda", tp=2, seq_len=64, batch=5)
+    plan = plan_memory("ernie-4.5-21b-a3b@tiny", "cuda", CompileOptions(tp=2),
+                       PlanRequest(seq_len=64, batch=5))
     for r in plan.per_rank:
         assert r.kv_detail["block_bytes"] == 3 * 2 * 64 * 1 * 8 * BF16
         assert r.by_category["kv_cache"] == (5 * 1 + 2) * 3 * 2 * 64 * 1 * 8 * BF16
     # tp 4 > 2 KV heads: each rank holds a replica of one KV head (FastDeploy), not half of one
     g = load_input("ernie-4.5-300b-a47b@tiny")
     heads = next(n for n in g if n.op == "attention").inputs[1].shape[2]
-    plan = plan_memory("ernie-4.5-300b-a47b@tiny", "cuda", tp=2 * heads, seq_len=8, batch=1, engine="none")
+    plan = plan_memory("ernie-4.5-300b-a47b@tiny", "cuda", CompileOptions(tp=2 * heads),
+                       PlanRequest(seq_len=8, batch=1, engine="none"))
     layers = sum(1 for n in g if n.op == "attention")
     hd = next(n for n in g if n.op == "attention").inputs[1].shape[3]
     assert plan.per_rank[0].by_category["kv_cache"] == layers * 2 * 8 * 1 * hd * BF16

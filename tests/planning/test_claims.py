@@ -8,6 +8,7 @@ plan disagrees with a claim, the test asserts the documented reason with its num
 from __future__ import annotations
 
 import pytest
+from _plan_kit import plan_args
 
 from ernie_ir.planning import MemoryPlan, plan_memory
 
@@ -36,7 +37,7 @@ def by_devices(plan: MemoryPlan) -> dict[int, list[bool | None]]:
 @pytest.mark.parametrize(("quant", "devices"), [("wint4", 4), ("wint8", 8)])
 def test_serving_needs_the_claimed_device_count(quant: str, devices: int) -> None:
     """FastDeploy: wint4 on 4 x 80G (not 2), wint8 on 8 x 80G (not 4), --max-model-len 32768."""
-    plan = plan_memory(MODEL, "cuda", quant=quant, device_memory=G80, **SERVE)
+    plan = plan_memory(MODEL, "cuda", *plan_args(quant=quant, device_memory=G80, **SERVE))
     assert plan.min_devices == devices
     assert (plan.tp, plan.ep) == (devices, 1)  # FastDeploy's default layout: TP, experts cut
     tried = by_devices(plan)
@@ -46,14 +47,14 @@ def test_serving_needs_the_claimed_device_count(quant: str, devices: int) -> Non
 
 def test_fastdeploy_wint4_on_moe_is_wint8mix_and_fits_on_4_not_2() -> None:
     """FastDeploy turns --quantization wint4 on ERNIE MoE into mix_quant (dense int8, experts int4)."""
-    assert plan_memory(MODEL, "cuda", quant="wint8mix", tp=4, device_memory=G80, **SERVE).fits
-    two = plan_memory(MODEL, "cuda", quant="wint8mix", tp=2, device_memory=G80, **SERVE)
+    assert plan_memory(MODEL, "cuda", *plan_args(quant="wint8mix", tp=4, device_memory=G80, **SERVE)).fits
+    two = plan_memory(MODEL, "cuda", *plan_args(quant="wint8mix", tp=2, device_memory=G80, **SERVE))
     assert not two.fits
     assert two.per_rank[0].by_category["weights"] > 70 * GiB  # the weights alone nearly fill a device
 
 
 def test_wint8mix_lora_fits_on_4_at_8k() -> None:
-    plan = plan_memory(MODEL, "cuda", seq_len=8192, device_memory=G80, **LORA)
+    plan = plan_memory(MODEL, "cuda", *plan_args(seq_len=8192, device_memory=G80, **LORA))
     assert plan.min_devices == 4 and (plan.tp, plan.ep) == (4, 4)  # ERNIEKit: tp 4, moe_group mp
     assert plan.trainable == "graph" and plan.fits
 
@@ -62,8 +63,8 @@ def test_wint8mix_lora_32k_fits_on_4_narrowly_where_erniekit_uses_8() -> None:
     """ERNIEKit's 32K LoRA config runs on 8 (tp 8); with the vocabulary-parallel loss (the
     training runtime's default) this plan fits tp 4 ep 4, by under 2 GiB (docs/planning.md
     section 7 says why the claim still asks for 8)."""
-    four = plan_memory(MODEL, "cuda", seq_len=32768, tp=4, ep=4, device_memory=G80, **LORA)
-    eight = plan_memory(MODEL, "cuda", seq_len=32768, tp=8, ep=8, device_memory=G80, **LORA)
+    four = plan_memory(MODEL, "cuda", *plan_args(tp=4, ep=4, seq_len=32768, device_memory=G80, **LORA))
+    eight = plan_memory(MODEL, "cuda", *plan_args(tp=8, ep=8, seq_len=32768, device_memory=G80, **LORA))
     assert four.fits and eight.fits
     assert 0 < four.headroom_bytes < 2 * GiB
     # kept at the end of forward: the 54 layer inputs recompute keeps (and the final norm's input),
@@ -75,12 +76,12 @@ def test_wint8mix_lora_32k_fits_on_4_narrowly_where_erniekit_uses_8() -> None:
 
 def test_without_recompute_lora_does_not_fit_even_at_8k() -> None:
     options = {**LORA, "recompute": False}
-    plan = plan_memory(MODEL, "cuda", seq_len=8192, tp=4, ep=4, device_memory=G80, **options)
+    plan = plan_memory(MODEL, "cuda", *plan_args(tp=4, ep=4, seq_len=8192, device_memory=G80, **options))
     assert not plan.fits and plan.per_rank[0].by_category["activations"] > 60 * GiB
 
 
 def test_fp8_full_sft_fits_on_16_at_8k_with_offloaded_optimizer() -> None:
-    plan = plan_memory(MODEL, "cuda", seq_len=8192, tp=16, ep=16, device_memory=G80, **FP8)
+    plan = plan_memory(MODEL, "cuda", *plan_args(tp=16, ep=16, seq_len=8192, device_memory=G80, **FP8))
     assert plan.fits and plan.trainable == "full"
     r = plan.per_rank[0]
     assert r.weights_by_dtype["f8e4m3"] > 0.95 * r.by_category["weights"]  # params are FP8
@@ -90,15 +91,16 @@ def test_fp8_full_sft_fits_on_16_at_8k_with_offloaded_optimizer() -> None:
     assert 1.9e12 < plan.host_total_bytes < 2.6e12
     assert any("FP8" in n for n in plan.notes)  # compile cannot split FP8 today: said, not hidden
     # offloading is what makes it fit: with the moments and masters on the device it does not
-    assert not plan_memory(MODEL, "cuda", seq_len=8192, tp=16, ep=16, device_memory=G80,
-                           **{**FP8, "offload_optimizer": False}).fits
+    assert not plan_memory(MODEL, "cuda",
+                           *plan_args(tp=16, ep=16, seq_len=8192, device_memory=G80,
+                                      **{**FP8, "offload_optimizer": False})).fits
 
 
 def test_fp8_full_sft_at_32k_disagrees_for_the_documented_reason() -> None:
     """ERNIEKit claims 16 x 80G at 32K too (tp 8 x pp 2 with sequence parallelism); this plan
     says no. The excess is less than what sequence parallelism would remove (the logits are
     already vocabulary-parallel: each tp-16 rank keeps 1/16 of them)."""
-    plan = plan_memory(MODEL, "cuda", seq_len=32768, tp=16, ep=16, device_memory=G80, **FP8)
+    plan = plan_memory(MODEL, "cuda", *plan_args(tp=16, ep=16, seq_len=32768, device_memory=G80, **FP8))
     assert not plan.fits
     layer_inputs = 54 * 32768 * 8192 * 2
     excess = -plan.headroom_bytes

@@ -10,7 +10,7 @@ import pytest
 from _cli_kit import cli, user_error
 
 from ernie_ir.frontends.builtins import PUBLISHED
-from ernie_ir.planning import CATEGORIES, MemorySizeError, parse_memory, plan_memory
+from ernie_ir.planning import CATEGORIES, MemorySizeError, PlanRequest, parse_memory, plan_memory
 from ernie_ir.targets import CompileOptions, compile_model
 
 TINY = "ernie-4.5-21b-a3b@tiny"
@@ -36,9 +36,9 @@ def test_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
 def test_search_finds_the_smallest_layout_and_reports_null_when_none_fits(
         capsys: pytest.CaptureFixture[str]) -> None:
     # no reserve, a budget one byte short of the one-device plan: two devices are the answer
-    one = plan_memory(TINY, "cuda", reserve=0, seq_len=16)
+    one = plan_memory(TINY, "cuda", request=PlanRequest(reserve=0, seq_len=16))
     budget = one.max_rank_bytes - 1
-    plan = plan_memory(TINY, "cuda", reserve=0, seq_len=16, device_memory=budget)
+    plan = plan_memory(TINY, "cuda", request=PlanRequest(reserve=0, seq_len=16, device_memory=budget))
     assert plan.searched and plan.min_devices == 2 and plan.fits and (plan.tp, plan.ep) == (2, 1)
     assert [(t.devices, t.tp, t.ep) for t in plan.search[:2]] == [(1, 1, 1), (2, 2, 1)]
     code, out, _ = cli(capsys, "plan", TINY, "--target", "cuda", "--device-memory", "1MiB", "--json")
@@ -80,8 +80,8 @@ def test_checkpoint_folder_is_read_from_its_config_alone(tmp_path: Path) -> None
     folder = tmp_path / "ckpt"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(PUBLISHED["ernie-4.5-0.3b"]), encoding="utf-8")
-    plan = plan_memory(str(folder), "cuda", quant="wint8", seq_len=1024)
-    same = plan_memory("ernie-4.5-0.3b", "cuda", quant="wint8", seq_len=1024)
+    plan = plan_memory(str(folder), "cuda", CompileOptions(quant="wint8"), PlanRequest(seq_len=1024))
+    same = plan_memory("ernie-4.5-0.3b", "cuda", CompileOptions(quant="wint8"), PlanRequest(seq_len=1024))
     assert plan.per_rank[0].by_category == same.per_rank[0].by_category
     assert plan.per_rank[0].by_category["weights"] > 300 * 2**20  # full size, not a tiny model
 
@@ -91,7 +91,7 @@ def test_an_artifact_is_planned_from_its_rank_graphs(tmp_path: Path, capsys: pyt
     out = tmp_path / "a"
     compile_model(TINY, "cuda", CompileOptions(quant="wint8mix", tp=2, cuda_arch=70, out=out))
     from_artifact = plan_memory(str(out), "cuda")
-    from_model = plan_memory(TINY, "cuda", quant="wint8mix", tp=2, cuda_arch=70)
+    from_model = plan_memory(TINY, "cuda", CompileOptions(quant="wint8mix", tp=2, cuda_arch=70))
     assert [r.by_category for r in from_artifact.per_rank] == [r.by_category for r in from_model.per_rank]
     assert user_error(capsys, "plan", str(out), "--target", "cuda", "--tp", "2").endswith(
         "drop --quant/--lora-rank/--tp/--ep (or plan its source model)")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from _cli_kit import cli, user_error
+from _plan_kit import plan_args
 
 from ernie_ir.load import load_input
 from ernie_ir.planning import device_layouts, plan_memory
@@ -31,8 +32,8 @@ def ceil_half(n: int) -> int:
 
 @pytest.mark.parametrize("model", [DENSE, MOE])
 def test_stage1_halves_optimizer_states_per_rank_at_dp2(model: str) -> None:
-    one = plan_memory(model, "cuda", tp=2, **TRAIN)
-    two = plan_memory(model, "cuda", tp=2, dp=2, sharding="stage1", **TRAIN)
+    one = plan_memory(model, "cuda", *plan_args(tp=2, **TRAIN))
+    two = plan_memory(model, "cuda", *plan_args(tp=2, dp=2, sharding="stage1", **TRAIN))
     assert (two.dp, two.sharding, two.devices) == (2, "stage1", 2 * one.devices)
     assert len(two.per_rank) == len(one.per_rank)  # one replica's ranks
     for a, b in zip(one.per_rank, two.per_rank, strict=True):
@@ -49,8 +50,8 @@ def test_stage1_halves_optimizer_states_per_rank_at_dp2(model: str) -> None:
 
 
 def test_stage2_halves_gradients_too() -> None:
-    one = plan_memory(MOE, "cuda", tp=2, ep=2, **TRAIN)
-    two = plan_memory(MOE, "cuda", tp=2, ep=2, dp=2, sharding="stage2", **TRAIN)
+    one = plan_memory(MOE, "cuda", *plan_args(tp=2, ep=2, **TRAIN))
+    two = plan_memory(MOE, "cuda", *plan_args(tp=2, ep=2, dp=2, sharding="stage2", **TRAIN))
     for a, b in zip(one.per_rank, two.per_rank, strict=True):
         for cat in ("gradients", *OPTIMIZER):
             assert b.by_category[cat] == ceil_half(a.by_category[cat])
@@ -60,8 +61,8 @@ def test_stage2_halves_gradients_too() -> None:
 
 
 def test_dp_alone_changes_no_rank_and_multiplies_the_host_total() -> None:
-    one = plan_memory(DENSE, "cuda", tp=2, offload_optimizer=True, **TRAIN)
-    four = plan_memory(DENSE, "cuda", tp=2, dp=4, offload_optimizer=True, **TRAIN)
+    one = plan_memory(DENSE, "cuda", *plan_args(tp=2, offload_optimizer=True, **TRAIN))
+    four = plan_memory(DENSE, "cuda", *plan_args(tp=2, dp=4, offload_optimizer=True, **TRAIN))
     assert four.devices == 8 and four.sharding == "none"
     assert [r.by_category for r in four.per_rank] == [r.by_category for r in one.per_rank]
     assert [r.host_by_category for r in four.per_rank] == [r.host_by_category for r in one.per_rank]
@@ -70,7 +71,8 @@ def test_dp_alone_changes_no_rank_and_multiplies_the_host_total() -> None:
     assert four.assumptions["global_tokens_per_step"] == 4 * four.assumptions["tokens_per_step"] == 4 * 16
     # sharded and offloaded: each rank's host share is divided, the total over all replicas is the
     # unsharded one of a single replica (up to rounding)
-    sharded = plan_memory(DENSE, "cuda", tp=2, dp=4, sharding="stage1", offload_optimizer=True, **TRAIN)
+    sharded = plan_memory(DENSE, "cuda",
+                          *plan_args(tp=2, dp=4, sharding="stage1", offload_optimizer=True, **TRAIN))
     for a, b in zip(one.per_rank, sharded.per_rank, strict=True):
         assert b.by_category == a.by_category  # moments and masters were on the host anyway
         for cat in OPTIMIZER:
@@ -91,26 +93,27 @@ def test_device_layouts_smallest_model_parallel_group_first() -> None:
 
 def test_search_over_a_device_count_picks_a_data_parallel_layout() -> None:
     # full plans at tp 1 / 2 / 4 of the dense tiny model: a budget only tp 4 meets unsharded
-    sizes = {t: plan_memory(DENSE, "cuda", tp=t, **TRAIN).max_rank_bytes for t in (1, 2, 4)}
+    sizes = {t: plan_memory(DENSE, "cuda", *plan_args(tp=t, **TRAIN)).max_rank_bytes for t in (1, 2, 4)}
     budget = sizes[4] + 1
     assert sizes[2] > budget
-    plan = plan_memory(DENSE, "cuda", devices=8, device_memory=budget, **TRAIN)
+    plan = plan_memory(DENSE, "cuda", *plan_args(devices=8, device_memory=budget, **TRAIN))
     assert plan.fits and (plan.tp, plan.ep, plan.dp, plan.devices) == (4, 1, 2, 8)
     assert plan.searched and plan.search_devices == 8 and plan.min_devices is None
     assert [(s.tp, s.dp, s.fits) for s in plan.search] == [(1, 8, False), (2, 4, False), (4, 2, True)]
     # stage 1 over the larger dp makes the smaller tensor-parallel group fit
-    sharded = plan_memory(DENSE, "cuda", devices=8, device_memory=budget, sharding="stage1", **TRAIN)
+    sharded = plan_memory(DENSE, "cuda",
+                          *plan_args(sharding="stage1", devices=8, device_memory=budget, **TRAIN))
     assert sharded.fits and (sharded.tp, sharded.dp) == (2, 4)
     # nothing fits: the plan is the layout nearest to fitting, said in a note
-    none = plan_memory(DENSE, "cuda", devices=8, device_memory=1000, **TRAIN)
+    none = plan_memory(DENSE, "cuda", *plan_args(devices=8, device_memory=1000, **TRAIN))
     assert not none.fits and none.tp == 8 and none.max_rank_bytes == min(
         s.max_rank_bytes for s in none.search if s.max_rank_bytes is not None)
     assert any("nothing fits on 8 devices" in n for n in none.notes)
 
 
 def test_dp_with_the_min_devices_search_counts_replicas() -> None:
-    sizes = {t: plan_memory(DENSE, "cuda", tp=t, **TRAIN).max_rank_bytes for t in (1, 2)}
-    plan = plan_memory(DENSE, "cuda", dp=2, device_memory=sizes[2], **TRAIN)
+    sizes = {t: plan_memory(DENSE, "cuda", *plan_args(tp=t, **TRAIN)).max_rank_bytes for t in (1, 2)}
+    plan = plan_memory(DENSE, "cuda", *plan_args(dp=2, device_memory=sizes[2], **TRAIN))
     assert plan.min_devices == 4 and (plan.tp, plan.dp, plan.devices) == (2, 2, 4)
     assert [(s.devices, s.tp, s.dp) for s in plan.search] == [(2, 1, 2), (4, 2, 2)]
 
@@ -204,8 +207,8 @@ ROWS = [  # docs/planning.md section 7, "ERNIEKit's stage-1 sharding at 300B": t
 @pytest.mark.parametrize(("options", "seq_len", "total", "fits"), ROWS)
 def test_300b_sharding_rows_of_the_docs(options: dict[str, Any], seq_len: int, total: float,
                                         fits: bool) -> None:
-    plan = plan_memory("ernie-4.5-300b-a47b", "cuda", seq_len=seq_len, device_memory="80GiB",
-                       **options)
+    plan = plan_memory("ernie-4.5-300b-a47b", "cuda",
+                       *plan_args(seq_len=seq_len, device_memory="80GiB", **options))
     assert round(plan.max_rank_bytes / GiB, 2) == total and plan.fits is fits
     r = plan.per_rank[0]
     dp = plan.dp
@@ -220,12 +223,12 @@ def test_300b_what_sharding_saves() -> None:
     masters) keeps 139.6 GiB of states on a 204.5 GiB tp-16 rank; offloaded, stage 1 halves each
     rank's host share at dp 2 and keeps the host total of 16 unsharded ranks."""
     options = {**FP8, "seq_len": 8192, "tp": 16, "ep": 16}
-    one = plan_memory("ernie-4.5-300b-a47b", "cuda", **options).per_rank[0]
+    one = plan_memory("ernie-4.5-300b-a47b", "cuda", *plan_args(**options)).per_rank[0]
     states = sum(one.by_category[c] for c in OPTIMIZER)
     assert 139 * GiB < states < 140 * GiB and states > 0.68 * one.total_bytes
-    plain = plan_memory("ernie-4.5-300b-a47b", "cuda", dp=2, **OFF, **options)
-    sharded = plan_memory("ernie-4.5-300b-a47b", "cuda", dp=2, sharding="stage1", **OFF,
-                          **options)
+    plain = plan_memory("ernie-4.5-300b-a47b", "cuda", *plan_args(dp=2, **OFF, **options))
+    sharded = plan_memory("ernie-4.5-300b-a47b", "cuda",
+                          *plan_args(dp=2, sharding="stage1", **OFF, **options))
     assert sharded.per_rank[0].host_bytes == pytest.approx(states / 2, abs=8)
     assert sharded.host_total_bytes == pytest.approx(plain.host_total_bytes / 2, abs=64)
     assert 2.1 * 1024 * GiB < sharded.host_total_bytes < 2.2 * 1024 * GiB  # ERNIEKit's "2TB CPU RAM"
@@ -237,9 +240,9 @@ def test_an_artifact_is_planned_with_its_recorded_dp(tmp_path: Path,
     one, two = tmp_path / "dp1", tmp_path / "dp2"
     compile_model(DENSE, "cuda", CompileOptions(tp=2, out=one, **lora))
     compile_model(DENSE, "cuda", CompileOptions(tp=2, dp=2, sharding="stage2", out=two, **lora))
-    source = plan_memory(DENSE, "cuda", tp=2, dp=2, sharding="stage2", **lora)
-    recorded = plan_memory(str(two), "cuda", mode="training")
-    given = plan_memory(str(one), "cuda", mode="training", dp=2, sharding="stage2")
+    source = plan_memory(DENSE, "cuda", CompileOptions(tp=2, dp=2, sharding="stage2", **lora))
+    recorded = plan_memory(str(two), "cuda", CompileOptions(mode="training"))
+    given = plan_memory(str(one), "cuda", CompileOptions(mode="training", dp=2, sharding="stage2"))
     for plan in (recorded, given):
         assert (plan.dp, plan.sharding, plan.devices) == (2, "stage2", 4)
         assert [r.by_category for r in plan.per_rank] == [r.by_category for r in source.per_rank]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from _cli_kit import cli, user_error
+from _plan_kit import plan_args
 
 from ernie_ir.planning import plan_memory
 from ernie_ir.planning.plan import _layer_count, _load
@@ -20,8 +21,8 @@ def test_sp_divides_the_kept_hidden_states_by_tp() -> None:
     ([B, S, H] bf16 each) and the final norm's f32 1/rms per row: under SP all of them are token
     shards (/ tp); the loss's vocabulary shard is unchanged."""
     b, s, tp = 2, 16, 2
-    whole = plan_memory(TINY, "cuda", tp=tp, seq_len=s, batch=b, **LORA)
-    sharded = plan_memory(TINY, "cuda", tp=tp, seq_len=s, batch=b, sp=True, **LORA)
+    whole = plan_memory(TINY, "cuda", *plan_args(tp=tp, seq_len=s, batch=b, **LORA))
+    sharded = plan_memory(TINY, "cuda", *plan_args(tp=tp, sp=True, seq_len=s, batch=b, **LORA))
     g = _load(TINY)
     hidden = next(n for n in g if n.op in ("embedding", "vocab_parallel_embedding")).outputs[0].shape[-1]
     layers = _layer_count(g)
@@ -34,8 +35,8 @@ def test_sp_divides_the_kept_hidden_states_by_tp() -> None:
 
 
 def test_stage_params_sum_to_the_whole_model() -> None:
-    one = plan_memory(TINY, "cuda", tp=2, seq_len=16, batch=4, **LORA)
-    two = plan_memory(TINY, "cuda", tp=2, pp=2, seq_len=16, batch=4, **LORA)
+    one = plan_memory(TINY, "cuda", *plan_args(tp=2, seq_len=16, batch=4, **LORA))
+    two = plan_memory(TINY, "cuda", *plan_args(tp=2, pp=2, seq_len=16, batch=4, **LORA))
     assert two.devices == 4 and [r.stage for r in two.per_rank] == [0, 0, 1, 1]
     whole, first, last = one.per_rank[0], two.per_rank[0], two.per_rank[2]
     for cat in ("lora", "gradients"):
@@ -49,12 +50,12 @@ def test_stage_params_sum_to_the_whole_model() -> None:
 
 
 def test_1f1b_in_flight_counts_and_bubble() -> None:
-    p = plan_memory(TINY, "cuda", tp=2, pp=2, micro_batches=4, seq_len=16, batch=4, **LORA)
+    p = plan_memory(TINY, "cuda", *plan_args(tp=2, pp=2, micro_batches=4, seq_len=16, batch=4, **LORA))
     assert [s.in_flight for s in p.stages] == [2, 1]  # min(pp - s, M)
     assert [r.activation_detail["in_flight_micro_batches"] for r in p.per_rank] == [2, 2, 1, 1]
     assert p.bubble_fraction == pytest.approx(1 / 5)  # (p - 1) / (m + p - 1)
     assert p.assumptions["micro_batch_sequences"] == 1
-    one = plan_memory(TINY, "cuda", tp=2, pp=2, micro_batches=1, seq_len=16, batch=4, **LORA)
+    one = plan_memory(TINY, "cuda", *plan_args(tp=2, pp=2, micro_batches=1, seq_len=16, batch=4, **LORA))
     assert [s.in_flight for s in one.stages] == [1, 1] and one.bubble_fraction == pytest.approx(1 / 2)
     # stage 0, two micro-batches in flight: its one-micro-batch peak + one more saved set
     d = p.per_rank[0].activation_detail
@@ -62,11 +63,11 @@ def test_1f1b_in_flight_counts_and_bubble() -> None:
     assert p.stages[0].layers == [0, 0] and p.stages[1].layers == [1, 1] and p.stages[1].head
     # hand check: stage 0 at 4 micro-batches of 1 sequence = its peak for one sequence + one more
     # sequence's saved set (the tiny model's 2 layers force the same partition)
-    single = plan_memory(TINY, "cuda", tp=2, pp=2, seq_len=16, batch=1, **LORA).per_rank[0]
+    single = plan_memory(TINY, "cuda", *plan_args(tp=2, pp=2, seq_len=16, batch=1, **LORA)).per_rank[0]
     acts = p.per_rank[0].by_category["activations"]
     assert acts == single.by_category["activations"] + single.activation_detail["saved_bytes"]
-    assert p.per_rank[2].by_category["activations"] == plan_memory(
-        TINY, "cuda", tp=2, pp=2, seq_len=16, batch=1, **LORA).per_rank[2].by_category["activations"]
+    last = plan_memory(TINY, "cuda", *plan_args(tp=2, pp=2, seq_len=16, batch=1, **LORA)).per_rank[2]
+    assert p.per_rank[2].by_category["activations"] == last.by_category["activations"]
 
 
 @pytest.mark.parametrize(("argv", "says"), [
@@ -95,7 +96,7 @@ def test_cli_prints_the_stages(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_devices_search_tries_sp_and_pp() -> None:
-    p = plan_memory(TINY, "cuda", devices=4, device_memory=1000, **LORA)
+    p = plan_memory(TINY, "cuda", *plan_args(devices=4, device_memory=1000, **LORA))
     tried = {(t.tp, t.ep, t.dp, t.pp, t.sp) for t in p.search}
     assert (2, 1, 2, 1, True) in tried and (2, 1, 1, 2, False) in tried and (1, 1, 2, 2, False) in tried
     first = [(t.pp, t.sp) for t in p.search][: 3]
@@ -112,7 +113,7 @@ FP8 = {"quant": "fp8", "mode": "training", "recompute": True, "offload_optimizer
 
 
 def test_wint8mix_lora_32k_on_8_at_tp8_with_sp() -> None:
-    p = plan_memory(MODEL, "cuda", seq_len=32768, tp=8, ep=8, sp=True, **LORA300)
+    p = plan_memory(MODEL, "cuda", *plan_args(tp=8, ep=8, sp=True, seq_len=32768, **LORA300))
     assert p.fits and p.devices == 8
     assert p.max_rank_bytes == pytest.approx(29.95 * GiB, abs=0.01 * GiB)
     # 55 hidden states [32768, 8192] bf16 / 8 + the loss's f32 vocabulary shard
@@ -123,8 +124,8 @@ def test_wint8mix_lora_32k_on_8_at_tp8_with_sp() -> None:
 def test_fp8_full_sft_32k_on_16_at_tp8_pp2_with_sp() -> None:
     """ERNIEKit's run_sft_fp8_32k.yaml: tp 8 x pp 2, sp, recompute, bf16 moments, offload, batch 1 x
     8 accumulation steps (8 micro-batches of one sequence)."""
-    p = plan_memory(MODEL, "cuda", seq_len=32768, tp=8, ep=8, pp=2, sp=True, batch=8, micro_batches=8,
-                    **FP8)
+    p = plan_memory(MODEL, "cuda",
+                    *plan_args(tp=8, ep=8, pp=2, sp=True, micro_batches=8, seq_len=32768, batch=8, **FP8))
     assert p.devices == 16 and p.fits
     assert [s.in_flight for s in p.stages] == [2, 1]
     assert p.max_rank_bytes == pytest.approx(61.35 * GiB, abs=0.01 * GiB)
@@ -137,7 +138,7 @@ def test_fp8_full_sft_32k_on_16_at_tp8_pp2_with_sp() -> None:
     ({**FP8, "tp": 16, "ep": 16, "sp": True}, 32768, 58.71, 0),  # what --devices 16 picks
 ])
 def test_other_sp_pp_rows(options: dict[str, object], seq_len: int, total: float, stage: int) -> None:
-    p = plan_memory(MODEL, "cuda", seq_len=seq_len, **options)  # type: ignore[arg-type]
+    p = plan_memory(MODEL, "cuda", *plan_args(seq_len=seq_len, **options))  # type: ignore[arg-type]
     worst = max(p.per_rank, key=lambda r: r.total_bytes)
     assert p.fits and worst.stage == stage
     assert p.max_rank_bytes == pytest.approx(total * GiB, abs=0.01 * GiB)

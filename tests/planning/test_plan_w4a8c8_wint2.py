@@ -18,7 +18,8 @@ from _cli_kit import cli
 from ernie_ir.frontends import load_model
 from ernie_ir.ir import Graph
 from ernie_ir.passes import run_pipeline
-from ernie_ir.planning import plan_memory
+from ernie_ir.planning import PlanRequest, plan_memory
+from ernie_ir.targets import CompileOptions
 
 MODEL = "ernie-4.5-300b-a47b"
 GiB = 1024 ** 3
@@ -28,8 +29,9 @@ W2_LAYERS = range(7, 54)  # FastDeploy's moe_w2_quant_config: layers 7-53 (0-6 w
 STACKS = {"up_gate_proj": (HIDDEN, 2 * MOE_INTER), "down_proj": (MOE_INTER, HIDDEN)}  # (K, N) per expert
 
 
-def _plan(quant: str, memory: str | int, **kw: object):
-    return plan_memory(MODEL, "cuda", quant=quant, seq_len=32768, device_memory=memory, **kw)  # type: ignore[arg-type]
+def _plan(quant: str, memory: str | int):
+    return plan_memory(MODEL, "cuda", CompileOptions(quant=quant),
+                       PlanRequest(seq_len=32768, device_memory=memory))
 
 
 def test_wint2_needs_2_devices_of_80gib() -> None:
@@ -127,7 +129,7 @@ def test_wint2_layers_take_2_point_07_to_2_point_08_bits_per_parameter() -> None
 def test_the_planned_u8_bytes_are_the_2_bit_experts() -> None:
     """At tp 1 every u8 byte of the plan is a 2-bit layer's codes or 4-bit scales (K/4 + K/128 rows
     of N bytes per expert), 63.6 GiB of the 85.8."""
-    plan = plan_memory(MODEL, "cuda", quant="wint2", tp=1, engine="none")
+    plan = plan_memory(MODEL, "cuda", CompileOptions(quant="wint2", tp=1), PlanRequest(engine="none"))
     want = len(W2_LAYERS) * EXPERTS * sum((k // 4 + k // 128) * n for k, n in STACKS.values())
     assert plan.per_rank[0].weights_by_dtype["u8"] == want
     assert want == pytest.approx(63.615 * GiB, abs=0.001 * GiB)

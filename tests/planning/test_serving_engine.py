@@ -11,7 +11,8 @@ import json
 import pytest
 from _cli_kit import cli, user_error
 
-from ernie_ir.planning import plan_memory
+from ernie_ir.planning import PlanRequest, plan_memory
+from ernie_ir.targets import CompileOptions
 
 MODEL = "ernie-4.5-300b-a47b"
 TINY = "ernie-4.5-21b-a3b@tiny"
@@ -44,7 +45,8 @@ def test_plan_answers_fastdeploys_device_count_by_default(quant: str, devices: i
 def test_wint8_on_4_does_not_start_for_fastdeploys_reason() -> None:
     """On 4 x 80 GiB the weights, reserve and profile activations leave no room in 72 GiB for one
     32K sequence; the bare model (all 80 GiB, no utilization cap) fitted at tp 4 ep 4."""
-    plan = plan_memory(MODEL, "cuda", quant="wint8", seq_len=32768, tp=4, ep=4, device_memory="80GiB")
+    plan = plan_memory(MODEL, "cuda", CompileOptions(quant="wint8", tp=4, ep=4),
+                       PlanRequest(seq_len=32768, device_memory="80GiB"))
     r = plan.per_rank[0]
     assert plan.engine_settings is not None and plan.engine_settings.usable_bytes == int(80 * GiB * 0.9)
     assert not plan.fits and r.kv_detail["blocks"] < r.kv_detail["blocks_needed"]
@@ -54,7 +56,8 @@ def test_wint8_on_4_does_not_start_for_fastdeploys_reason() -> None:
 
 
 def test_engine_none_gives_the_bare_model() -> None:
-    bare = plan_memory(MODEL, "cuda", quant="wint8", seq_len=32768, device_memory="80GiB", engine="none")
+    bare = plan_memory(MODEL, "cuda", CompileOptions(quant="wint8"),
+                       PlanRequest(seq_len=32768, device_memory="80GiB", engine="none"))
     assert bare.engine == "none" and bare.engine_settings is None
     assert bare.min_devices == 4 and (bare.tp, bare.ep) == (4, 4)
     assert bare.max_rank_bytes == pytest.approx(77.35 * GiB, abs=0.01 * GiB)
@@ -65,9 +68,11 @@ def test_the_engines_arithmetic_by_hand() -> None:
     """Activations: the bare model's prefill over max_num_batched_tokens with max_num_seqs logits
     rows; KV: (max_model_len / 64 + 2) blocks; budget: device x gpu_memory_utilization."""
     memory = 64 * 2**20
-    fd = plan_memory(TINY, "cuda", tp=2, seq_len=129, device_memory=memory, max_num_seqs=3,
-                     gpu_memory_utilization=0.5, max_num_batched_tokens=256, reserve="1MiB")
-    bare = plan_memory(TINY, "cuda", tp=2, seq_len=256, batch=3, engine="none", reserve="1MiB")
+    fd = plan_memory(TINY, "cuda", CompileOptions(tp=2),
+                     PlanRequest(seq_len=129, device_memory=memory, max_num_seqs=3,
+                                 gpu_memory_utilization=0.5, max_num_batched_tokens=256, reserve="1MiB"))
+    bare = plan_memory(TINY, "cuda", CompileOptions(tp=2),
+                       PlanRequest(seq_len=256, batch=3, engine="none", reserve="1MiB"))
     assert fd.seq_len == 129 and fd.batch == 1
     for r, b in zip(fd.per_rank, bare.per_rank, strict=True):
         assert r.by_category["weights"] == b.by_category["weights"]
@@ -84,24 +89,26 @@ def test_the_engines_arithmetic_by_hand() -> None:
 
 
 def test_it_starts_exactly_when_the_blocks_hold_one_sequence_plus_two() -> None:
-    one = plan_memory(TINY, "cuda", seq_len=100, gpu_memory_utilization=1.0, reserve=0)
+    one = plan_memory(TINY, "cuda", request=PlanRequest(seq_len=100, gpu_memory_utilization=1.0, reserve=0))
     total = one.max_rank_bytes
-    fits = plan_memory(TINY, "cuda", seq_len=100, gpu_memory_utilization=1.0, reserve=0, tp=1,
-                       device_memory=total)
-    short = plan_memory(TINY, "cuda", seq_len=100, gpu_memory_utilization=1.0, reserve=0, tp=1,
-                        device_memory=total - 1)
+    fits = plan_memory(TINY, "cuda", CompileOptions(tp=1),
+                       PlanRequest(seq_len=100, gpu_memory_utilization=1.0, reserve=0, device_memory=total))
+    short = plan_memory(TINY, "cuda", CompileOptions(tp=1),
+                        PlanRequest(seq_len=100, gpu_memory_utilization=1.0, reserve=0,
+                                    device_memory=total - 1))
     assert fits.fits and fits.per_rank[0].kv_detail["blocks"] == 4  # 100 tokens: 2 blocks + 2
     assert not short.fits and short.per_rank[0].kv_detail["blocks"] == 3
 
 
 def test_batch_where_given_is_full_length_sequences_the_blocks_must_hold() -> None:
-    plan = plan_memory(TINY, "cuda", seq_len=640, batch=4)
+    plan = plan_memory(TINY, "cuda", request=PlanRequest(seq_len=640, batch=4))
     assert plan.engine_settings is not None and plan.engine_settings.required_sequences == 4
     assert plan.per_rank[0].kv_detail["blocks_needed"] == 4 * 10 + 2
 
 
 def test_more_blocks_than_fastdeploy_allocates_never_start() -> None:
-    plan = plan_memory(TINY, "cuda", max_model_len=40000 * 64, device_memory="1TiB", tp=1)
+    plan = plan_memory(TINY, "cuda", CompileOptions(tp=1),
+                       PlanRequest(max_model_len=40000 * 64, device_memory="1TiB"))
     assert plan.per_rank[0].kv_detail["blocks_needed"] == 40002 and not plan.fits
     assert any("40000 KV blocks" in n for n in plan.notes)
 
@@ -168,6 +175,6 @@ def test_engine_flags_misused_are_one_line(argv: list[str], says: str,
 def test_fastdeploys_21b_table(quant: str, memory: str, devices: int) -> None:
     """FastDeploy's ERNIE-4.5-21B-A3B minimum GPUs, launched with --max-model-len 32768
     --max-num-seqs 128 (docs/planning.md section 7 has every cell)."""
-    plan = plan_memory("ernie-4.5-21b-a3b", "cuda", quant=quant, seq_len=32768, max_num_seqs=128,
-                       device_memory=memory)
+    plan = plan_memory("ernie-4.5-21b-a3b", "cuda", CompileOptions(quant=quant),
+                       PlanRequest(seq_len=32768, max_num_seqs=128, device_memory=memory))
     assert plan.min_devices == devices

@@ -54,8 +54,9 @@ PARAMS = [(m, t, a, q, tp, ep) for m, t, a, layouts in CASES for q in QUANTS for
 
 def check(model: str, target: str, arch: int | None, tp: int, ep: int, out: Path, **kw: object) -> None:
     cuda = {"cuda_arch": arch} if arch is not None else {}
-    compile_model(model, target, CompileOptions(tp=tp, ep=ep, out=out, **cuda, **kw))  # type: ignore[arg-type]
-    plan = plan_memory(model, target, tp=tp, ep=ep, **cuda, **kw)  # type: ignore[arg-type]
+    options = CompileOptions(tp=tp, ep=ep, out=out, **cuda, **kw)  # type: ignore[arg-type]
+    compile_model(model, target, options)
+    plan = plan_memory(model, target, options)  # the same options: what compile was asked
     assert plan.devices == max(tp, ep)
     for r in plan.per_rank:
         total, by = stored_bytes(out / f"rank{r.rank}" / "weights.safetensors")
@@ -77,8 +78,9 @@ def test_planned_weights_equal_the_artifact(model: str, target: str, arch: int |
 def test_lora_adapters_are_counted_as_written(tp: int, ep: int, tmp_path: Path) -> None:
     check("ernie-4.5-21b-a3b@tiny", "cuda", 70, tp, ep, tmp_path / "a", quant="wint8mix", lora_rank=4,
           mode="training")
-    plan = plan_memory("ernie-4.5-21b-a3b@tiny", "cuda", quant="wint8mix", lora_rank=4, tp=tp, ep=ep,
-                       mode="training", cuda_arch=70)
+    plan = plan_memory("ernie-4.5-21b-a3b@tiny", "cuda",
+                       CompileOptions(quant="wint8mix", lora_rank=4, tp=tp, ep=ep, mode="training",
+                                      cuda_arch=70))
     assert all(r.by_category["lora"] > 0 for r in plan.per_rank)
     assert plan.trainable == "graph"
 
