@@ -88,7 +88,7 @@ def compile_layout(folder: Path, work: Path, args: Any, tp: int, pp: int, sp: bo
 
 def train(art: Path, data: Path, args: Any, pp: int, micro_batches: int | None = None,
           schedule: str | None = None) -> dict[str, Any]:
-    from ernie_ir.training.loop import StepProgress, train_artifact
+    from ernie_ir.training.loop import StepProgress, TrainHooks, train_artifact
 
     marks: list[float] = []
 
@@ -100,8 +100,8 @@ def train(art: Path, data: Path, args: Any, pp: int, micro_batches: int | None =
         options["micro_batches"] = micro_batches or args.micro_batches
         options["pipeline_schedule"] = schedule or args.schedule
     t0 = time.perf_counter()
-    result = train_artifact(art, args.steps, data, options=options, save=False, on_progress=on_progress,
-                            timeout_s=args.timeout)
+    result = train_artifact(art, args.steps, data, options=options, save=False,
+                            hooks=TrainHooks(on_progress=on_progress), timeout_s=args.timeout)
     wall = time.perf_counter() - t0
     step_s = [b - a for a, b in zip([0.0, *marks[:-1]], marks, strict=True)]
     return {"step_s": step_s, "losses": list(result.losses), "ranks": list(result.rank_stats), "wall_s": wall}

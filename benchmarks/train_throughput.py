@@ -71,7 +71,7 @@ def batches(n: int, rows: int, seq: int, vocab: int, seed: int = 7) -> list[tupl
 def ours(folder: Path, work: Path, tp: int, data: list[tuple[np.ndarray, np.ndarray]], args: Any,
          dp: int = 1, sharding: str | None = None) -> dict:
     from ernie_ir.targets.compile import CompileOptions, compile_model
-    from ernie_ir.training.loop import StepProgress, train_artifact
+    from ernie_ir.training.loop import StepProgress, TrainHooks, train_artifact
 
     art = work / f"train-tp{tp}-dp{dp}"
     t0 = time.perf_counter()
@@ -92,7 +92,8 @@ def ours(folder: Path, work: Path, tp: int, data: list[tuple[np.ndarray, np.ndar
     options = {"lr": OPTIM["lr"], "beta1": OPTIM["beta1"], "beta2": OPTIM["beta2"], "eps": OPTIM["eps"],
                "weight_decay": OPTIM["weight_decay"], "clip_norm": OPTIM["clip"], "batch_size": args.batch,
                "grad_accum": 1, "dp": dp, "sharding": sharding}
-    result = train_artifact(art, args.steps, data_file, options=options, save=False, on_progress=on_progress)
+    result = train_artifact(art, args.steps, data_file, options=options, save=False,
+                            hooks=TrainHooks(on_progress=on_progress))
     losses = list(getattr(result, "losses", result))
     step_s = [b - a for a, b in zip([0.0, *marks[:-1]], marks, strict=True)]
     return {"step_s": step_s, "losses": losses, "compile_s": compile_s, "ranks": result.rank_stats}

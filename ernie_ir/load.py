@@ -127,7 +127,7 @@ def training_checkpoints(manifest: dict[str, Any]) -> list[TrainingCheckpoint]:
     (rank files beside them hold slices and are skipped)."""
     found: dict[str, tuple[int, TrainingCheckpoint]] = {}
     prefix = CHECKPOINTS + "/"
-    for rel in manifest.get("files", {}):
+    for rel in manifest.files:
         if not rel.startswith(prefix):
             continue
         parts = rel[len(prefix):].split("/")
@@ -185,7 +185,7 @@ def is_training_artifact(spec: str | Path) -> bool:
     from ernie_ir.artifacts import read_manifest
 
     path = Path(spec)
-    return (path / "manifest.json").is_file() and read_manifest(path).get("mode") == "training"
+    return (path / "manifest.json").is_file() and read_manifest(path).mode == "training"
 
 
 def load_trained(path: str | Path, checkpoint: str | None = None) -> Graph:
@@ -206,7 +206,7 @@ def load_trained(path: str | Path, checkpoint: str | None = None) -> Graph:
 
     root = Path(path)
     manifest = verify_artifact(root)
-    if manifest.get("mode") != "training":
+    if manifest.mode != "training":
         raise ErnieIRError(f"{root} is an inference artifact, not a training artifact: it has no "
                            "checkpoints; compile its source model instead")
     require_weights(root, manifest)
@@ -217,14 +217,14 @@ def load_trained(path: str | Path, checkpoint: str | None = None) -> Graph:
         lowered = next((p for p in g.params.values() if any(k in p.annotations for k in LOWERED_LAYOUT_KEYS)),
                        None)
         if lowered is not None:
-            raise ErnieIRError(f"{root}: {lowered.name} is laid out for {manifest.get('target')}'s "
+            raise ErnieIRError(f"{root}: {lowered.name} is laid out for {manifest.target}'s "
                                "weight-only kernels, which cannot be compiled again; compile a training "
                                "artifact whose base weights are float (no --quant wint* with --lora-rank)")
     graph = ranks[0] if world == 1 else _global_graph(root, ranks)
     _apply_checkpoint(graph, root, ckpt)
     inference_form(graph)
     graph.metadata["trained"] = {"checkpoint": ckpt.file, "steps": ckpt.steps,
-                                 "checkpoint_sha256": manifest["files"][ckpt.file]}
+                                 "checkpoint_sha256": manifest.files[ckpt.file]}
     return graph
 
 

@@ -65,6 +65,10 @@ class _Parallel(_Strict):
     world_size: int = Field(1, ge=1, le=MAX_RANKS)
     ranks: list[str] | None = None
     mapping: dict[str, Any] | None = None
+    pp: int | None = None
+    dp: int | None = None
+    processes: int | None = None
+    sharding: str | None = None
 
 
 class _KernelPlan(_Strict):
@@ -72,7 +76,11 @@ class _KernelPlan(_Strict):
     fallbacks: list[Any] = []
 
 
-class _Manifest(_Strict):
+class Manifest(_Strict):
+    """An artifact's manifest, as `read_manifest` and `verify_artifact` return it: every field
+    typed (fields compile adds beyond these stay readable as attributes, pydantic's extras),
+    the layout as `mapping`, the backends offered as `offered`."""
+
     format: str
     format_version: int
     ernie_ir_version: str | None = None
@@ -90,8 +98,31 @@ class _Manifest(_Strict):
     kv_cache_dtype: str | None = None
     tokenizer: str | None = None
     """The folder (relative) holding the model's tokenizer files."""
+    emit: list[str] | None = None
+    """The executables compile wrote (`--emit`)."""
+    params_before: dict[str, Any] | None = None
+    params_after: dict[str, Any] | None = None
+    lora_adapter: dict[str, Any] | None = None
+    """An imported LoRA adapter: its folder, the sha256 of its files, merged or not."""
     rank_files: dict[str, dict[str, str]] | None = None
     files: dict[str, str]
+
+    @property
+    def mapping(self) -> Mapping:
+        """The parallel layout the artifact records (one rank for older artifacts)."""
+        data = self.parallel.mapping if self.parallel is not None else None
+        if data is None:
+            return Mapping.create()
+        try:
+            return Mapping.model_validate(data)
+        except ValueError:
+            raise ArtifactError("manifest.json: field 'parallel.mapping' is not a valid layout: the manifest "
+                                "is corrupt or tampered with; recompile the model") from None
+
+    @property
+    def offered(self) -> list[str]:
+        """The backends `run --backend` can use (older artifacts: the interpreter only)."""
+        return list(self.backends) if self.backends is not None else ["interpreter"]
 
 
 _KINDS = {"list_type": "a list", "dict_type": "an object", "model_type": "an object",
@@ -100,8 +131,14 @@ _KINDS = {"list_type": "a list", "dict_type": "an object", "model_type": "an obj
 
 
 def validate_manifest(data: Any, where: str = MANIFEST) -> dict[str, Any]:
-    """`data` as a manifest (the dict itself), or ArtifactError naming the first field of the
-    wrong shape."""
+    """`data` as a manifest (the dict itself, to write), or ArtifactError naming the first field
+    of the wrong shape."""
+    parse_manifest(data, where)
+    return data
+
+
+def parse_manifest(data: Any, where: str = MANIFEST) -> Manifest:
+    """`data` as a typed Manifest, or ArtifactError naming the first field of the wrong shape."""
     corrupt = "the manifest is corrupt or tampered with; recompile the model"
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ArtifactError(f"{where} is not an ernie-ir artifact manifest")
@@ -117,7 +154,7 @@ def validate_manifest(data: Any, where: str = MANIFEST) -> dict[str, Any]:
             raise ArtifactError(f"{where}: the sha256 of {show(name)} is not a 64-digit hex string: "
                                 f"{corrupt}")
     try:
-        model = _Manifest.model_validate(data)
+        model = Manifest.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
@@ -135,7 +172,7 @@ def validate_manifest(data: Any, where: str = MANIFEST) -> dict[str, Any]:
         if mapping.world_size != model.parallel.world_size:
             raise ArtifactError(f"{where}: parallel.world_size {model.parallel.world_size} is not the "
                                 f"mapping's {mapping.world_size}: {corrupt}")
-    return data
+    return model
 
 
 def _kind(value: Any) -> str:
@@ -157,8 +194,15 @@ def _check_name(name: str, where: str) -> None:
 # -- reading -----------------------------------------------------------------------------------
 
 
-def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of the artifact folder `path`, its shape checked (ArtifactError, one line)."""
+def read_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """The manifest of the artifact folder `path`, typed, its shape checked (ArtifactError, one line)."""
+    data = read_manifest_data(path)
+    return parse_manifest(data, show(Path(path) / MANIFEST))
+
+
+def read_manifest_data(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of `path` as the dict in the file, its shape checked: for the writers that
+    rewrite it (`record_files`, `retire_published`)."""
     root = Path(path)
     mf = root / MANIFEST
     try:
@@ -223,7 +267,7 @@ def _link_ok(root: Path, name: str, listed: dict[str, str], entries: dict[str, o
     return None
 
 
-def verify_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
+def verify_artifact(path: str | os.PathLike[str]) -> Manifest:
     """Re-check every file's sha256 and the folder's shape against the manifest; returns it.
 
     Raises ArtifactError naming the first file that is missing, changed, unlisted, not a regular
@@ -231,7 +275,7 @@ def verify_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     root = Path(path)
     manifest = read_manifest(root)
-    listed: dict[str, str] = manifest["files"]
+    listed: dict[str, str] = manifest.files
     where = f"artifact {show(root)}"
     entries = _tree(root)
     for name, st in sorted(entries.items()):
@@ -256,7 +300,7 @@ def verify_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def _check_records(root: Path, manifest: dict[str, Any], where: str) -> None:
+def _check_records(root: Path, manifest: Manifest, where: str) -> None:
     """The manifest's target, cuda_arch and mode against what the hashed files record of them
     (checked after the hashes, so these records are the compiler's own): `graph.ir`'s metadata
     (`kernel_plan.target`, `kernel_plan.cuda_arch`, the `lowered:<target>` property) and the
@@ -264,7 +308,7 @@ def _check_records(root: Path, manifest: dict[str, Any], where: str) -> None:
     The manifest is the one file no hash covers: an edited field is tampering."""
     from ernie_ir.ir.parser import parse_graph  # the op set loads only for this check
 
-    listed: dict[str, str] = manifest["files"]
+    listed: dict[str, str] = manifest.files
     records: list[tuple[str, str, Any]] = []  # (field, file that records it, its value there)
     if "graph.ir" in listed:
         try:
@@ -297,8 +341,9 @@ def _check_records(root: Path, manifest: dict[str, Any], where: str) -> None:
             if isinstance(recipe, dict):
                 records += [(k, recipe_name, recipe[k]) for k in ("target", "mode") if k in recipe]
     for key, source, value in records:
-        if key in manifest and manifest[key] != value:
-            raise ArtifactError(f"{where}: {MANIFEST} says {key} {show(json.dumps(manifest[key]))} "
+        said = getattr(manifest, key)
+        if key in manifest.model_fields_set and said != value:
+            raise ArtifactError(f"{where}: {MANIFEST} says {key} {show(json.dumps(said))} "
                                 f"but {source} records {show(json.dumps(value))}: the manifest was edited "
                                 "(tampered with); recompile the model")
 
@@ -313,10 +358,10 @@ def _check_digest(root: Path, name: str, digest: str, where: str) -> None:
                             f"manifest says {digest[:16]}...); recompile or restore it")
 
 
-def check_files(root: Path, manifest: dict[str, Any], names: Iterable[str]) -> None:
+def check_files(root: Path, manifest: Manifest, names: Iterable[str]) -> None:
     """The sha256 of just `names` (e.g. one rank's files) against a manifest read by
     `read_manifest`: each must be listed, a regular file (or the allowed alias) and unchanged."""
-    listed: dict[str, str] = manifest["files"]
+    listed: dict[str, str] = manifest.files
     where = f"artifact {show(root)}"
     for name in names:
         if name not in listed:
@@ -340,25 +385,17 @@ def check_files(root: Path, manifest: dict[str, Any], names: Iterable[str]) -> N
         _check_digest(root, name, listed[name], where)
 
 
-def require_weights(root: Path, manifest: dict[str, Any]) -> None:
+def require_weights(root: Path, manifest: Manifest) -> None:
     """Refuse to run a graph-only artifact (compiled from a model without weights)."""
-    if manifest.get("weights") is False:
+    if manifest.weights is False:
         raise ArtifactError(f"{show(root)} is a graph-only artifact (compiled from a model without weights, "
                             "e.g. NAME@meta): it holds no weights to run; `ernie-ir show` and "
                             "`ernie-ir plan` read it; compile a checkpoint folder or NAME@tiny to run")
 
 
-def artifact_mapping(manifest: dict[str, Any]) -> Mapping:
+def artifact_mapping(manifest: Manifest) -> Mapping:
     """The parallel layout an artifact's manifest records (one rank for older artifacts)."""
-    parallel = manifest.get("parallel")
-    data = parallel.get("mapping") if isinstance(parallel, dict) else None
-    if data is None:
-        return Mapping.create()
-    try:
-        return Mapping.model_validate(data)
-    except ValueError:
-        raise ArtifactError("manifest.json: field 'parallel.mapping' is not a valid layout: the manifest "
-                            "is corrupt or tampered with; recompile the model") from None
+    return manifest.mapping
 
 
 def load_rank_graphs(path: str | os.PathLike[str], *, verify: bool = True) -> tuple[Mapping, list[Graph]]:
@@ -466,17 +503,19 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
         raise
 
 
-def record_files(root: Path, files: Iterable[Path], expected: dict[str, Any] | None = None) -> dict[str, Any]:
+def record_files(root: Path, files: Iterable[Path],
+                 expected: Manifest | dict[str, Any] | None = None) -> dict[str, Any]:
     """List `files` (inside `root`) with their sha256 in the artifact's manifest, read afresh and
     rewritten atomically; returns the new manifest. The caller holds the artifact's lock
     (`artifact_lock`), so two writers never lose each other's entries.
 
     `expected`: the manifest the caller started from; if any of its files changed meanwhile
     (the artifact was recompiled), ArtifactError and nothing is recorded."""
-    manifest = read_manifest(root)
+    manifest = read_manifest_data(root)
     if expected is not None:
         now = manifest["files"]
-        changed = [n for n, d in expected.get("files", {}).items() if now.get(n) != d]
+        was = expected.files if isinstance(expected, Manifest) else expected.get("files", {})
+        changed = [n for n, d in was.items() if now.get(n) != d]
         if changed:
             raise ArtifactError(f"artifact {show(root)} changed while it was in use ({show(changed[0])} is "
                                 "not the file it was): nothing was recorded; run again on the new artifact")

@@ -51,7 +51,15 @@ from ernie_ir.ir.storage import folder_lock
 from ernie_ir.ir.storage import lock_holder as lock_holder  # re-exported: who holds a lock
 from ernie_ir.ir.storage import lock_path as lock_path
 
-from .manifest import MANIFEST, ArtifactError, read_manifest, record_files, show, write_manifest
+from .manifest import (
+    MANIFEST,
+    ArtifactError,
+    read_manifest,
+    read_manifest_data,
+    record_files,
+    show,
+    write_manifest,
+)
 
 PAUSE_ENV = "ERNIE_IR_TEST_PAUSE_AT"
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
@@ -280,7 +288,7 @@ def retire_published(root: Path, folder: Path, keep: int,
             tmp = temp_name(folder, p.name)
             os.rename(p, tmp)
             moved.append(tmp)
-        manifest = read_manifest(root)
+        manifest = read_manifest_data(root)
         for p in old:
             prefix = p.relative_to(root).as_posix()
             for name in [n for n in manifest["files"] if n == prefix or n.startswith(prefix + "/")]:

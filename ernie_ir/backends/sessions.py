@@ -39,7 +39,7 @@ def artifact_backends(path: Path) -> list[str]:
     """The backends the artifact's manifest offers (older artifacts: the interpreter only)."""
     from ernie_ir.artifacts import read_manifest
 
-    return list(read_manifest(path).get("backends", ["interpreter"]))
+    return read_manifest(path).offered
 
 
 def open_backend(artifact: Path, backend: str) -> BackendSession:
@@ -48,7 +48,7 @@ def open_backend(artifact: Path, backend: str) -> BackendSession:
 
     root = Path(artifact)
     manifest = verify_artifact(root)
-    offered = list(manifest.get("backends", ["interpreter"]))
+    offered = manifest.offered
     if backend not in offered:
         raise BackendError(f"artifact {root} does not offer backend {backend!r}; it offers "
                            f"{', '.join(offered)}")

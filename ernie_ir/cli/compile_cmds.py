@@ -101,7 +101,7 @@ def compile(
 
     check_arch_flag(target, cuda_arch)
     targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
-    options = CompileOptions(
+    options = CompileOptions.from_flags(
         mode=mode, pipeline=pipeline, quant=quant, quant_config=quant_config, calib_data=calib_data,
         lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets, lora_adapter=lora_adapter,
         merge_lora=merge_lora, tp=tp, ep=ep, sp=sp, pp=pp, micro_batches=micro_batches, dp=dp,
@@ -167,5 +167,5 @@ def verify_cmd(artifact: Annotated[Path, typer.Argument(help="An artifact folder
     from ernie_ir.targets import verify_artifact
 
     manifest = verify_artifact(artifact)
-    files = manifest.get("files", {})
+    files = manifest.files
     out.print(f"ok: {artifact} ({len(files)} files match the manifest)", markup=False)

@@ -36,6 +36,38 @@ from .common import (
     load_rewritten,
     out,
 )
+from .train_opts import (
+    ArtifactArg,
+    BatchSizeOpt,
+    Beta1Opt,
+    Beta2Opt,
+    ClipNormOpt,
+    ConfigOpt,
+    DataOpt,
+    EpsOpt,
+    EvalDataOpt,
+    EvalStepsOpt,
+    GradAccumOpt,
+    IgnoreIndexOpt,
+    LrOpt,
+    MaxSeqLenOpt,
+    MicroBatchesOpt,
+    PackingOpt,
+    PadIdOpt,
+    PipelineScheduleOpt,
+    ProgressOpt,
+    ResumeFromOpt,
+    ResumeOpt,
+    SaveStepsOpt,
+    SaveTotalLimitOpt,
+    ScheduleOpt,
+    SeedOpt,
+    StepsOpt,
+    TrainJsonOpt,
+    WarmupStepsOpt,
+    WeightDecayOpt,
+    flag_options,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -332,85 +364,37 @@ def _save_logits(path: Path, logits: Any) -> None:
 
 
 def train(
-    artifact: Annotated[Path, typer.Argument(help="An artifact compiled with --mode training.")],
-    steps: Annotated[int, typer.Option("--steps", "--max-steps", min=1, help="Optimizer steps.")],
-    data: Annotated[
-        Path | None, typer.Option(
-            "--data", help='JSON lines: ERNIEKit SFT {"src", "tgt"[, "system", "label"]}, alpaca, '
-            '{"text"} (tokenized with the artifact\'s tokenizer and chat template; only answers carry '
-            'loss) or {"input_ids"[, "labels"]}; default: a fixed synthetic batch.')
-    ] = None,
-    eval_data: Annotated[
-        Path | None, typer.Option("--eval-data", help="JSON lines as --data: the eval loss on them every "
-                                  "--eval-steps steps and at the end.")
-    ] = None,
-    max_seq_len: Annotated[int | None, typer.Option(
-        "--max-seq-len", help="Tokens per example: older turns are dropped first (ERNIEKit's rule), text "
-        "and token ids are cut at the tail (default: no truncation; a row longer than the model's positions "
-        "is refused).")] = None,
-    packing: Annotated[bool, typer.Option(
-        "--packing/--no-packing", help="Pack several examples into one row (refused: see the message).")
-    ] = False,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="YAML or JSON of training options (these names or ERNIEKit's: "
-                     "learning_rate, per_device_train_batch_size, gradient_accumulation_steps, "
-                     "max_grad_norm, weight_decay, adam_beta1/2, adam_epsilon, warmup_steps, "
-                     "lr_scheduler_type, seed, save_steps, save_total_limit, eval_steps, "
-                     "resume_from_checkpoint); flags given override it."),
-    ] = None,
-    lr: Annotated[float | None, typer.Option("--lr", "--learning-rate",
-                                             help="AdamW peak learning rate (recipe: 1e-3).")] = None,
-    batch_size: Annotated[int | None, typer.Option(
-        "--batch-size", "--per-device-train-batch-size", help="Sequences per batch (recipe: 4).")] = None,
-    grad_accum: Annotated[int | None, typer.Option(
-        "--grad-accum", "--gradient-accumulation-steps",
-        help="Batches per optimizer step, weighted by their token counts (recipe: 1).")] = None,
-    clip_norm: Annotated[float | None, typer.Option(
-        "--clip-norm", "--max-grad-norm", help="Global gradient-norm clip, 0 = none (recipe: 1.0).")] = None,
-    weight_decay: Annotated[float | None, typer.Option(
-        "--weight-decay", help="AdamW decoupled weight decay (recipe: 0).")] = None,
-    beta1: Annotated[float | None, typer.Option(
-        "--beta1", "--adam-beta1", help="AdamW beta1 (0.9).")] = None,
-    beta2: Annotated[float | None, typer.Option(
-        "--beta2", "--adam-beta2", help="AdamW beta2 (0.999).")] = None,
-    eps: Annotated[float | None, typer.Option(
-        "--eps", "--adam-epsilon", help="AdamW epsilon (1e-8).")] = None,
-    warmup_steps: Annotated[int | None, typer.Option(
-        "--warmup-steps", help="Steps of linear warmup from 0 (recipe: 0).")] = None,
-    schedule: Annotated[str | None, typer.Option(
-        "--schedule", "--lr-scheduler-type",
-        help="After warmup: constant, linear or cosine (decay to 0 at --steps; recipe: constant).")] = None,
-    seed: Annotated[int | None, typer.Option(
-        "--seed", help="Seed of dropout and the synthetic batch (recipe: 0).")] = None,
-    pad_id: Annotated[int | None, typer.Option(
-        "--pad-id", help="Token that fills input_ids past a sequence's end (recipe: 0).")] = None,
-    ignore_index: Annotated[int | None, typer.Option(
-        "--ignore-index", help="Label of padded positions, skipped by the loss (recipe: -100).")] = None,
-    save_steps: Annotated[int | None, typer.Option(
-        "--save-steps", help="Write a checkpoint every N steps too (default: at the end only).")] = None,
-    save_total_limit: Annotated[int | None, typer.Option(
-        "--save-total-limit", help="Keep the artifact's newest N checkpoints, deleting older ones.")] = None,
-    eval_steps: Annotated[int | None, typer.Option(
-        "--eval-steps", help="Evaluate the loss on the evaluation data every N steps too.")] = None,
+    artifact: ArtifactArg,
+    steps: StepsOpt,
+    data: DataOpt = None,
+    eval_data: EvalDataOpt = None,
+    max_seq_len: MaxSeqLenOpt = None,
+    packing: PackingOpt = False,
+    config: ConfigOpt = None,
+    lr: LrOpt = None,
+    batch_size: BatchSizeOpt = None,
+    grad_accum: GradAccumOpt = None,
+    clip_norm: ClipNormOpt = None,
+    weight_decay: WeightDecayOpt = None,
+    beta1: Beta1Opt = None,
+    beta2: Beta2Opt = None,
+    eps: EpsOpt = None,
+    warmup_steps: WarmupStepsOpt = None,
+    schedule: ScheduleOpt = None,
+    seed: SeedOpt = None,
+    pad_id: PadIdOpt = None,
+    ignore_index: IgnoreIndexOpt = None,
+    save_steps: SaveStepsOpt = None,
+    save_total_limit: SaveTotalLimitOpt = None,
+    eval_steps: EvalStepsOpt = None,
     dp: DpOpt = None,
     sharding: ShardingOpt = None,
-    micro_batches: Annotated[int | None, typer.Option(
-        "--micro-batches", help="A pipelined artifact (--pp): micro-batches each batch is cut into (must "
-        "divide --batch-size; default: the artifact's).")] = None,
-    pipeline_schedule: Annotated[str | None, typer.Option(
-        "--pipeline-schedule", help="A pipelined artifact: 1f1b (default) or gpipe (every forward, then "
-        "every backward).")] = None,
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Continue from the artifact's newest checkpoint (optimizer, RNG, data position); "
-        "--steps is the run's total.")] = False,
-    resume_from: Annotated[str | None, typer.Option(
-        "--resume-from-checkpoint", "--resume-from",
-        help="Continue from this checkpoint folder (or its name, e.g. run-001-step-10).")] = None,
-    progress: Annotated[bool | None, typer.Option(
-        "--progress/--no-progress", help="Draw a progress bar on stderr (default: when it is a terminal).")
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the losses as JSON.")] = False,
+    micro_batches: MicroBatchesOpt = None,
+    pipeline_schedule: PipelineScheduleOpt = None,
+    resume: ResumeOpt = False,
+    resume_from: ResumeFromOpt = None,
+    progress: ProgressOpt = None,
+    json_out: TrainJsonOpt = False,
     timeout: TimeoutOpt = None,
     nnodes: NnodesOpt = None,
     node_rank: NodeRankOpt = None,
@@ -426,51 +410,67 @@ def train(
     continues the newest as a new run, bit for bit. Over several machines (--nnodes, --node-rank,
     --master; the artifact at the same path on each, shared for checkpoints) node 0 prints the
     losses and writes the checkpoints, every other node one line."""
-    import json
-
     from ernie_ir.backends.paddle.launch import NodeFinished, parse_nodes
     from ernie_ir.finetune import fine_tune
-    from ernie_ir.ir import ErnieIRError
-    from ernie_ir.training.loop import read_config, resolve_options, split_run_keys
+    from ernie_ir.training.hooks import TrainHooks
 
-    flags = {"lr": lr, "batch_size": batch_size, "grad_accum": grad_accum, "clip_norm": clip_norm,
-             "weight_decay": weight_decay, "beta1": beta1, "beta2": beta2, "eps": eps,
-             "warmup_steps": warmup_steps, "schedule": schedule, "seed": seed, "pad_id": pad_id,
-             "ignore_index": ignore_index, "save_steps": save_steps, "save_total_limit": save_total_limit,
-             "eval_steps": eval_steps, "dp": dp, "sharding": sharding, "micro_batches": micro_batches,
-             "pipeline_schedule": pipeline_schedule}
-    given, config_resume = split_run_keys(read_config(config) if config is not None else {})
-    options = {**given, **{k: v for k, v in flags.items() if v is not None}}
-    resolve_options({}, options)  # a bad value is refused before the artifact is read
-    if resume and resume_from is not None:
-        raise ErnieIRError("--resume continues the newest checkpoint, --resume-from-checkpoint a named one: "
-                           "give one of them")
-    start: str | bool | None = resume_from if resume_from is not None else (True if resume else config_resume)
+    options, start = _train_options(config, flag_options(locals()), resume, resume_from)
     nodes = parse_nodes(nnodes, node_rank, master, master_timeout)
-    processes = 1
-    if nodes is not None:
-        from ernie_ir.artifacts import artifact_mapping
-        from ernie_ir.training.loop import check_layout, read_training_artifact
-
-        manifest, recipe, world = read_training_artifact(artifact)
-        mapping = artifact_mapping(manifest)
-        processes = check_layout(resolve_options(recipe, options), world, mapping.pp, mapping.micro_batches)
-        if processes == 1:
-            raise ErnieIRError(f"--nnodes {nodes.nnodes}: this run is one process (one rank, dp 1): a "
-                               "multi-node launch trains a multi-rank artifact or --dp > 1")
-        nodes.processes_per_node(processes)  # refused before anything starts
+    processes = 1 if nodes is None else _node_processes(artifact, nodes, options)
     draw = (err.is_terminal if progress is None else progress) and (nodes is None or nodes.node_rank == 0)
     try:
         with (_rank_log_on_error(), _nodes_launch(nodes, processes),
               _train_progress(draw, steps) as on_progress):
             result = fine_tune(artifact, steps, data, eval_data=eval_data, max_seq_len=max_seq_len,
-                               packing=packing, options=options, on_progress=on_progress, timeout_s=timeout,
-                               resume=start)
+                               packing=packing, options=options, hooks=TrainHooks(on_progress=on_progress),
+                               timeout_s=timeout, resume=start)
     except NodeFinished as done:
         _node_done(done, json_out)
         return
+    _print_trained(artifact, steps, result, options, json_out)
+
+
+def _train_options(config: Path | None, flags: dict[str, Any], resume: bool,
+                   resume_from: str | None) -> tuple[dict[str, Any], str | bool | None]:
+    """(the training options: --config's, replaced by the flags given; the checkpoint to resume:
+    --resume-from-checkpoint, --resume, or the config's resume_from_checkpoint), a bad value or
+    both resume flags refused in one line before the artifact is read."""
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.training.loop import read_config, resolve_options, split_run_keys
+
+    given, config_resume = split_run_keys(read_config(config) if config is not None else {})
+    options = {**given, **flags}
+    resolve_options({}, options)  # a bad value is refused before the artifact is read
+    if resume and resume_from is not None:
+        raise ErnieIRError("--resume continues the newest checkpoint, --resume-from-checkpoint a named one: "
+                           "give one of them")
+    return options, resume_from if resume_from is not None else (True if resume else config_resume)
+
+
+def _node_processes(artifact: Path, nodes: NodeSpec, options: dict[str, Any]) -> int:
+    """The processes a multi-node run starts (dp x the artifact's rank graphs), refused in one
+    line when it is one process or does not split over the nodes, before anything starts."""
+    from ernie_ir.artifacts import artifact_mapping
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.training.loop import check_layout, read_training_artifact, resolve_options
+
+    manifest, recipe, world = read_training_artifact(artifact)
+    mapping = artifact_mapping(manifest)
+    processes = check_layout(resolve_options(recipe, options), world, mapping.pp, mapping.micro_batches)
+    if processes == 1:
+        raise ErnieIRError(f"--nnodes {nodes.nnodes}: this run is one process (one rank, dp 1): a "
+                           "multi-node launch trains a multi-rank artifact or --dp > 1")
+    nodes.processes_per_node(processes)  # refused before anything starts
+    return processes
+
+
+def _print_trained(artifact: Path, steps: int, result: Any, options: dict[str, Any], json_out: bool) -> None:
+    """`train`'s output: one JSON object (with the options the run used), or a line per step's
+    loss and evaluation loss, then the checkpoints."""
     if json_out:
-        from ernie_ir.training.loop import read_training_artifact
+        import json
+
+        from ernie_ir.training.loop import read_training_artifact, resolve_options
 
         used = resolve_options(read_training_artifact(artifact)[1], options).model_dump()
         print(json.dumps({"artifact": str(artifact), "steps": steps, "first_step": result.first_step,

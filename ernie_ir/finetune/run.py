@@ -10,21 +10,21 @@ checkpoint at compile time) turns text and ERNIEKit SFT lines into (input_ids, l
 (`read_sft_data`); token-id lines need none. Examples are truncated only when `max_seq_len` is
 given (ERNIEKit's rule: the oldest turns first; text and token ids at the tail); without it an
 example longer than the model's positions is refused with its line number, as the runtime
-refuses any over-long row. The rows go to
-`ernie_ir.training.loop.train_artifact`, whose `on_checkpoint` hook writes each published
-checkpoint's `adapter/` (`export_adapter`) as soon as it is published. Packing is refused
-(`PACKING_REFUSED` says why).
+refuses any over-long row. The rows go to `ernie_ir.training.loop.train_artifact`, whose
+`on_checkpoint` hook writes each published checkpoint's `adapter/` (`export_adapter`) as soon as
+it is published, then calls the caller's own. Packing is refused (`PACKING_REFUSED` says why).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ernie_ir.frontends.tokenizer import Tokenizer
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.training.checkpoints import TrainResult
+from ernie_ir.training.hooks import TrainHooks
 
 from .adapters import export_adapter
 from .sft_data import PACKING_REFUSED, read_sft_data
@@ -39,7 +39,7 @@ def artifact_tokenizer(artifact: Path) -> Tokenizer | None:
     from ernie_ir.artifacts import read_manifest
     from ernie_ir.frontends.tokenizer import load_tokenizer
 
-    folder = read_manifest(artifact).get("tokenizer")
+    folder = read_manifest(artifact).tokenizer
     return load_tokenizer(Path(artifact) / folder) if isinstance(folder, str) else None
 
 
@@ -62,13 +62,13 @@ def model_positions(artifact: Path) -> int | None:
 def fine_tune(artifact: Path, steps: int, data: Path | None = None, *, eval_data: Path | None = None,
               max_seq_len: int | None = None, packing: bool = False,
               options: dict[str, Any] | None = None, resume: str | Path | bool | None = None,
-              on_progress: Callable[[Any], Any] | None = None,
-              timeout_s: float | None = None) -> TrainResult:
+              hooks: TrainHooks | None = None, timeout_s: float | None = None) -> TrainResult:
     """Train `artifact` (a `--mode training` artifact) for `steps` steps on `data` (a JSON Lines
     file: ERNIEKit SFT, alpaca, text or token ids; None: a synthetic batch), evaluating on
-    `eval_data` every `options["eval_steps"]` steps. Every LoRA checkpoint gets its `adapter/`.
-    `options`: TrainOptions names or ERNIEKit aliases (see runtime.training). FineTuneError,
-    SftDataError and the runtime's errors are one line each."""
+    `eval_data` every `options["eval_steps"]` steps. Every LoRA checkpoint gets its `adapter/`
+    (before `hooks.on_checkpoint` sees the folder). `options`: TrainOptions names or ERNIEKit
+    aliases (ernie_ir.training.loop); `hooks`: train_artifact's (TrainHooks). FineTuneError,
+    SftDataError and the training loop's errors are one line each."""
     root = Path(artifact)
     if packing:
         raise FineTuneError(f"--packing: {PACKING_REFUSED}")
@@ -96,6 +96,13 @@ def fine_tune(artifact: Path, steps: int, data: Path | None = None, *, eval_data
 
     from ernie_ir.training.loop import train_artifact
 
-    return train_artifact(root, steps, rows(data), options=options, on_progress=on_progress,
-                          timeout_s=timeout_s, eval_sequences=rows(eval_data), resume=resume,
-                          on_checkpoint=lambda folder: export_adapter(root, folder))
+    hooks = TrainHooks() if hooks is None else hooks
+
+    def on_checkpoint(folder: Path) -> None:
+        export_adapter(root, folder)
+        if hooks.on_checkpoint is not None:
+            hooks.on_checkpoint(folder)
+
+    return train_artifact(root, steps, rows(data), options=options, timeout_s=timeout_s,
+                          eval_sequences=rows(eval_data), resume=resume,
+                          hooks=replace(hooks, on_checkpoint=on_checkpoint))

@@ -127,21 +127,21 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
 
     session = open_backend(root, backend)
     manifest = session.manifest
-    if manifest.get("mode") != "inference":
-        raise DecodeError(f"artifact {root} was compiled for {manifest.get('mode')}; generating needs an "
+    if manifest.mode != "inference":
+        raise DecodeError(f"artifact {root} was compiled for {manifest.mode}; generating needs an "
                           "inference artifact: compile with --mode inference")
     if artifact_mapping(manifest).pp > 1:
         raise DecodeError(f"artifact {root} is pipelined (--pp {artifact_mapping(manifest).pp}): its stages "
                           "have no KV-cache decoder, so it cannot generate or be evaluated; `ernie-ir run` "
                           "computes its logits, or compile it without --pp (--tp for the same devices)")
-    dtype = kv_cache_dtype or manifest.get("kv_cache_dtype")
-    tokenizer = manifest.get("tokenizer")
+    dtype = kv_cache_dtype or manifest.kv_cache_dtype
+    tokenizer = manifest.tokenizer
     folder = root / tokenizer if isinstance(tokenizer, str) else None
     _, graphs = load_rank_graphs(root, verify=False)
     config = dict(graphs[0].metadata.get("config") or {})
     vocab = _vocab(graphs[0])
     if session.compiled_decoder:
-        if kv_cache_dtype is not None and kv_cache_dtype != manifest.get("kv_cache_dtype"):
+        if kv_cache_dtype is not None and kv_cache_dtype != manifest.kv_cache_dtype:
             raise DecodeError("--kv-cache-dtype is fixed in the ONNX model when it is compiled: give it to "
                               "`ernie-ir compile` instead")
         parts = session.decoder([], timeout_s=timeout_s)

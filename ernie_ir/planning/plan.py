@@ -748,17 +748,17 @@ def _plan_artifact(model: str, target: str, opts: _Options, memory: int, req: Pl
 
     devices = req.devices
     manifest = verify_artifact(model)
-    if target and target != manifest.get("target"):
-        raise PlanError(f"{model} was compiled for --target {manifest.get('target')}, not {target}: "
-                        f"drop --target or give --target {manifest.get('target')}")
+    if target and target != manifest.target:
+        raise PlanError(f"{model} was compiled for --target {manifest.target}, not {target}: "
+                        f"drop --target or give --target {manifest.target}")
     mapping = artifact_mapping(manifest)
     if mapping.pp > 1:
         raise PlanError(f"{model} is pipelined (--pp {mapping.pp}): plan its source model with the same "
                         f"--tp/--ep/--sp and --pp {mapping.pp} (the planner cuts and weighs the stages "
                         "itself)")
-    if manifest.get("mode") != opts.mode:
-        raise PlanError(f"{model} is a {manifest.get('mode')} artifact: plan it with --mode "
-                        f"{manifest.get('mode')} (or plan its source model)")
+    if manifest.mode != opts.mode:
+        raise PlanError(f"{model} is a {manifest.mode} artifact: plan it with --mode "
+                        f"{manifest.mode} (or plan its source model)")
     # the rank graphs are one replica's (rank0 .. world_size-1, stored once: ir/mapping.py); dp and
     # sharding as the layout records them, or, for a layout without dp, as the caller gives them
     recorded, stage = mapping.dp, mapping.sharding or "none"
@@ -774,12 +774,12 @@ def _plan_artifact(model: str, target: str, opts: _Options, memory: int, req: Pl
                         "not a multiple of that (devices = ranks x dp)")
     _check_data_parallel(opts, replicas, devices, mapping.tp, mapping.ep)
     ranks = [load_graph(Path(model) / f"rank{r}") for r in range(mapping.world_size)]
-    opts = _with_engine(opts, str(manifest.get("target")), req)
+    opts = _with_engine(opts, str(manifest.target), req)
     plan_meta = ranks[0].metadata.get("kernel_plan", {}) or {}
-    head = dict(model=model, target=str(manifest.get("target")), cuda_arch=plan_meta.get("cuda_arch"),
+    head = dict(model=model, target=str(manifest.target), cuda_arch=plan_meta.get("cuda_arch"),
                 quant=(ranks[0].metadata.get("quantization") or {}).get("name"), mode=opts.mode,
                 lora_rank=None)
-    return _assemble(head, ranks, str(manifest.get("pipeline", "")), [], mapping.tp, mapping.ep, opts,
+    return _assemble(head, ranks, manifest.pipeline or "", [], mapping.tp, mapping.ep, opts,
                      memory, req.given("device_memory"), dp=replicas)
 
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ernie_ir.artifacts.manifest import Manifest
 from ernie_ir.artifacts.publish import artifact_lock
 from ernie_ir.artifacts.source_digests import source_sha256
 from ernie_ir.ir import ErnieIRError, Graph
@@ -141,7 +142,7 @@ def source_info(model: str, graph: Graph, *, meta: bool = False) -> dict[str, An
 
         done = read_manifest(path)
         return {"model": model, "kind": "training-artifact", **trained,
-                "trained_from": done.get("source"), "trained_pipeline": done.get("pipeline")}
+                "trained_from": done.source, "trained_pipeline": done.pipeline}
     if path.is_file():
         return {"model": model, "kind": "file", "files": {path.name: source_sha256(path)}}
     if path.is_dir():
@@ -421,7 +422,7 @@ def _manifest_extra(before: dict[str, Any], after: dict[str, Any], written: list
     return extra
 
 
-def _trained_artifact(model: str, o: CompileOptions) -> dict[str, Any] | None:
+def _trained_artifact(model: str, o: CompileOptions) -> Manifest | None:
     """The manifest of MODEL when it is a training artifact to compile from a checkpoint, else
     None; refuses (one line) any other artifact and the options that do not apply."""
     if not (Path(model) / "manifest.json").is_file():
@@ -432,10 +433,10 @@ def _trained_artifact(model: str, o: CompileOptions) -> dict[str, Any] | None:
     from ernie_ir.targets.artifact import read_manifest
 
     done = read_manifest(model)
-    if done.get("mode") != "training":
+    if done.mode != "training":
         raise TargetError(f"{model} is a compiled artifact (already legalized for --target "
-                          f"{done.get('target')}): compile its source model "
-                          f"{(done.get('source') or {}).get('model', '')!s} instead")
+                          f"{done.target}): compile its source model "
+                          f"{(done.source or {}).get('model', '')!s} instead")
     if o.mode != "inference":
         raise TargetError(f"{model} is a training artifact: compile it with --mode inference (the default) "
                           f"to serve what it learned, or train it further with `ernie-ir train {model}`")
@@ -457,10 +458,10 @@ def _trained_pipeline(model: str, graph: Graph, o: CompileOptions) -> str:
     return ",".join(["qat-convert", *([o.quant_text] if o.quant_text else [])])
 
 
-def _tokenizer_source(model: str, trained: dict[str, Any] | None) -> str:
+def _tokenizer_source(model: str, trained: Manifest | None) -> str:
     """Where the model's tokenizer files are: MODEL itself, or a training artifact's copy."""
-    folder = (trained or {}).get("tokenizer")
-    if trained is None or not isinstance(folder, str):
+    folder = trained.tokenizer if trained is not None else None
+    if folder is None:
         return model
     return str(Path(model) / folder)
 

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from ernie_ir.ir.mapping import Sharding, check_data_parallel, check_degrees, check_sequence_parallel
+from ernie_ir.ir.mapping import check_data_parallel, check_degrees, check_sequence_parallel
 from ernie_ir.passes.quant.cli_flags import LoraChoice, QuantChoice, QuantFlagError, pipeline_text
 from ernie_ir.targets.errors import TargetError
 
@@ -53,7 +53,8 @@ class ParallelLayout(BaseModel):
     pp: int = 1
     micro_batches: int | None = None
     dp: int = 1
-    sharding: Sharding | None = None
+    sharding: str | None = None
+    """ZeRO over the dp group: stage1 or stage2 (an unknown stage is refused by `check_buildable`)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -181,6 +182,18 @@ class CompileOptions(BaseModel):
             raise QuantFlagError(f"--merge-lora folds the adapter into the base weights, leaving nothing to "
                                  f"train: --mode {self.mode} keeps the adapter apart (drop --merge-lora)")
         return self
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> CompileOptions:
+        """The options a command line gives (flat flag names, as `CompileOptions(**flags)`); a value
+        of the wrong kind is one line naming the flag, not pydantic's report."""
+        try:
+            return cls(**flags)
+        except ValidationError as e:
+            first = e.errors()[0]
+            name = str(first["loc"][-1]) if first["loc"] else "option"
+            value = flags.get(name, first.get("input"))
+            raise TargetError(first["msg"].lower(), flag=f"--{name.replace('_', '-')}", value=value) from None
 
     @property
     def quant_text(self) -> str:

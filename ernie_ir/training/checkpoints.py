@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from ernie_ir.artifacts.manifest import Manifest
 from ernie_ir.backends.paddle.launch_files import CHECKPOINTS
 from ernie_ir.ir import ErnieIRError
 
@@ -92,6 +93,28 @@ class TrainResult:
     """Per process (rank order), measured at the end of the run: `optimizer_state_bytes` (the
     optimizer's state tensors held), `gradient_bytes` (the gradients held at the last step,
     after the data-parallel reduce), `peak_rss_bytes`, `dp_index`, `mp_rank`."""
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where a process sits in a run: it runs rank graph `rank` of the `world` rank graphs of one
+    replica (pp stages x the model-parallel ranks) and is process `process` of `processes`
+    (data parallel: dp x world, process g being replica g // world). One rank: the defaults."""
+
+    rank: int = 0
+    world: int = 1
+    process: int = 0
+    processes: int = 1
+
+    @property
+    def replica(self) -> int:
+        """The data-parallel replica this process belongs to."""
+        return self.process // self.world
+
+    @property
+    def first_replica(self) -> bool:
+        """Replica 0: the one whose params (and unsharded optimizer state) a checkpoint holds."""
+        return self.process < self.world
 
 
 # -- names -------------------------------------------------------------------------------------
@@ -132,10 +155,10 @@ def prune_checkpoints(root: Path, keep: int, spare: Callable[[str], bool] | None
 # -- fingerprints --------------------------------------------------------------------------------
 
 
-def artifact_fingerprint(manifest: dict[str, Any], world: int) -> str:
+def artifact_fingerprint(manifest: Manifest, world: int) -> str:
     """sha256 over the manifest's digests of every rank's graph and weights: the same for two
     artifacts only when they hold the same model, split the same way."""
-    files = manifest.get("files", {})
+    files = manifest.files
     names = [f"rank{r}/{f}" for r in range(world) for f in ("graph.ir", "weights.safetensors")]
     return hashlib.sha256(json.dumps({n: files.get(n) for n in names}, sort_keys=True).encode()).hexdigest()
 
@@ -151,11 +174,11 @@ def batches_fingerprint(batches: list[tuple[np.ndarray, np.ndarray]]) -> str:
     return h.hexdigest()
 
 
-def checkpoint_expected(manifest: dict[str, Any]) -> dict[str, Any]:
+def checkpoint_expected(manifest: Manifest) -> dict[str, Any]:
     """What publishing a checkpoint checks the artifact against: the manifest's files except the
     checkpoints (which this or another run adds and removes meanwhile)."""
     prefix = CHECKPOINTS.as_posix() + "/"
-    return {"files": {n: d for n, d in manifest.get("files", {}).items() if not n.startswith(prefix)}}
+    return {"files": {n: d for n, d in manifest.files.items() if not n.startswith(prefix)}}
 
 
 # -- RNG -----------------------------------------------------------------------------------------
@@ -258,16 +281,16 @@ def load_optimizer_arrays(paddle: Any, optimizer: Any, layer: Any, arrays: dict[
 # -- writing ----------------------------------------------------------------------------------------
 
 
-def stage_rank_state(stage: Path, paddle: Any, layer: Any, optimizer: Any, names: list[str], rank: int,
-                     world: int, step: int, *, process: int | None = None, params: bool = True,
+def stage_rank_state(stage: Path, paddle: Any, layer: Any, optimizer: Any, names: list[str],
+                     place: RankPlace, step: int, *, params: bool = True,
                      optimizer_state: bool = True) -> None:
-    """Write rank `rank`'s part of a checkpoint into `stage`: its params (params.safetensors on
-    one rank, rank{r}.safetensors on several), its optimizer state and its RNG state. Data
-    parallel: `process` is the process's global rank (its optimizer and RNG files are named by
-    it; default `rank`); `params` / `optimizer_state` False where replica 0 writes them."""
+    """Write rank `place.rank`'s part of a checkpoint into `stage`: its params (params.safetensors
+    on one rank, rank{r}.safetensors on several), its optimizer state and its RNG state. Data
+    parallel: its optimizer and RNG files are named by `place.process`, the process's global
+    rank; `params` / `optimizer_state` False where replica 0 writes them."""
     from safetensors.numpy import save_file
 
-    g = rank if process is None else process
+    rank, world, g = place.rank, place.world, place.process
     meta = {"format": FILE_FORMAT, "step": str(step), "rank": str(rank), "world_size": str(world),
             **({"process": str(g)} if g != rank else {})}
     if params:
@@ -316,6 +339,20 @@ class CheckpointRun:
 
     def name(self, step: int) -> str:
         return f"run-{{run:03d}}-step-{step}" if self.number is None else f"run-{self.number:03d}-step-{step}"
+
+
+@dataclass(frozen=True)
+class CheckpointContext:
+    """What every checkpoint of a run shares: the artifact `root`, the params it saves (`names`:
+    the trainable ones and the QAT state), the trainer state's common part (`base`,
+    `trainer_state_base`), the run number (`run`) and what publishing checks the artifact
+    against (`expected`, `checkpoint_expected`)."""
+
+    root: Path
+    names: list[str]
+    base: dict[str, Any]
+    run: CheckpointRun = field(default_factory=CheckpointRun)
+    expected: dict[str, Any] | None = None
 
 
 def publish_checkpoint(root: Path, stage: Path, step: int, run: CheckpointRun,
@@ -494,13 +531,13 @@ def read_resume_point(root: Path, folder: Path, *, world: int, fingerprint: str,
     return ResumePoint(folder, state)
 
 
-def restore_rank(paddle: Any, layer: Any, optimizer: Any, point: ResumePoint, names: list[str], rank: int,
-                 world: int, *, process: int | None = None) -> None:
-    """Rank `rank`'s trained params, optimizer state and RNG state from `point`; call it right
-    before the first step (nothing in between may draw random numbers). Data parallel:
-    `process` is the global rank (its RNG stream, and with sharding its optimizer file; the
-    params and an unsharded optimizer state are replica 0's, which every replica holds)."""
-    g = rank if process is None else process
+def restore_rank(paddle: Any, layer: Any, optimizer: Any, point: ResumePoint, names: list[str],
+                 place: RankPlace) -> None:
+    """Rank `place.rank`'s trained params, optimizer state and RNG state from `point`; call it
+    right before the first step (nothing in between may draw random numbers). Data parallel:
+    `place.process` is the global rank (its RNG stream, and with sharding its optimizer file;
+    the params and an unsharded optimizer state are replica 0's, which every replica holds)."""
+    rank, world, g = place.rank, place.world, place.process
     _, sharding = point.layout
     where = f"--resume {point.folder}"
     arrays = point.params(rank, world)

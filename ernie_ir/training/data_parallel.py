@@ -2,9 +2,10 @@
 
 A data-parallel run starts `dp x world` processes (world: the artifact's model-parallel ranks,
 tp x ep), ordered as Paddle's hybrid topology: process g is replica `g // world` and runs rank
-graph `g % world` (`Mapping.process`). Groups (`new_groups`): one model-parallel group per
-replica (the graph's collectives, the tensor-parallel clip) and one dp group per model-parallel
-rank (gradients, sharded updates, the loss).
+graph `g % world` (`Mapping.process`). Groups (`new_groups`, with the one helper of
+ernie_ir.backends.paddle.groups): one model-parallel group per replica (the graph's collectives,
+the tensor-parallel clip) and one dp group per model-parallel rank (gradients, sharded updates,
+the loss).
 
 Every process reads the same global batches; replica d takes its contiguous rows of each
 (`replica_rows`: b / dp each when dp divides the batch's b rows; a short final batch is split as
@@ -77,27 +78,15 @@ def partition(sizes: dict[str, int], dp: int) -> dict[str, int]:
 
 def new_groups(rank: int, dp: int, world: int) -> tuple[Any, Any]:
     """(model-parallel group, dp group) of process `rank` (None where the group is the default
-    one or a single rank). Every process creates every group in the same order (Paddle numbers
-    groups by creation), each followed by a barrier: two gloo groups that rendezvous at once can
-    pair the wrong peers and hang (seen with [0, 2] and [1, 3] on Paddle 3.3)."""
-    import paddle.distributed as dist
+    one or a single rank): every group of `data_parallel_group_ranks`, created by the one helper
+    of every parallelism (ernie_ir.backends.paddle.groups: in the same order on every process,
+    each followed by gloo's barrier)."""
+    from ernie_ir.backends.paddle.groups import create_groups, data_parallel_group_ranks
 
-    mp_group = dp_group = None
     if dp == 1:
         return None, None
-    wanted: list[tuple[str, list[int]]] = []
-    if world > 1:
-        wanted += [("mp", list(range(d * world, (d + 1) * world))) for d in range(dp)]
-    wanted += [("dp", [m + d * world for d in range(dp)]) for m in range(world)]
-    for kind, ranks in wanted:
-        group = dist.new_group(ranks)
-        dist.barrier()
-        if rank in ranks:
-            if kind == "mp":
-                mp_group = group
-            else:
-                dp_group = group
-    return mp_group, dp_group
+    mine = create_groups(rank, data_parallel_group_ranks(dp, world))
+    return mine.get(("mp", rank // world)), mine.get(("dp", rank % world))
 
 
 @dataclass(frozen=True)

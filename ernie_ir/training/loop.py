@@ -28,8 +28,8 @@ one batch of 4.
 Evaluation: with evaluation data (`eval_data` / `eval_sequences`), the mean next-token loss
 over all of it (no gradients, eval mode: dropout off) every `eval_steps` steps and at the end.
 
-Progress: `on_progress(StepProgress)` after each step (step, loss, lr, tokens, elapsed); the
-library never prints, the CLI draws the bar.
+Progress: the hooks (`TrainHooks`): `on_progress(StepProgress)` after each step (step, loss, lr,
+tokens, elapsed); the library never prints, the CLI draws the bar.
 
 Results (`TrainResult`: losses, eval losses, checkpoints): `rank0/` is never modified. With
 `save=True` each checkpoint is a folder `training/checkpoints/run-K-step-N/` (the trained
@@ -72,9 +72,11 @@ from ernie_ir.backends.paddle.layer import require_paddle
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.inputs import MAX_JSON_BYTES, read_bytes
 from ernie_ir.ir.mapping import MAX_PROCESSES, Sharding, check_data_parallel
+from ernie_ir.training.checkpoints import ResumePoint
 from ernie_ir.training.checkpoints import (
     TrainResult as TrainResult,  # re-exported: what train_artifact returns
 )
+from ernie_ir.training.hooks import StepProgress, TrainHooks  # used and re-exported: the run's hooks
 
 RECIPE = Path("training") / "train.json"
 IGNORE = -100
@@ -300,20 +302,41 @@ OPTION_ALIASES: dict[str, str] = {a: name for name, f in TrainOptions.model_fiel
 """Every accepted key (field names and aliases) -> the field it sets."""
 
 
+SYNTHETIC_SEQ_LEN = 16
+"""Positions of the synthetic batch (a run without data), unless the recipe's batch.seq_len says."""
+
+RECIPE_KEYS: dict[str, tuple[str, str]] = {
+    "lr": ("optimizer", "learning_rate"), "beta1": ("optimizer", "beta1"), "beta2": ("optimizer", "beta2"),
+    "eps": ("optimizer", "epsilon"), "weight_decay": ("optimizer", "weight_decay"),
+    "clip_norm": ("optimizer", "grad_clip_norm"), "schedule": ("schedule", "name"),
+    "warmup_steps": ("schedule", "warmup_steps"), "batch_size": ("batch", "batch_size"),
+    "grad_accum": ("batch", "gradient_accumulation_steps"), "seed": ("batch", "synthetic_seed"),
+    "pad_id": ("padding", "pad_id"), "ignore_index": ("padding", "ignore_index"),
+    "dp": ("data_parallel", "dp"), "sharding": ("data_parallel", "sharding"),
+}
+"""TrainOptions field -> (section, key) of the recipe (training/train.json) that holds the
+artifact's value: read back as the run's defaults (`resolve_options`), written by compile
+(`recipe_sections`)."""
+
+
+def recipe_sections() -> dict[str, dict[str, Any]]:
+    """The run's defaults as compile writes them into train.json: TrainOptions' defaults (their one
+    home) under their RECIPE_KEYS, with the optimizer's name and the synthetic batch's length
+    (`data_parallel` is the layout's, written with dp > 1 only)."""
+    defaults = TrainOptions().model_dump()
+    sections: dict[str, dict[str, Any]] = {"optimizer": {"name": "AdamW"}, "schedule": {}, "batch": {},
+                                           "padding": {}}
+    for field, (section, key) in RECIPE_KEYS.items():
+        if section in sections:
+            sections[section][key] = defaults[field]
+    sections["batch"]["seq_len"] = SYNTHETIC_SEQ_LEN
+    return sections
+
+
 def _recipe_values(recipe: dict[str, Any]) -> dict[str, Any]:
-    opt = recipe.get("optimizer", {})
-    batch = recipe.get("batch", {})
-    sched = recipe.get("schedule", {})
-    pad = recipe.get("padding", {})
-    dpar = recipe.get("data_parallel", {})
-    pairs = {"dp": dpar.get("dp"), "sharding": dpar.get("sharding"),
-             "lr": opt.get("learning_rate"), "beta1": opt.get("beta1"), "beta2": opt.get("beta2"),
-             "eps": opt.get("epsilon"), "weight_decay": opt.get("weight_decay"),
-             "clip_norm": opt.get("grad_clip_norm"), "batch_size": batch.get("batch_size"),
-             "grad_accum": batch.get("gradient_accumulation_steps"), "seed": batch.get("synthetic_seed"),
-             "warmup_steps": sched.get("warmup_steps"), "schedule": sched.get("name"),
-             "pad_id": pad.get("pad_id"), "ignore_index": pad.get("ignore_index")}
-    return {k: v for k, v in pairs.items() if v is not None}
+    """The TrainOptions values the recipe holds (RECIPE_KEYS), by field."""
+    values = {field: recipe.get(section, {}).get(key) for field, (section, key) in RECIPE_KEYS.items()}
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _flag(field: str) -> str:
@@ -409,33 +432,6 @@ def read_config(path: Path) -> dict[str, Any]:
     return {str(k): v for k, v in data.items()}
 
 
-@dataclass(frozen=True)
-class StepProgress:
-    """What `train_artifact` reports after each optimizer step (the CLI draws it)."""
-
-    step: int
-    steps: int
-    loss: float
-    lr: float
-    tokens: int
-    """Real target tokens of this step (every accumulated batch)."""
-    elapsed_s: float
-    """Seconds since the first step began."""
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.total_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    total_tokens: int = 0
-    """Real target tokens of this run's steps up to `step`."""
-    start_step: int = 0
-    """The step this run started after (a resumed checkpoint's step, else 0)."""
-
-    @property
-    def eta_s(self) -> float:
-        return self.elapsed_s / max(1, self.step - self.start_step) * (self.steps - self.step)
-
-
 def step_batches(batches: list[tuple[np.ndarray, np.ndarray]], step: int,
                  grad_accum: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """The batches optimizer step `step` (0-based) takes: the next `grad_accum`, cycled."""
@@ -454,7 +450,7 @@ def read_training_artifact(root: Path) -> tuple[dict[str, Any], dict[str, Any], 
     from ernie_ir.artifacts import artifact_mapping, check_files, read_manifest
 
     manifest = read_manifest(root)
-    if manifest.get("mode") != "training" or not (root / RECIPE).is_file():
+    if manifest.mode != "training" or not (root / RECIPE).is_file():
         raise ErnieIRError(f"{root} is not a training artifact: compile it with --mode training "
                            "(and --lora-rank R or --quant qat-int8)")
     world = artifact_mapping(manifest).rank_graphs  # pp x the model-parallel ranks
@@ -509,7 +505,7 @@ def training_batches(recipe: dict[str, Any], graph: Any, data: Data, seed: int |
             seqs = _read_data(Path(data), vocab, max_len, opts.ignore_index)
         return _batches(seqs, opts.batch_size, opts.pad_id, opts.ignore_index)
     rng = np.random.default_rng(opts.seed)
-    seq_len = int(recipe.get("batch", {}).get("seq_len", 16))
+    seq_len = int(recipe.get("batch", {}).get("seq_len", SYNTHETIC_SEQ_LEN))
     ids = rng.integers(0, vocab, size=(opts.batch_size, seq_len))
     return [(ids.astype(np.int64), ids.astype(np.int64))]
 
@@ -521,20 +517,37 @@ def make_optimizer(paddle: Any, params: list[Any], options: TrainOptions, grad_c
         epsilon=options.eps, weight_decay=options.weight_decay, grad_clip=grad_clip)
 
 
-def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.ndarray, np.ndarray]],
-              steps: int, on_step: Callable[[int, float], Any] | None = None, *,
-              options: TrainOptions | None = None, start: int = 0,
-              after_step: Callable[[int, float], Any] | None = None, replica: Any = None,
-              pipeline: Any = None) -> list[float]:
+Batches = list[tuple[np.ndarray, np.ndarray]]
+"""(input_ids, labels) batches, each [rows, positions] int64."""
+
+
+@dataclass(frozen=True)
+class Trainee:
+    """What one process trains: Paddle, the Layer, the optimizer over its trainable params, and
+    how a step reaches the other processes of a parallel run: `replica` (a data_parallel.Replica:
+    this process takes its replica's rows of each batch, none: it skips the forward, and the loss
+    is summed over the replicas) or `pipeline` (a pipeline.PipelineStage: each batch runs
+    through the pipeline's schedule, its loss broadcast to every stage); both None: the whole
+    batch here."""
+
+    paddle: Any
+    layer: Any
+    optimizer: Any
+    replica: Any = None
+    pipeline: Any = None
+
+
+def run_steps(model: Trainee, batches: Batches, steps: int,
+              on_step: Callable[[int, float], Any] | None = None, *, options: TrainOptions | None = None,
+              start: int = 0, after_step: Callable[[int, float], Any] | None = None) -> list[float]:
     """Optimizer steps start+1 .. `steps` over `batches` (cycled, `grad_accum` batches a step,
     step k taking batches k x grad_accum ..., learning rate by the schedule of `steps` steps);
     the loss of each step, the mean over the step's real target tokens. `on_step(step, loss)`,
     then `after_step(step, loss)` (evaluation, checkpoints) after each step.
-    The one training loop of every rank count: one process here, or each paddle.distributed rank.
-    `replica` (a data_parallel.Replica): this process takes its replica's rows of each batch
-    (none: it skips the forward) and the loss is summed over the replicas; the count of real
-    target tokens is always the whole batch's. `pipeline` (a pipeline_parallel.PipelineStage):
-    each batch runs through the pipeline's schedule, its loss broadcast to every stage."""
+    The one training loop of every rank count: one process here, or each paddle.distributed rank
+    (`model.replica`, `model.pipeline`); the count of real target tokens is always the whole
+    batch's."""
+    paddle, layer, optimizer, replica = model.paddle, model.layer, model.optimizer, model.replica
     opts = options if options is not None else TrainOptions()
     losses: list[float] = []
     for step in range(start, steps):
@@ -543,8 +556,8 @@ def run_steps(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.nd
         optimizer.set_lr(opts.lr_at(step, steps))
         total = 0.0
         for ids, labels in micro:
-            if pipeline is not None:
-                total += pipeline.run(ids, labels, train=True, count=count)[0]
+            if model.pipeline is not None:
+                total += model.pipeline.run(ids, labels, train=True, count=count)[0]
                 continue
             if replica is not None:
                 part = replica.rows(ids, labels)
@@ -598,19 +611,16 @@ def evaluate(paddle: Any, layer: Any, batches: list[tuple[np.ndarray, np.ndarray
     return total / max(count, 1)
 
 
-def train_session(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[np.ndarray, np.ndarray]],
-                  steps: int, *, options: TrainOptions, start: int = 0,
-                  report: Callable[[int, float], Any] | None = None,
-                  eval_batches: list[tuple[np.ndarray, np.ndarray]] | None = None,
+def train_session(model: Trainee, batches: Batches, steps: int, *, options: TrainOptions, start: int = 0,
+                  report: Callable[[int, float], Any] | None = None, eval_batches: Batches | None = None,
                   on_eval: Callable[[int, float], Any] | None = None,
-                  checkpoint: Callable[[int, float, float | None], Path | None] | None = None,
-                  replica: Any = None, pipeline: Any = None) -> TrainResult:
+                  checkpoint: Callable[[int, float, float | None], Path | None] | None = None) -> TrainResult:
     """`run_steps` from step `start` with the evaluation loss (`evaluate`, over `eval_batches`)
     every options.eval_steps steps and at the end, reported to `on_eval(step, loss)`, then
     `checkpoint(step, loss, eval_loss)` every options.save_steps steps and at the end (it returns
     the published folder, or None on ranks that publish nothing). Shared by one-rank training and
-    each rank of a multi-rank run (`replica`: run_steps'; evaluation is not split: every replica
-    evaluates all of `eval_batches`, the same loss)."""
+    each rank of a multi-rank run (evaluation is not split: every replica of `model` evaluates
+    all of `eval_batches`, the same loss)."""
     evals: list[tuple[int, float]] = []
     saved: list[Path] = []
 
@@ -620,7 +630,8 @@ def train_session(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[n
     def after(step: int, loss: float) -> None:
         eval_loss = None
         if eval_batches is not None and due(options.eval_steps, step):
-            eval_loss = evaluate(paddle, layer, eval_batches, options.ignore_index, pipeline)
+            eval_loss = evaluate(model.paddle, model.layer, eval_batches, options.ignore_index,
+                                 model.pipeline)
             evals.append((step, eval_loss))
             if on_eval is not None:
                 on_eval(step, eval_loss)
@@ -629,8 +640,7 @@ def train_session(paddle: Any, layer: Any, optimizer: Any, batches: list[tuple[n
             if path is not None:
                 saved.append(path)
 
-    losses = run_steps(paddle, layer, optimizer, batches, steps, report, options=options, start=start,
-                       after_step=after, replica=replica, pipeline=pipeline)
+    losses = run_steps(model, batches, steps, report, options=options, start=start, after_step=after)
     return TrainResult(losses, evals, [p for p in saved if p.exists()], start + 1)
 
 
@@ -682,76 +692,78 @@ def next_token_loss(paddle: Any, layer: Any, ids: np.ndarray, labels: np.ndarray
     return loss_sum / max(count, 1)
 
 
-def _progress_reporter(batches: list[tuple[np.ndarray, np.ndarray]], steps: int, options: TrainOptions,
-                       on_step: Callable[[int, float], Any] | None,
-                       on_progress: Callable[[StepProgress], Any] | None,
-                       start: int = 0) -> Callable[[int, float], None]:
+@dataclass(frozen=True)
+class RunPlan:
+    """A run of `train_artifact`, resolved and checked before anything trains (`plan_run`)."""
+
+    root: Path
+    steps: int
+    manifest: dict[str, Any]
+    recipe: dict[str, Any]
+    world: int
+    """The artifact's rank graphs (pp x the model-parallel ranks)."""
+    processes: int
+    """The processes the run starts: dp x world (1: this one)."""
+    options: TrainOptions
+    graph: Any
+    """rank0's graph (a pipelined artifact: the whole graph, no weights), what the batches fit."""
+    batches: Batches
+    eval_batches: Batches | None
+    fingerprint: str
+    point: ResumePoint | None
+    """The checkpoint the run continues (None: a fresh run)."""
+
+    @property
+    def start(self) -> int:
+        """The step the run starts after: the resumed checkpoint's, else 0."""
+        return 0 if self.point is None else self.point.step
+
+    @property
+    def names(self) -> list[str]:
+        """The params a checkpoint holds: the trainable ones and the QAT state."""
+        return list(self.recipe.get("trainable", [])) + list(self.recipe.get("qat_state", []))
+
+
+def _progress_reporter(plan: RunPlan, hooks: TrainHooks) -> Callable[[int, float], None]:
+    """The `report(step, loss)` of a run: hooks.on_step, then hooks.on_progress with a StepProgress."""
     began = time.monotonic()
     seen = [0]
+    options, batches, steps = plan.options, plan.batches, plan.steps
 
     def report(step: int, loss: float) -> None:
-        if on_step is not None:
-            on_step(step, loss)
-        if on_progress is None:
+        if hooks.on_step is not None:
+            hooks.on_step(step, loss)
+        if hooks.on_progress is None:
             return
         tokens = sum(target_tokens(lab, options.ignore_index)
                      for _, lab in step_batches(batches, step - 1, options.grad_accum))
         seen[0] += tokens
-        on_progress(StepProgress(step=step, steps=steps, loss=loss, lr=options.lr_at(step - 1, steps),
-                                 tokens=tokens, elapsed_s=time.monotonic() - began, total_tokens=seen[0],
-                                 start_step=start))
+        hooks.on_progress(StepProgress(step=step, steps=steps, loss=loss, lr=options.lr_at(step - 1, steps),
+                                       tokens=tokens, elapsed_s=time.monotonic() - began,
+                                       total_tokens=seen[0], start_step=plan.start))
 
     return report
 
 
-def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None = None,
-                   seed: int | None = None, *, save: bool = True,
-                   options: dict[str, Any] | TrainOptions | None = None,
-                   on_step: Callable[[int, float], Any] | None = None,
-                   on_progress: Callable[[StepProgress], Any] | None = None,
-                   timeout_s: float | None = None,
-                   save_steps: int | None = None, save_total_limit: int | None = None,
-                   eval_data: Path | None = None,
-                   eval_sequences: list[tuple[list[int], list[int]]] | None = None,
-                   eval_steps: int | None = None, resume: str | Path | bool | None = None,
-                   on_checkpoint: Callable[[Path], Any] | None = None) -> TrainResult:
-    """Train the artifact's trainable params up to step `steps` (AdamW); returns a TrainResult.
+def plan_run(root: Path, steps: int, data: Data = None, *,
+             options: dict[str, Any] | TrainOptions | None = None, save: bool = True,
+             eval_data: Path | None = None, eval_sequences: list[Sequence] | None = None,
+             resume: str | Path | bool | None = None) -> RunPlan:
+    """`train_artifact`'s run, every refusal (ErnieIRError, one line) before anything trains or
+    starts: the steps, the options (the recipe's, replaced by `options`' keys given; ERNIEKit's
+    `resume_from_checkpoint` among them stands in for `resume`), the evaluation data, the layout,
+    the batches and the checkpoint to resume."""
+    from ernie_ir.artifacts import artifact_mapping
+    from ernie_ir.ir.storage import load_graph
+    from ernie_ir.training.checkpoints import artifact_fingerprint, resume_point
+    from ernie_ir.training.data_parallel import refuse_qat_state
 
-    Settings: the recipe's, replaced by the keys of `options` given (a dict of TrainOptions
-    names or ERNIEKit aliases; None values are absent), then by the keyword arguments that are
-    not None (`lr`, `seed`, `save_steps`, `save_total_limit`, `eval_steps`).
-    `data`: a jsonl file, a list of (input_ids, labels) pairs, or None (a synthetic batch).
-    `eval_data` (jsonl) or `eval_sequences` (pairs): the mean next-token loss over them every
-    `eval_steps` steps and at the end (TrainResult.eval_losses).
-    With `save`, a checkpoint folder at the end and every `save_steps` steps (train_state.py has
-    the layout), the newest `save_total_limit` of the artifact kept; `on_checkpoint(folder)` is
-    called in this process after each one is published (before older ones are removed).
-    `resume`: True or "latest" (the artifact's newest checkpoint), a checkpoint folder or its
-    name: continue that run from its step with its optimizer, RNG state and data position, as
-    a new run (new run-K); `steps` is the total. `options` may carry ERNIEKit's
-    `resume_from_checkpoint` instead.
-    `on_step(step, loss)` and `on_progress(StepProgress)` are called after each step.
-    A multi-rank artifact runs on one paddle.distributed process per rank (gloo on this CPU,
-    ernie_ir.backends.paddle.launch), bounded by `timeout_s` (default 3600 s). Data parallelism (the
-    options' `dp` and `sharding`: the artifact's layout unless given) runs dp x ranks processes
-    (ernie_ir.training.data_parallel).
-    """
-    from ernie_ir.training.checkpoints import (
-        artifact_fingerprint,
-        checkpoint_expected,
-        resume_point,
-    )
-
-    paddle = require_paddle()
-    root = Path(path)
     if not 1 <= steps <= MAX_STEPS:
         raise ErnieIRError(f"--steps must be in [1, {MAX_STEPS}], got {steps}")
     manifest, recipe, world = read_training_artifact(root)
     given = options.model_dump() if isinstance(options, TrainOptions) else dict(options or {})
     given, config_resume = split_run_keys(given)
-    kwargs = {"lr": lr, "seed": seed, "save_steps": save_steps, "save_total_limit": save_total_limit,
-              "eval_steps": eval_steps}
-    opts = resolve_options(recipe, {**given, **{k: v for k, v in kwargs.items() if v is not None}})
+    opts = resolve_options(recipe, given)
     resume = config_resume if resume is None else resume
     if eval_data is not None and eval_sequences is not None:
         raise ErnieIRError("give the evaluation data once: eval_data (a jsonl file) or eval_sequences")
@@ -760,17 +772,9 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
         raise ErnieIRError("--eval-steps needs evaluation data (eval_data or eval_sequences)")
     if not save and (opts.save_steps is not None or opts.save_total_limit is not None):
         raise ErnieIRError("--save-steps and --save-total-limit need checkpoints: train with save=True")
-    from ernie_ir.artifacts import artifact_mapping
-
     mapping = artifact_mapping(manifest)
     processes = check_layout(opts, world, mapping.pp, mapping.micro_batches)
-    from ernie_ir.training.data_parallel import refuse_qat_state
-
     refuse_qat_state(recipe, opts.dp)
-
-    from ernie_ir.backends.paddle.layer import build_layer
-    from ernie_ir.ir.storage import load_graph
-
     graph = load_graph(root / "rank0") if mapping.pp == 1 else whole_graph(root)
     batches = training_batches(recipe, graph, data, options=opts)  # bad data fails before any process
     evals = None
@@ -780,53 +784,91 @@ def train_artifact(path: Path, steps: int, data: Data = None, lr: float | None =
     fingerprint = artifact_fingerprint(manifest, world)
     point = resume_point(root, resume, world=world, fingerprint=fingerprint, steps=steps,
                          options=opts.model_dump(), batches=batches)
-    start = point.step if point is not None else 0
-    report = _progress_reporter(batches, steps, opts, on_step, on_progress, start)
-    if processes > 1:
+    return RunPlan(root, steps, manifest, recipe, world, processes, opts, graph, batches, evals, fingerprint,
+                   point)
+
+
+def train_artifact(path: Path, steps: int, data: Data = None, *, save: bool = True,
+                   options: dict[str, Any] | TrainOptions | None = None, hooks: TrainHooks | None = None,
+                   timeout_s: float | None = None, eval_data: Path | None = None,
+                   eval_sequences: list[Sequence] | None = None,
+                   resume: str | Path | bool | None = None) -> TrainResult:
+    """Train the artifact's trainable params up to step `steps` (AdamW); returns a TrainResult.
+
+    Settings (`options`): a TrainOptions, or a dict of TrainOptions names or ERNIEKit aliases
+    (None values are absent) replacing the recipe's values (`{"lr": 1e-2, "save_steps": 5}`).
+    `data`: a jsonl file, a list of (input_ids, labels) pairs, or None (a synthetic batch).
+    `eval_data` (jsonl) or `eval_sequences` (pairs): the mean next-token loss over them every
+    `eval_steps` steps and at the end (TrainResult.eval_losses).
+    With `save`, a checkpoint folder at the end and every `save_steps` steps
+    (ernie_ir.training.checkpoints has the layout), the newest `save_total_limit` of the artifact
+    kept. `resume`: True or "latest" (the artifact's newest checkpoint), a checkpoint folder or
+    its name: continue that run from its step with its optimizer, RNG state and data position, as
+    a new run (new run-K); `steps` is the total. `options` may carry ERNIEKit's
+    `resume_from_checkpoint` instead.
+    `hooks` (TrainHooks): `on_step(step, loss)` and `on_progress(StepProgress)` after each step,
+    `on_checkpoint(folder)` in this process after each checkpoint is published (before older
+    ones are removed).
+    A multi-rank artifact runs on one paddle.distributed process per rank (gloo on this CPU,
+    ernie_ir.backends.paddle.launch), bounded by `timeout_s` (default 3600 s). Data parallelism (the
+    options' `dp` and `sharding`: the artifact's layout unless given) runs dp x ranks processes
+    (ernie_ir.training.data_parallel).
+    """
+    paddle = require_paddle()
+    hooks = TrainHooks() if hooks is None else hooks
+    plan = plan_run(Path(path), steps, data, options=options, save=save, eval_data=eval_data,
+                    eval_sequences=eval_sequences, resume=resume)
+    report = _progress_reporter(plan, hooks)
+    if plan.processes > 1:
         from ernie_ir.training.launch import TRAIN_TIMEOUT_S, train_distributed
 
-        return train_distributed(root, processes, steps, batches, options=opts, save=save, on_step=report,
-                                 eval_batches=evals, resume=None if point is None else point.folder,
-                                 start=start, on_checkpoint=on_checkpoint,
+        ranks_hooks = TrainHooks(on_step=report, on_checkpoint=hooks.on_checkpoint)
+        return train_distributed(plan.root, plan.processes, steps, plan.batches, options=plan.options,
+                                 save=save, hooks=ranks_hooks, eval_batches=plan.eval_batches,
+                                 resume=plan.point,
                                  timeout_s=TRAIN_TIMEOUT_S if timeout_s is None else timeout_s)
+    return _train_one_rank(paddle, plan, save, report, hooks.on_checkpoint)
+
+
+def _train_one_rank(paddle: Any, plan: RunPlan, save: bool, report: Callable[[int, float], Any],
+                    on_checkpoint: Callable[[Path], Any] | None) -> TrainResult:
+    """The run of `plan` in this process: its Layer, AdamW (a global-norm clip), checkpoints and
+    `train_session`; the result with this process's `rank_stats`."""
+    from dataclasses import replace
+
+    from ernie_ir.backends.paddle.layer import build_layer
+    from ernie_ir.training.checkpoints import RankPlace, restore_rank
+    from ernie_ir.training.data_parallel import rank_stats
+
+    opts = plan.options
     paddle.seed(opts.seed)
-    layer = build_layer(graph, device="cpu")
+    layer = build_layer(plan.graph, device="cpu")
     layer.train()
     layer.track_state = True
     params = layer.trainable_parameters()
     if not params:
-        raise ErnieIRError(f"{root}: the graph has no trainable params")
+        raise ErnieIRError(f"{plan.root}: the graph has no trainable params")
     clip = opts.clip()
-    optimizer = make_optimizer(paddle, params, opts,
-                               paddle.nn.ClipGradByGlobalNorm(clip) if clip else None)
-    checkpoint = None
-    if save:
-        checkpoint = _one_rank_checkpoints(root, checkpoint_expected(manifest), layer, optimizer, recipe,
-                                           opts, steps, fingerprint, batches, point, on_checkpoint)
-    names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
-    if point is not None:
-        from ernie_ir.training.checkpoints import restore_rank
-
-        restore_rank(paddle, layer, optimizer, point, names, 0, 1)
-    result = train_session(paddle, layer, optimizer, batches, steps, options=opts, start=start, report=report,
-                           eval_batches=evals, checkpoint=checkpoint)
-    from dataclasses import replace
-
-    from ernie_ir.training.data_parallel import rank_stats
-
+    optimizer = make_optimizer(paddle, params, opts, paddle.nn.ClipGradByGlobalNorm(clip) if clip else None)
+    checkpoint = _one_rank_checkpoints(plan, paddle, layer, optimizer, on_checkpoint) if save else None
+    if plan.point is not None:
+        restore_rank(paddle, layer, optimizer, plan.point, plan.names, RankPlace())
+    result = train_session(Trainee(paddle, layer, optimizer), plan.batches, plan.steps, options=opts,
+                           start=plan.start, report=report, eval_batches=plan.eval_batches,
+                           checkpoint=checkpoint)
     return replace(result, rank_stats=[rank_stats(layer, optimizer, 0, 0)])
 
 
-def _one_rank_checkpoints(root: Path, expected: dict[str, Any], layer: Any, optimizer: Any,
-                          recipe: dict[str, Any], opts: TrainOptions, steps: int, fingerprint: str,
-                          batches: list[tuple[np.ndarray, np.ndarray]], point: Any,
+def _one_rank_checkpoints(plan: RunPlan, paddle: Any, layer: Any, optimizer: Any,
                           on_checkpoint: Callable[[Path], Any] | None
                           ) -> Callable[[int, float, float | None], Path]:
     """The `checkpoint` of a one-rank train_session: each call writes the folder (params at
     global names, optimizer.rank0, trainer_state.json), publishes it as run-K-step-N (K chosen
     by the first one), calls `on_checkpoint`, then keeps the newest save_total_limit."""
     from ernie_ir.training.checkpoints import (
-        CheckpointRun,
+        CheckpointContext,
+        RankPlace,
+        checkpoint_expected,
         prune_checkpoints,
         save_checkpoint,
         stage_rank_state,
@@ -834,22 +876,22 @@ def _one_rank_checkpoints(root: Path, expected: dict[str, Any], layer: Any, opti
         write_trainer_state,
     )
 
-    paddle = require_paddle()
-    names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
-    base = trainer_state_base(steps=steps, world=1, fingerprint=fingerprint, options=opts.model_dump(),
-                              batches=batches, resumed_from=None if point is None else point.name)
-    run = CheckpointRun()
+    opts = plan.options
+    base = trainer_state_base(steps=plan.steps, world=1, fingerprint=plan.fingerprint,
+                              options=opts.model_dump(), batches=plan.batches,
+                              resumed_from=None if plan.point is None else plan.point.name)
+    ctx = CheckpointContext(plan.root, plan.names, base, expected=checkpoint_expected(plan.manifest))
 
     def checkpoint(step: int, loss: float, eval_loss: float | None) -> Path:
         def write(stage: Path) -> None:
-            stage_rank_state(stage, paddle, layer, optimizer, names, 0, 1, step)
-            write_trainer_state(stage, base, step, loss, eval_loss)
+            stage_rank_state(stage, paddle, layer, optimizer, ctx.names, RankPlace(), step)
+            write_trainer_state(stage, ctx.base, step, loss, eval_loss)
 
-        out = save_checkpoint(root, write, step, run, expected)
+        out = save_checkpoint(ctx.root, write, step, ctx.run, ctx.expected)
         if on_checkpoint is not None:
             on_checkpoint(out)
         if opts.save_total_limit is not None:
-            prune_checkpoints(root, opts.save_total_limit)
+            prune_checkpoints(ctx.root, opts.save_total_limit)
         return out
 
     return checkpoint

@@ -30,8 +30,9 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,7 +47,11 @@ from ernie_ir.backends.paddle.rank_worker import (
     world_from_env,
 )
 from ernie_ir.ir import Graph
-from ernie_ir.ir.mapping import SHARD
+from ernie_ir.ir.mapping import SHARD, Mapping
+from ernie_ir.training.checkpoints import CheckpointContext, RankPlace, ResumePoint
+
+if TYPE_CHECKING:
+    from ernie_ir.training.loop import Trainee, TrainOptions
 
 # -- one rank of training ----------------------------------------------------------------------------------
 
@@ -98,145 +103,100 @@ def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float
     return TensorParallelClip()
 
 
-def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.ndarray]] | None = None,
-               data: Path | None = None, lr: float | None = None, seed: int | None = None,
-               options: dict[str, Any] | None = None, save: bool = False,
-               losses_file: Path | None = None, device: str = "cpu",
-               on_step: Callable[[int, float], Any] | None = None,
-               eval_batches: list[tuple[np.ndarray, np.ndarray]] | None = None, eval_data: Path | None = None,
-               resume: str | Path | bool | None = None, stats_file: Path | None = None) -> Any:
+Batches = list[tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class RankData:
+    """A rank's training and evaluation data: batches the launcher cut (`batches`,
+    `eval_batches`: every rank the same), else JSON lines files cut here (`data`, `eval_data`);
+    no training data at all: the recipe's synthetic batch."""
+
+    batches: Batches | None = None
+    data: Path | None = None
+    eval_batches: Batches | None = None
+    eval_data: Path | None = None
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    """Where a rank reports: `losses`, to which rank 0 appends each step's loss, each evaluation
+    and each published checkpoint (launch_files.EVENT_*); `stats`, what this process held at the
+    end (JSON, data_parallel.rank_stats)."""
+
+    losses: Path | None = None
+    stats: Path | None = None
+
+
+@dataclass(frozen=True)
+class _RankRun:
+    """One rank's run, read and checked before its process group starts (`_plan_rank`)."""
+
+    root: Path
+    steps: int
+    manifest: dict[str, Any]
+    recipe: dict[str, Any]
+    options: TrainOptions
+    mapping: Mapping
+    """The artifact's layout: `world_size` model-parallel ranks, `pp` stages."""
+    graph: Graph
+    place: RankPlace
+    """Rank graph `place.rank` of the pp x world_size of a replica; process of dp x that."""
+    batches: Batches
+    eval_batches: Batches | None
+    fingerprint: str
+    point: ResumePoint | None
+    """The checkpoint the run continues (None: a fresh run)."""
+
+    @property
+    def mp_rank(self) -> int:
+        return self.place.rank % self.mapping.world_size
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.recipe.get("trainable", [])) + list(self.recipe.get("qat_state", []))
+
+    @property
+    def start(self) -> int:
+        return 0 if self.point is None else self.point.step
+
+
+def train_rank(root: Path, steps: int, data: RankData | None = None, *, options: dict[str, Any] | None = None,
+               save: bool = False, resume: str | Path | bool | None = None, device: str = "cpu",
+               on_step: Callable[[int, float], Any] | None = None, files: RankFiles | None = None) -> Any:
     """This rank's part of training: the same session as the one-rank `train_artifact`
     (`training.train_session`: evaluation every eval_steps, checkpoints every save_steps and at
     the end), with exact tensor-parallel gradients; returns the TrainResult (the losses are
     replicated: every rank's are rank 0's). Settings: the recipe's, replaced by `options`
-    (TrainOptions names or aliases, ERNIEKit's `resume_from_checkpoint` too), `lr` and `seed`.
+    (TrainOptions names or aliases, ERNIEKit's `resume_from_checkpoint` too).
     `resume`: a checkpoint folder, its name, or True / "latest"; every rank restores its own
     params, optimizer and RNG state from it. Rank 0 appends each step's loss, each evaluation
-    and each published checkpoint to `losses_file` (launch_files.EVENT_*); with
+    and each published checkpoint to `files.losses` (launch_files.EVENT_*); with
     save_total_limit it removes older checkpoints itself (the launcher passes none and removes
     them after its on_checkpoint).
 
     Data parallel (options dp > 1; ernie_ir.training.data_parallel): this process is replica
     `rank // world` running rank graph `rank % world`; the graph's collectives span its
     replica's model-parallel group, the gradients are summed over its dp group and, with
-    sharding, its AdamW holds its share of the params. `stats_file`: what it held at the end
+    sharding, its AdamW holds its share of the params. `files.stats`: what it held at the end
     (JSON, data_parallel.rank_stats)."""
-    from ernie_ir.artifacts import artifact_mapping, check_files, read_manifest
-    from ernie_ir.backends.paddle.launch_files import EVENT_CHECKPOINT, EVENT_EVAL
-    from ernie_ir.backends.paddle.layer import build_layer, require_paddle, set_model_parallel_group
-    from ernie_ir.training.checkpoints import (
-        CheckpointRun,
-        artifact_fingerprint,
-        checkpoint_expected,
-        prune_checkpoints,
-        restore_rank,
-        resume_point,
-        trainer_state_base,
-    )
-    from ernie_ir.training.data_parallel import (
-        DataParallelOptimizer,
-        GradientNorm,
-        Replica,
-        new_groups,
-        partition,
-        rank_stats,
-        refuse_qat_state,
-    )
-    from ernie_ir.training.loop import (
-        RECIPE,
-        check_layout,
-        logits_loss_sum,
-        make_optimizer,
-        resolve_options,
-        split_run_keys,
-        train_session,
-        training_batches,
-        whole_graph,
-    )
-    from ernie_ir.training.vocab_parallel import keep_vocab_shards
+    from ernie_ir.backends.paddle.launch_files import EVENT_EVAL
+    from ernie_ir.backends.paddle.layer import require_paddle
+    from ernie_ir.training.checkpoints import restore_rank
+    from ernie_ir.training.loop import train_session
 
     paddle = require_paddle()
-    rank, processes = world_from_env()
-    manifest = read_manifest(root)
-    if manifest.get("mode") != "training" or not (root / RECIPE).is_file():
-        raise WorkerError(f"{root} is not a training artifact: compile it with --mode training --lora-rank R")
-    check_files(root, manifest, [RECIPE.as_posix()])
-    recipe = json.loads((root / RECIPE).read_text(encoding="utf-8"))
-    given = {k: v for k, v in (("lr", lr), ("seed", seed)) if v is not None}
-    values, config_resume = split_run_keys(options or {})
-    opts = resolve_options(recipe, {**values, **given})  # an absent flag keeps the file's value
-    mapping = artifact_mapping(manifest)
-    world = mapping.world_size  # the model-parallel ranks
-    graphs = mapping.rank_graphs  # pp x world: the rank graphs a replica runs
-    check_layout(opts, graphs, mapping.pp, mapping.micro_batches)
-    refuse_qat_state(recipe, opts.dp)
-    dp_index, index = divmod(rank, graphs)
-    mp_rank = index % world
-    manifest, graph = load_rank_graph(root, rank, processes, dp=opts.dp)
-    resume = config_resume if resume is None else resume
-    whole = graph if mapping.pp == 1 else whole_graph(root)  # what the batches are checked against
-    if batches is None:
-        batches = training_batches(recipe, whole, data, options=opts)
-    if eval_batches is None and eval_data is not None:
-        eval_batches = training_batches(recipe, whole, eval_data, options=opts, what="eval_data")
-    if opts.eval_steps is not None and eval_batches is None:
-        raise WorkerError("--eval-steps needs evaluation data (--eval-data)")
-    fingerprint = artifact_fingerprint(manifest, graphs)
-    point = resume_point(root, resume, world=graphs, fingerprint=fingerprint, steps=steps,
-                         options=opts.model_dump(), batches=batches)
-    start = point.step if point is not None else 0
+    files = RankFiles() if files is None else files
+    run = _plan_rank(Path(root), steps, RankData() if data is None else data, options or {}, resume)
     # Each replica draws its own dropout; the ranks of one replica draw alike (replica 0: the seed).
-    paddle.seed(opts.seed + dp_index * 2**32)
-    # The loss on each rank's vocabulary shard: the graph's final all_gather of the logits goes
-    # (the batches above read the whole vocabulary size from the graph as loaded).
-    shard = keep_vocab_shards(graph) if opts.vocab_parallel_loss else None
-    layer = build_layer(graph, device=device_for(device), grad_sync=True)
-    layer.vocab_shard = shard
-    layer.train()
-    layer.track_state = True
-    params = layer.trainable_parameters()
-    if not params:
-        where = f"rank {mp_rank}" if mapping.pp == 1 else f"stage {index // world} rank {mp_rank}"
-        raise WorkerError(f"{root}: {where}'s graph has no trainable params")
-    init_process_group(rank, processes)
-    clip = opts.clip()
-    replica = None
-    pipeline = None
-    if mapping.pp > 1:
-        from ernie_ir.backends.paddle.pipeline import PipelineStage, pipeline_groups
-
-        groups = pipeline_groups(rank, mapping.pp, world)
-        if world > 1:
-            set_model_parallel_group(groups.mp)
-        grad_clip = tensor_parallel_clip(paddle, layer, graph, clip, group=groups.mp, stages=groups.ring)
-        optimizer = make_optimizer(paddle, params, opts, grad_clip)
-        pipeline = PipelineStage(paddle, layer, graph, groups,
-                                 micro_batches=opts.micro_batches or mapping.micro_batches,
-                                 kind=opts.pipeline_schedule, ignore_index=opts.ignore_index,
-                                 loss_sum=logits_loss_sum)
-    elif opts.dp > 1:
-        mp_group, dp_group = new_groups(rank, opts.dp, world)
-        set_model_parallel_group(mp_group)
-        replica = Replica(opts.dp, dp_index, dp_group)
-        owners = None
-        if opts.sharding is not None:
-            owners = partition({n: int(layer.tensor(n).size) for n in layer.trainable_names}, opts.dp)
-        mine = [layer.tensor(n) for n in layer.trainable_names if owners is None or owners[n] == dp_index]
-        inner = make_optimizer(paddle, mine, opts, None) if mine else None  # more replicas than params
-        optimizer = DataParallelOptimizer(paddle, layer, inner, GradientNorm(paddle, layer, graph, mp_group),
-                                          clip_norm=clip, replica=replica, world_rank=rank, world=world,
-                                          sharding=opts.sharding, owners=owners)
-        grad_clip: Any = optimizer
-    else:
-        if world > 1:
-            grad_clip = tensor_parallel_clip(paddle, layer, graph, clip)
-        else:
-            grad_clip = paddle.nn.ClipGradByGlobalNorm(clip) if clip else None
-        optimizer = make_optimizer(paddle, params, opts, grad_clip)
+    paddle.seed(run.options.seed + run.place.replica * 2**32)
+    layer = _rank_layer(paddle, run, device)
+    init_process_group(run.place.process, run.place.processes)
+    model, grad_clip = _rank_trainee(paddle, layer, run)
 
     def event(record: dict[str, Any]) -> None:
-        if rank == 0 and losses_file is not None:
-            with open(losses_file, "a", encoding="utf-8") as f:
+        if run.place.process == 0 and files.losses is not None:
+            with open(files.losses, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
     def report(step: int, loss: float) -> None:
@@ -244,78 +204,215 @@ def train_rank(root: Path, steps: int, *, batches: list[tuple[np.ndarray, np.nda
         if on_step is not None:
             on_step(step, loss)
 
-    names = list(recipe.get("trainable", [])) + list(recipe.get("qat_state", []))
-    checkpoint = None
-    if save:
-        base = trainer_state_base(steps=steps, world=graphs, fingerprint=fingerprint,
-                                  options=opts.model_dump(), batches=batches,
-                                  resumed_from=None if point is None else point.name)
-        run = CheckpointRun()
-        expected = checkpoint_expected(manifest)
-
-        def checkpoint(step: int, loss: float, eval_loss: float | None) -> Path | None:
-            out = save_rank_checkpoint(root, paddle, layer, optimizer, names, step, index, graphs, base=base,
-                                       loss=loss, eval_loss=eval_loss, run=run, expected=expected,
-                                       process=rank, processes=processes, sharded=opts.sharding is not None)
-            if out is not None:
-                event({"event": EVENT_CHECKPOINT, "step": step, "path": str(out)})
-                if opts.save_total_limit is not None:
-                    prune_checkpoints(root, opts.save_total_limit)
-            return out
-
-    if point is not None:
-        restore_rank(paddle, layer, optimizer, point, names, index, graphs, process=rank)
-    result = train_session(paddle, layer, optimizer, batches, steps, options=opts, start=start, report=report,
-                           eval_batches=eval_batches, checkpoint=checkpoint,
+    checkpoint = _rank_checkpoints(run, model, event) if save else None
+    if run.point is not None:
+        restore_rank(paddle, layer, model.optimizer, run.point, run.names, run.place)
+    result = train_session(model, run.batches, steps, options=run.options, start=run.start, report=report,
+                           eval_batches=run.eval_batches, checkpoint=checkpoint,
                            on_eval=lambda step, loss: event({"event": EVENT_EVAL, "step": step,
-                                                             "loss": loss}),
-                           replica=replica, pipeline=pipeline)
-    if stats_file is not None:
-        tmp = stats_file.with_name(f".{stats_file.name}.tmp")
-        stats = rank_stats(layer, optimizer, dp_index, mp_rank)
-        if pipeline is not None:
-            stats["pipeline"] = pipeline.summary()
-        tmp.write_text(json.dumps(stats), encoding="utf-8")
-        os.replace(tmp, stats_file)
+                                                             "loss": loss}))
+    if files.stats is not None:
+        _write_stats(files.stats, model, run)
     return result
 
 
-def save_rank_checkpoint(root: Path, paddle: Any, layer: Any, optimizer: Any, names: list[str], step: int,
-                         rank: int, world: int, *, base: dict[str, Any], loss: float,
-                         eval_loss: float | None, run: Any,
-                         expected: dict[str, Any] | None = None, process: int | None = None,
-                         processes: int | None = None, sharded: bool = False) -> Path | None:
+def _plan_rank(root: Path, steps: int, data: RankData, options: dict[str, Any],
+               resume: str | Path | bool | None) -> _RankRun:
+    """This process's run: the recipe and its options, the layout checked, its rank graph, the
+    batches, and the checkpoint it resumes (`options`' resume_from_checkpoint unless `resume`)."""
+    from ernie_ir.artifacts import artifact_mapping, check_files, read_manifest
+    from ernie_ir.training.checkpoints import artifact_fingerprint, resume_point
+    from ernie_ir.training.data_parallel import refuse_qat_state
+    from ernie_ir.training.loop import (
+        RECIPE,
+        check_layout,
+        resolve_options,
+        split_run_keys,
+        training_batches,
+        whole_graph,
+    )
+
+    rank, processes = world_from_env()
+    manifest = read_manifest(root)
+    if manifest.mode != "training" or not (root / RECIPE).is_file():
+        raise WorkerError(f"{root} is not a training artifact: compile it with --mode training --lora-rank R")
+    check_files(root, manifest, [RECIPE.as_posix()])
+    recipe = json.loads((root / RECIPE).read_text(encoding="utf-8"))
+    values, config_resume = split_run_keys(options)
+    opts = resolve_options(recipe, values)  # an absent flag keeps the file's value
+    mapping = artifact_mapping(manifest)
+    graphs = mapping.rank_graphs  # pp x world: the rank graphs a replica runs
+    check_layout(opts, graphs, mapping.pp, mapping.micro_batches)
+    refuse_qat_state(recipe, opts.dp)
+    place = RankPlace(rank=rank % graphs, world=graphs, process=rank, processes=processes)
+    manifest, graph = load_rank_graph(root, rank, processes, dp=opts.dp)
+    resume = config_resume if resume is None else resume
+    whole = graph if mapping.pp == 1 else whole_graph(root)  # what the batches are checked against
+    batches = data.batches
+    if batches is None:
+        batches = training_batches(recipe, whole, data.data, options=opts)
+    eval_batches = data.eval_batches
+    if eval_batches is None and data.eval_data is not None:
+        eval_batches = training_batches(recipe, whole, data.eval_data, options=opts, what="eval_data")
+    if opts.eval_steps is not None and eval_batches is None:
+        raise WorkerError("--eval-steps needs evaluation data (--eval-data)")
+    fingerprint = artifact_fingerprint(manifest, graphs)
+    point = resume_point(root, resume, world=graphs, fingerprint=fingerprint, steps=steps,
+                         options=opts.model_dump(), batches=batches)
+    return _RankRun(root, steps, manifest, recipe, opts, mapping, graph, place, batches, eval_batches,
+                    fingerprint, point)
+
+
+def _rank_layer(paddle: Any, run: _RankRun, device: str) -> Any:
+    """The rank graph's Paddle Layer in training mode (QAT state tracked), the loss on its
+    vocabulary shard of the logits unless the options gather them; WorkerError for a graph with
+    nothing to train."""
+    from ernie_ir.backends.paddle.layer import build_layer
+    from ernie_ir.training.vocab_parallel import keep_vocab_shards
+
+    # The loss on each rank's vocabulary shard: the graph's final all_gather of the logits goes
+    # (the batches read the whole vocabulary size from the graph as loaded).
+    shard = keep_vocab_shards(run.graph) if run.options.vocab_parallel_loss else None
+    layer = build_layer(run.graph, device=device_for(device), grad_sync=True)
+    layer.vocab_shard = shard
+    layer.train()
+    layer.track_state = True
+    if not layer.trainable_parameters():
+        world = run.mapping.world_size
+        stage = "" if run.mapping.pp == 1 else f"stage {run.place.rank // world} "
+        where = f"{stage}rank {run.mp_rank}"
+        raise WorkerError(f"{run.root}: {where}'s graph has no trainable params")
+    return layer
+
+
+def _rank_trainee(paddle: Any, layer: Any, run: _RankRun) -> tuple[Trainee, Any]:
+    """(the Trainee, its gradient clip: what reports the step's global norm) of this process: a
+    pipeline stage (its groups, the tensor-parallel clip over its stages), a data-parallel
+    replica (its groups, the DataParallelOptimizer, sharded or not) or a model-parallel rank
+    (the tensor-parallel clip; one rank: Paddle's global-norm clip)."""
+    from ernie_ir.backends.paddle.layer import set_model_parallel_group
+    from ernie_ir.training.data_parallel import (
+        DataParallelOptimizer,
+        GradientNorm,
+        Replica,
+        new_groups,
+        partition,
+    )
+    from ernie_ir.training.loop import Trainee, logits_loss_sum, make_optimizer
+
+    opts, graph, world, process = run.options, run.graph, run.mapping.world_size, run.place.process
+    params = layer.trainable_parameters()
+    clip = opts.clip()
+    if run.mapping.pp > 1:
+        from ernie_ir.backends.paddle.pipeline import PipelineStage, pipeline_groups
+
+        groups = pipeline_groups(process, run.mapping.pp, world)
+        if world > 1:
+            set_model_parallel_group(groups.mp)
+        grad_clip = tensor_parallel_clip(paddle, layer, graph, clip, group=groups.mp, stages=groups.ring)
+        optimizer = make_optimizer(paddle, params, opts, grad_clip)
+        pipeline = PipelineStage(paddle, layer, graph, groups,
+                                 micro_batches=opts.micro_batches or run.mapping.micro_batches,
+                                 kind=opts.pipeline_schedule, ignore_index=opts.ignore_index,
+                                 loss_sum=logits_loss_sum)
+        return Trainee(paddle, layer, optimizer, pipeline=pipeline), grad_clip
+    if opts.dp > 1:
+        mp_group, dp_group = new_groups(process, opts.dp, world)
+        set_model_parallel_group(mp_group)
+        replica = Replica(opts.dp, run.place.replica, dp_group)
+        owners = None
+        if opts.sharding is not None:
+            owners = partition({n: int(layer.tensor(n).size) for n in layer.trainable_names}, opts.dp)
+        mine = [layer.tensor(n) for n in layer.trainable_names
+                if owners is None or owners[n] == replica.index]
+        inner = make_optimizer(paddle, mine, opts, None) if mine else None  # more replicas than params
+        optimizer = DataParallelOptimizer(paddle, layer, inner, GradientNorm(paddle, layer, graph, mp_group),
+                                          clip_norm=clip, replica=replica, world_rank=process, world=world,
+                                          sharding=opts.sharding, owners=owners)
+        return Trainee(paddle, layer, optimizer, replica=replica), optimizer
+    if world > 1:
+        grad_clip = tensor_parallel_clip(paddle, layer, graph, clip)
+    else:
+        grad_clip = paddle.nn.ClipGradByGlobalNorm(clip) if clip else None
+    return Trainee(paddle, layer, make_optimizer(paddle, params, opts, grad_clip)), grad_clip
+
+
+def _rank_checkpoints(run: _RankRun, model: Trainee, event: Callable[[dict[str, Any]], None]
+                      ) -> Callable[[int, float, float | None], Path | None]:
+    """The `checkpoint` of this rank's train_session: every rank stages its part, rank 0
+    publishes the folder, reports it as an event and keeps the newest save_total_limit."""
+    from ernie_ir.backends.paddle.launch_files import EVENT_CHECKPOINT
+    from ernie_ir.training.checkpoints import (
+        CheckpointContext,
+        checkpoint_expected,
+        prune_checkpoints,
+        trainer_state_base,
+    )
+
+    opts = run.options
+    base = trainer_state_base(steps=run.steps, world=run.place.world, fingerprint=run.fingerprint,
+                              options=opts.model_dump(), batches=run.batches,
+                              resumed_from=None if run.point is None else run.point.name)
+    ctx = CheckpointContext(run.root, run.names, base, expected=checkpoint_expected(run.manifest))
+
+    def checkpoint(step: int, loss: float, eval_loss: float | None) -> Path | None:
+        out = save_rank_checkpoint(ctx, model, run.place, step, loss, eval_loss,
+                                   sharded=opts.sharding is not None)
+        if out is not None:
+            event({"event": EVENT_CHECKPOINT, "step": step, "path": str(out)})
+            if opts.save_total_limit is not None:
+                prune_checkpoints(run.root, opts.save_total_limit)
+        return out
+
+    return checkpoint
+
+
+def _write_stats(path: Path, model: Trainee, run: _RankRun) -> None:
+    """What this process held at the end (data_parallel.rank_stats; a pipeline stage's timing
+    too), JSON written atomically to `path`."""
+    from ernie_ir.training.data_parallel import rank_stats
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    stats = rank_stats(model.layer, model.optimizer, run.place.replica, run.mp_rank)
+    if model.pipeline is not None:
+        stats["pipeline"] = model.pipeline.summary()
+    tmp.write_text(json.dumps(stats), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def save_rank_checkpoint(ctx: CheckpointContext, model: Trainee, place: RankPlace, step: int, loss: float,
+                         eval_loss: float | None, *, sharded: bool = False) -> Path | None:
     """Every rank stages its params, optimizer state and RNG state; rank 0 then merges the
     params (global names and shapes), writes trainer_state.json, names the folder
-    `run-K-step-N` (`run`: a train_state.CheckpointRun, K chosen by the run's first checkpoint)
-    and lists its files in the manifest; every rank waits for that. Returns the folder on rank
-    0 (None elsewhere). Data parallel (`process` of `processes`; `rank` is the model-parallel
-    rank of `world`): one checkpoint: the params from replica 0 (the replicas hold the same),
-    the optimizer state of replica 0's ranks, or of every process when `sharded`."""
+    `run-K-step-N` (`ctx.run`, K chosen by the run's first checkpoint) and lists its files in the
+    manifest; every rank waits for that. `model`: the loop's Trainee (paddle, layer, optimizer).
+    Returns the folder on process 0 (None elsewhere). Data parallel (`place`: rank graph
+    `place.rank` of `place.world`, process `place.process` of `place.processes`): one
+    checkpoint: the params from replica 0 (the replicas hold the same), the optimizer state of
+    replica 0's ranks, or of every process when `sharded`."""
     from ernie_ir.training.checkpoints import publish_checkpoint, stage_rank_state, write_trainer_state
 
-    g = rank if process is None else process
-    total = world if processes is None else processes
-    first = g < world  # replica 0
+    root, world = ctx.root, place.world
+    first = place.first_replica
     stage = staging_dir(root, os.environ.get("PADDLE_MASTER", "local"))
     stage.mkdir(parents=True, exist_ok=True)
-    stage_rank_state(stage, paddle, layer, optimizer, names, rank, world, step, process=g, params=first,
-                     optimizer_state=first or sharded)
-    if total > 1:
+    stage_rank_state(stage, model.paddle, model.layer, model.optimizer, ctx.names, place, step,
+                     params=first, optimizer_state=first or sharded)
+    if place.processes > 1:
         import paddle.distributed as dist
 
         dist.barrier()  # every rank's files are complete before rank 0 reads them
     out = None
-    if g == 0:
+    if place.process == 0:
         try:
             if world > 1:
-                _merge_ranks(root, stage, names, step, world)
-            write_trainer_state(stage, base, step, loss, eval_loss)
-            out = publish_checkpoint(root, stage, step, run, expected)
+                _merge_ranks(root, stage, ctx.names, step, world)
+            write_trainer_state(stage, ctx.base, step, loss, eval_loss)
+            out = publish_checkpoint(root, stage, step, ctx.run, ctx.expected)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
-    if total > 1:
+    if place.processes > 1:
         import paddle.distributed as dist
 
         dist.barrier()  # the staging folder is free again before any rank stages the next checkpoint
@@ -377,6 +474,9 @@ def _load_batches(path: Path | None) -> list[tuple[np.ndarray, np.ndarray]] | No
         return [(z[f"ids{i}"], z[f"labels{i}"]) for i in range(len(z.files) // 2)]
 
 
+_OPTION_FLAGS = ("lr", "seed", "save_steps", "save_total_limit", "eval_steps", "dp", "sharding")
+"""The worker's flags that set a TrainOptions field of the same name (over --options)."""
+
 
 def main(argv: list[str] | None = None) -> int:
     """Script entry (`python -m ernie_ir.training.rank_worker ARTIFACT --steps N ...`)."""
@@ -427,14 +527,12 @@ def main(argv: list[str] | None = None) -> int:
             from ernie_ir.training.loop import read_config
 
             options = read_config(args.options)
-        flags = {"save_steps": args.save_steps, "save_total_limit": args.save_total_limit,
-                 "eval_steps": args.eval_steps, "dp": args.dp, "sharding": args.sharding}
-        options = {**options, **{k: v for k, v in flags.items() if v is not None}}
-        train_rank(args.artifact, args.steps, batches=batches, data=args.data, lr=args.lr,
-                   seed=args.seed, options=options, save=args.save, losses_file=args.losses,
-                   device=args.device, on_step=report, eval_batches=eval_batches,
-                   eval_data=args.eval_data, resume=args.resume,
-                   stats_file=None if args.stats is None else Path(str(args.stats).format(rank=rank)))
+        flags = {k: getattr(args, k) for k in _OPTION_FLAGS}
+        options = {**options, **{k: v for k, v in flags.items() if v is not None}}  # a flag over the file
+        data = RankData(batches, args.data, eval_batches, args.eval_data)
+        stats = None if args.stats is None else Path(str(args.stats).format(rank=rank))
+        train_rank(args.artifact, args.steps, data, options=options, save=args.save, resume=args.resume,
+                   device=args.device, on_step=report, files=RankFiles(args.losses, stats))
 
     return rank_main(body)
 

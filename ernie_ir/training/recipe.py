@@ -1,7 +1,8 @@
 """The training executable of an artifact: `training/train.json`, what `ernie-ir train` reads.
 
 `training_recipe(graph, target, mapping)`: the trainable params, the QAT state params, the
-run's defaults (optimizer, schedule, batch, padding) and the launch command on the target's
+run's defaults (optimizer, schedule, batch, padding: TrainOptions' defaults, written by
+`training.loop.recipe_sections`) and the launch command on the target's
 devices (several ranks: the training rank worker, `python -m ernie_ir.training.rank_worker`,
 once per device). The target reaches it as data (`DeviceLaunch`: the facts a launch line
 needs, which every `HardwareTarget` has), so training never imports a target.
@@ -15,16 +16,9 @@ from typing import Any, Protocol
 
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping
+from ernie_ir.training.launch import WORKER
 
-WORKER = "ernie_ir.training.rank_worker"
-"""The training rank worker's module, started with `python -m` once per process."""
 TRAIN_RECIPE = "train.json"
-OPTIMIZER_DEFAULTS = {"name": "AdamW", "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999,
-                      "epsilon": 1e-8, "weight_decay": 0.0, "grad_clip_norm": 1.0}
-SCHEDULE_DEFAULTS = {"name": "constant", "warmup_steps": 0}
-BATCH_DEFAULTS = {"batch_size": 4, "gradient_accumulation_steps": 1, "seq_len": 16, "synthetic_seed": 0}
-PADDING_DEFAULTS = {"pad_id": 0, "ignore_index": -100}
-"""The run's defaults in `train.json`; every `ernie-ir train` option overrides one of them."""
 
 
 class DeviceLaunch(Protocol):
@@ -56,6 +50,8 @@ def check_trainable(graph: Graph) -> list[str]:
 
 def training_recipe(graph: Graph, target: DeviceLaunch, mapping: Mapping | None = None) -> dict[str, Any]:
     """`train.json` of `graph` for `target`'s devices (one rank graph; `mapping`: the layout)."""
+    from ernie_ir.training.loop import recipe_sections
+
     trainable = check_trainable(graph)
     state = sorted(p.name for p in graph.params.values() if "qat_state" in p.annotations)
     lr_mult = {p.name: float(p.annotations["learning_rate"]) for p in graph.params.values()
@@ -100,10 +96,7 @@ def training_recipe(graph: Graph, target: DeviceLaunch, mapping: Mapping | None 
         "loss": ("next-token cross-entropy on logits[:, :-1] vs labels[:, 1:], the mean over the real "
                  "target tokens of the step (labels equal to padding.ignore_index neither counted nor "
                  "averaged over; accumulated batches weighted by their token counts)"),
-        "optimizer": dict(OPTIMIZER_DEFAULTS),
-        "schedule": dict(SCHEDULE_DEFAULTS),
-        "batch": dict(BATCH_DEFAULTS),
-        "padding": dict(PADDING_DEFAULTS),
+        **recipe_sections(),  # optimizer, schedule, batch, padding: TrainOptions' defaults
         "vocab_size": vocab,
         "data": 'jsonl, one {"input_ids": [...]} per line',
         "checkpoints": checkpoints,

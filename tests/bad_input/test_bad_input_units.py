@@ -206,7 +206,7 @@ def test_verify_checks_the_manifests_mode_against_a_training_artifacts_own_recor
 
     art = tmp_path / "train"
     compile_model("gpt-345m@tiny", "cuda", CompileOptions(mode="training", lora_rank=2, out=art))
-    assert verify_artifact(art)["mode"] == "training"
+    assert verify_artifact(art).mode == "training"
     manifest = json.loads((art / "manifest.json").read_text())
     for field, value, source in [("mode", "inference", "the executables folder training/"),
                                  ("target", "ascend", "graph.ir"), ("cuda_arch", 75, "graph.ir")]:

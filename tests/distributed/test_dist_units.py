@@ -133,3 +133,48 @@ def test_a_cpu_launch_strips_the_device_variables_the_artifact_names(tmp_path: P
     assert {"HIP_VISIBLE_DEVICES", "DCU_EXTRA", "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"} <= names
     (tmp_path / "inference" / "launch.json").write_text("{not json")
     assert "HIP_VISIBLE_DEVICES" not in device_env(tmp_path)
+
+
+def test_process_groups_are_made_by_one_helper_in_one_order_each_with_a_barrier(monkeypatch) -> None:
+    """Data and pipeline parallelism list their groups; `create_groups` creates every one on every
+    process, in the listing's order, a barrier after each, and hands back the process's own."""
+    from ernie_ir.backends.paddle.groups import create_groups, data_parallel_group_ranks, pipeline_group_ranks
+    from ernie_ir.backends.paddle.pipeline import pipeline_groups
+    from ernie_ir.training.data_parallel import new_groups
+
+    assert data_parallel_group_ranks(2, 2) == [(("mp", 0), [0, 1]), (("mp", 1), [2, 3]), (("dp", 0), [0, 2]),
+                                               (("dp", 1), [1, 3])]
+    assert data_parallel_group_ranks(3, 1) == [(("dp", 0), [0, 1, 2])]  # one rank: no mp group
+    assert pipeline_group_ranks(3, 2) == [
+        (("mp", 0), [0, 1]), (("mp", 1), [2, 3]), (("mp", 2), [4, 5]),
+        (("edge", 0, 0), [0, 2]), (("edge", 0, 1), [1, 3]),
+        (("edge", 1, 0), [2, 4]), (("edge", 1, 1), [3, 5]),
+        (("ring", 0), [0, 2, 4]), (("ring", 1), [1, 3, 5])]
+    assert pipeline_group_ranks(2, 1) == [(("edge", 0, 0), [0, 1])]  # two stages: the edge is the ring
+
+    calls: list[tuple[str, ...] | tuple[str, list[int]]] = []
+
+    class FakeDist:  # paddle.distributed's two calls, recorded
+        @staticmethod
+        def new_group(ranks: list[int]) -> tuple[int, ...]:
+            calls.append(("new_group", ranks))
+            return tuple(ranks)
+
+        @staticmethod
+        def barrier() -> None:
+            calls.append(("barrier",))
+
+    pytest.importorskip("paddle.distributed")  # loaded, then replaced on the package below
+    import paddle
+
+    monkeypatch.setattr(paddle, "distributed", FakeDist)
+    wanted = data_parallel_group_ranks(2, 2)
+    assert create_groups(3, wanted) == {("mp", 1): (2, 3), ("dp", 1): (1, 3)}
+    assert calls == [c for _, ranks in wanted for c in (("new_group", ranks), ("barrier",))]
+    assert new_groups(3, 2, 2) == ((2, 3), (1, 3)) and new_groups(1, 2, 1) == (None, (0, 1))
+    calls.clear()
+    assert new_groups(0, 1, 2) == (None, None) and calls == []  # one replica: no group at all
+    g = pipeline_groups(3, 3, 2)  # stage 1 of tensor rank 1
+    assert (g.stage, g.mp_rank, g.mp, g.prev, g.next, g.ring) == (1, 1, (2, 3), (1, 3), (3, 5), (1, 3, 5))
+    g = pipeline_groups(1, 2, 1)  # the last of two stages: its ring is its edge
+    assert (g.stage, g.mp, g.prev, g.next, g.ring) == (1, None, (0, 1), None, (0, 1))

@@ -68,7 +68,7 @@ def one(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     tmp = tmp_path_factory.mktemp("dp-one")
     art = compile_art(tmp, MODEL, "one", mode="training", lora_rank=4)
     seqs, evals = _data()
-    return art, train_artifact(art, STEPS, seqs, options=OPTIONS, eval_sequences=evals, eval_steps=2)
+    return art, train_artifact(art, STEPS, seqs, options={**OPTIONS, "eval_steps": 2}, eval_sequences=evals)
 
 
 def _files(folder: Path) -> dict[str, dict[str, np.ndarray]]:
@@ -94,8 +94,8 @@ def test_dp2_equals_one_rank_and_sharding_equals_unsharded(one: tuple[Path, Any]
     runs: dict[str, Any] = {}
     for stage in ("none", "stage1", "stage2"):
         t0 = time.perf_counter()
-        runs[stage] = train_artifact(art, STEPS, seqs, options={**OPTIONS, "sharding": stage},
-                                     eval_sequences=evals, eval_steps=2, timeout_s=180)
+        options = {**OPTIONS, "sharding": stage, "eval_steps": 2}
+        runs[stage] = train_artifact(art, STEPS, seqs, options=options, eval_sequences=evals, timeout_s=180)
         print(f"[distributed] dp 2 sharding {stage}: {time.perf_counter() - t0:.1f} s, losses "
               f"{runs[stage].losses}")
         assert not leftover_processes()
@@ -166,7 +166,8 @@ def test_dp2_tp2_stage2_on_4_processes_equals_one_rank(one: tuple[Path, Any], tm
     assert not (art / "rank2").exists()  # the replicas share rank0/ and rank1/
     seqs, evals = _data()
     t0 = time.perf_counter()
-    run = train_artifact(art, STEPS, seqs, options=OPTIONS, eval_sequences=evals, eval_steps=2, timeout_s=240)
+    run = train_artifact(art, STEPS, seqs, options={**OPTIONS, "eval_steps": 2}, eval_sequences=evals,
+                         timeout_s=240)
     took = time.perf_counter() - t0
     assert not leftover_processes()
     err = _rel(run.losses, ref.losses)
@@ -199,8 +200,8 @@ def test_sharded_resume_is_bit_for_bit_and_another_layout_is_refused(tmp_path: P
                       sharding="stage1")
     seqs, evals = _data()
     kw: dict[str, Any] = {"options": {"batch_size": 2, "grad_accum": 2, "lr": 5e-3, "schedule": "cosine",
-                                      "warmup_steps": 1},
-                          "eval_sequences": evals, "save_steps": 2, "timeout_s": 180}
+                                      "warmup_steps": 1, "save_steps": 2},
+                          "eval_sequences": evals, "timeout_s": 180}
     full = train_artifact(art, 4, seqs, **kw)
     assert not leftover_processes()
     assert [p.name for p in full.checkpoints] == ["run-001-step-2", "run-001-step-4"]

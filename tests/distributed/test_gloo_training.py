@@ -24,6 +24,7 @@ from ernie_ir.ir.storage import load_graph
 from ernie_ir.targets import verify_artifact
 from ernie_ir.training.launch import WORKER as TRAINING_WORKER
 from ernie_ir.training.loop import (
+    TrainHooks,
     next_token_loss,
     read_training_artifact,
     train_artifact,
@@ -51,8 +52,8 @@ def test_tp2_losses_and_merged_checkpoint_equal_one_rank(arts: dict[str, Path]) 
     one = train_artifact(arts["one"], STEPS).losses
     seen: list[tuple[int, float]] = []
     published: list[Path] = []
-    result = train_artifact(arts["tp2"], STEPS, on_step=lambda s, v: seen.append((s, v)), timeout_s=120,
-                            on_checkpoint=published.append)
+    hooks = TrainHooks(on_step=lambda s, v: seen.append((s, v)), on_checkpoint=published.append)
+    result = train_artifact(arts["tp2"], STEPS, hooks=hooks, timeout_s=120)
     tp2 = result.losses
     err = _close(tp2, one)
     print(f"[distributed] {MODEL} LoRA tp 2 vs 1 rank, {STEPS} steps: losses {tp2}, max rel {err:.2e}")
@@ -84,7 +85,7 @@ def test_tp2_losses_and_merged_checkpoint_equal_one_rank(arts: dict[str, Path]) 
         for n in whole:
             np.testing.assert_array_equal(ranks[r][n], ranks[0][n])  # replicated stay identical
     manifest = verify_artifact(arts["tp2"])  # every checkpoint file listed with its sha256
-    assert {f"training/checkpoints/run-001-step-{STEPS}/{f}" for f in files} <= set(manifest["files"])
+    assert {f"training/checkpoints/run-001-step-{STEPS}/{f}" for f in files} <= set(manifest.files)
 
 
 def test_tp2_global_grad_norm_is_the_whole_models(arts: dict[str, Path], tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 
 from ernie_ir.backends.paddle.launch import RankProcesses
 from ernie_ir.training.launch import WORKER as TRAINING_WORKER
-from ernie_ir.training.loop import StepProgress, train_artifact
+from ernie_ir.training.loop import StepProgress, TrainHooks, train_artifact
 
 MODEL = "ernie-4.5-0.3b@tiny"
 OPTIONS = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "learning_rate": 5e-3,
@@ -34,7 +34,7 @@ def test_tp2_with_every_option_equals_one_rank(tmp_path: Path) -> None:
                             for n in (11, 4, 8, 6, 3, 9)))
     one = train_artifact(one_art, 3, data=data, options=OPTIONS).losses
     seen: list[StepProgress] = []
-    tp2 = train_artifact(tp2_art, 3, data=data, options=OPTIONS, on_progress=seen.append,
+    tp2 = train_artifact(tp2_art, 3, data=data, options=OPTIONS, hooks=TrainHooks(on_progress=seen.append),
                          timeout_s=120).losses
     err = float(np.max(np.abs(np.subtract(tp2, one)) / np.abs(one)))
     print(f"[distributed] tp 2 with options vs 1 rank: losses {tp2}, max rel {err:.2e}")

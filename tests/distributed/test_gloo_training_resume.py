@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.targets import verify_artifact
-from ernie_ir.training.loop import train_artifact
+from ernie_ir.training.loop import TrainHooks, train_artifact
 
 MODEL = "ernie-4.5-0.3b@tiny"
 OPTIONS = {"batch_size": 2, "grad_accum": 2, "lr": 5e-3, "schedule": "cosine", "warmup_steps": 1}
@@ -27,14 +27,14 @@ def test_tp2_resumed_run_is_the_uninterrupted_run_bit_for_bit(tmp_path: Path) ->
     rng = np.random.default_rng(5)
     seqs = [(rng.integers(0, 1024, size=n).tolist(), None) for n in (11, 4, 8, 6, 3, 9)]
     evals = [(rng.integers(0, 1024, size=n).tolist(), None) for n in (7, 5)]
-    kw = {"data": seqs, "options": OPTIONS, "eval_sequences": evals, "eval_steps": 2, "save_steps": 2,
+    kw = {"data": seqs, "options": {**OPTIONS, "eval_steps": 2, "save_steps": 2}, "eval_sequences": evals,
           "timeout_s": 180}
     seen: list[tuple[str, bool]] = []
 
     def on_checkpoint(folder: Path) -> None:
         seen.append((folder.name, (folder / "trainer_state.json").is_file()))
 
-    full = train_artifact(art, 4, on_checkpoint=on_checkpoint, **kw)
+    full = train_artifact(art, 4, hooks=TrainHooks(on_checkpoint=on_checkpoint), **kw)
     assert not leftover_processes()
     assert seen == [("run-001-step-2", True), ("run-001-step-4", True)]
     assert [p.name for p in full.checkpoints] == ["run-001-step-2", "run-001-step-4"]
@@ -47,10 +47,10 @@ def test_tp2_resumed_run_is_the_uninterrupted_run_bit_for_bit(tmp_path: Path) ->
     assert state["world_size"] == 2 and sorted(state["rng_state"]) == ["rank0", "rank1"]
 
     with pytest.raises(ErnieIRError, match=r"--lr 0\.001 differs"):  # refused before any process starts
-        train_artifact(art, 4, resume="run-001-step-2", **{**kw, "options": {**OPTIONS, "lr": 1e-3}})
+        train_artifact(art, 4, resume="run-001-step-2", **{**kw, "options": {**kw["options"], "lr": 1e-3}})
     seen.clear()
-    resumed = train_artifact(art, 4, resume="run-001-step-2", save_total_limit=2, on_checkpoint=on_checkpoint,
-                             **kw)
+    resumed = train_artifact(art, 4, resume="run-001-step-2", hooks=TrainHooks(on_checkpoint=on_checkpoint),
+                             **{**kw, "options": {**kw["options"], "save_total_limit": 2}})
     assert not leftover_processes()
     print(f"[distributed] tp 2 resume from step 2: losses {resumed.losses} vs {full.losses[2:]}, eval "
           f"{resumed.eval_losses} vs {full.eval_losses[1:]}")

@@ -109,7 +109,7 @@ def test_training_on_sft_text_learns_and_evaluates(loop: dict) -> None:
     assert [s for s, _ in report["eval_losses"]] == [2, 3]
     assert report["eval_losses"][-1][1] < report["eval_losses"][0][1] + 1.0  # finite, same scale
     assert (loop["checkpoint"] / "adapter" / "lora_config.json").is_file()
-    listed = verify_artifact(loop["art"])["files"]  # every file checked, the adapter's listed
+    listed = verify_artifact(loop["art"]).files  # every file checked, the adapter's listed
     assert any(n.endswith("adapter/lora_config.json") for n in listed)
 
 

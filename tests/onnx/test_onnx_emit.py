@@ -51,8 +51,8 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str |
 def test_onnx_agrees_with_interpreter(artifacts: dict, model: str, quant: str | None) -> None:
     art = artifacts[(model, quant)]
     manifest = read_manifest(art)
-    assert manifest["backends"][:2] == ["interpreter", "onnxruntime"]
-    assert {"inference/onnx/model.onnx", "inference/onnx/model.onnx.data"} <= set(manifest["files"])
+    assert manifest.backends[:2] == ["interpreter", "onnxruntime"]
+    assert {"inference/onnx/model.onnx", "inference/onnx/model.onnx.data"} <= set(manifest.files)
     onnx.checker.check_model(str(art / "inference/onnx/model.onnx"), full_check=True)
     # symbolic B and S: two sequence lengths, batch 1 and 2
     for batch, seq in ((2, 7), (1, 3), (2, 12)):
@@ -91,7 +91,7 @@ def test_matmulnbits_form_is_exact(artifacts: dict, tmp_path: Path, case: tuple[
 def test_fp8_cannot_lower_and_artifact_offers_interpreter_only(tmp_path: Path) -> None:
     art = Path(compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(quant="fp8", cuda_arch=90,
                              out=tmp_path / "a")).out)
-    assert "onnxruntime" not in read_manifest(art)["backends"]
+    assert "onnxruntime" not in read_manifest(art).backends
     assert not (art / "inference/onnx").exists()
     with pytest.raises(OnnxExportError, match=r"cannot lower fp8_linear at ernie\.layers\.0\..*has no ONNX"):
         emit_onnx(load_artifact(art), tmp_path / "onnx")
@@ -111,14 +111,14 @@ def test_default_artifacts_have_no_onnx(tmp_path: Path) -> None:
     for target in ("cuda", "ascend"):
         art = Path(compile_model("ernie-4.5-0.3b@tiny", target, CompileOptions(quant="wint8",
                                  out=tmp_path / target)).out)
-        assert "onnxruntime" not in read_manifest(art)["backends"]
+        assert "onnxruntime" not in read_manifest(art).backends
         assert not (art / "inference/onnx").exists()
 
 
 def test_emit_onnx_on_ascend_agrees_with_interpreter(tmp_path: Path) -> None:
     art = Path(compile_model("ernie-4.5-21b-a3b@tiny", "ascend", CompileOptions(quant="wint8mix",
                              out=tmp_path / "a", emit="onnx", onnx_numerics="exact")).out)
-    assert read_manifest(art)["backends"] == ["interpreter", "onnxruntime"]
+    assert read_manifest(art).backends == ["interpreter", "onnxruntime"]
     ids = _ids(2, 5)
     _check(run_artifact(art, ids, "interpreter"), run_artifact(art, ids, "onnxruntime"))
 

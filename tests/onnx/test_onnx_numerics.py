@@ -133,7 +133,7 @@ def exact(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, int]
 def test_exact_artifact_in_a_bare_default_session(exact: dict, case: tuple[str, str, int]) -> None:
     art = exact[case]
     path = art / "inference/onnx/model.onnx"
-    assert read_manifest(art)["onnx_numerics"] == "exact"
+    assert read_manifest(art).onnx_numerics == "exact"
     model = onnx.load(str(path), load_external_data=False)
     assert {p.key: p.value for p in model.metadata_props}["ernie_ir.onnx_numerics"] == "exact"
     levels = [a.i for nd in model.graph.node if nd.op_type == "MatMulNBits" for a in nd.attribute
@@ -214,7 +214,7 @@ def test_cli_onnx_numerics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     code, out, err = cli(capsys, "compile", "ernie-4.5-0.3b@tiny", "--target", "cuda", "--quant", "wint8",
                          "--onnx-numerics", "fast", "--emit", "onnx", "--out", str(art))
     assert code == 0 and "onnx numerics: fast" in out, err
-    assert read_manifest(art)["onnx_numerics"] == "fast"
+    assert read_manifest(art).onnx_numerics == "fast"
     logits = tmp_path / "logits.npy"
     code, out, err = cli(capsys, "run", str(art), "--tokens", "1,2,3,400", "--backend", "onnxruntime",
                          "--save-logits", str(logits))
@@ -293,7 +293,7 @@ def test_weight_only_is_the_default_and_bounded_in_a_bare_session(tmp_path: Path
     art = Path(compile_model(model, "cuda", CompileOptions(quant=quant, cuda_arch=arch, out=tmp_path / "a",
                              emit="onnx")).out)
     path = art / "inference/onnx/model.onnx"
-    assert read_manifest(art)["onnx_numerics"] == "weight-only"
+    assert read_manifest(art).onnx_numerics == "weight-only"
     onnx_model = onnx.load(str(path), load_external_data=False)
     assert {p.key: p.value for p in onnx_model.metadata_props}["ernie_ir.onnx_numerics"] == "weight-only"
     assert _dq_count(onnx_model.graph) == 0

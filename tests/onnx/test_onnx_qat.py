@@ -290,7 +290,7 @@ def test_every_quantizer_of_the_trained_model_is_bit_for_bit_on_its_activations(
 def test_a_bare_onnxruntime_session_gives_the_interpreters_logits(served: dict[str, Path], name: str) -> None:
     art = served[name]
     manifest = read_manifest(art)
-    assert manifest["backends"] == ["interpreter", "onnxruntime", "paddle"]
+    assert manifest.backends == ["interpreter", "onnxruntime", "paddle"]
     model = art / "inference" / "onnx" / "model.onnx"
     # the learned activation scales are the file's own initializers, with the artifact's values
     scales = {p.name: p.read() for p in load_artifact(art).params.values()
@@ -314,7 +314,7 @@ def test_the_fake_quantized_graph_gives_the_same_onnx_logits(served: dict[str, P
     """--disable-pass qat-convert keeps fake_quant on the weights: the ONNX model folds it by the
     kernel at export, the converted one dequantizes int8 with qat-convert's exact division; both
     are fake_quant(W) bit for bit, so the two models' logits are identical."""
-    trained = Path(read_manifest(served[name])["source"]["model"])  # the training artifact
+    trained = Path(read_manifest(served[name]).source["model"])  # the training artifact
     fq = tmp_path / "fq"
     report = compile_model(str(trained), "cuda", CompileOptions(out=fq, emit="paddle,onnx",
                            disabled_passes=["qat-convert"]))

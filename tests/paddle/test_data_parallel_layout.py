@@ -59,9 +59,9 @@ def test_compile_dp_stores_the_rank_graphs_once_and_records_the_layout(tmp_path:
     assert report.parallel == "world 2, tp 2, dp 2 (sharding stage1): 4 processes"
     assert sorted(p.name for p in out.glob("rank*")) == ["rank0", "rank1"]
     manifest = verify_artifact(out)
-    par = manifest["parallel"]
-    assert (par["world_size"], par["dp"], par["processes"], par["sharding"]) == (2, 2, 4, "stage1")
-    assert (par["mapping"]["dp"], par["mapping"]["sharding"]) == (2, "stage1")
+    par = manifest.parallel
+    assert (par.world_size, par.dp, par.processes, par.sharding) == (2, 2, 4, "stage1")
+    assert (par.mapping["dp"], par.mapping["sharding"]) == (2, "stage1")
     recipe = json.loads((out / "training/train.json").read_text())
     assert recipe["data_parallel"] == {"dp": 2, "sharding": "stage1", "processes": 4}
     assert recipe["world_size"] == 2 and "--nproc_per_node 4" in recipe["launch"]["cuda"]

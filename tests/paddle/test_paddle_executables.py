@@ -39,8 +39,8 @@ def test_inference_model_loads_in_paddle_inference(tmp_path: Path, model: str, t
     out = tmp_path / "art"
     compile_model(model, target, CompileOptions(quant=quant, out=out, emit="paddle-inference"))
     manifest = verify_artifact(out)
-    assert "paddle" in manifest["backends"]
-    assert {"inference/paddle/model.json", "inference/paddle/model.pdiparams"} <= set(manifest["files"])
+    assert "paddle" in manifest.backends
+    assert {"inference/paddle/model.json", "inference/paddle/model.pdiparams"} <= set(manifest.files)
     ref = run_graph(load_artifact(out), {"input_ids": IDS})["logits"]
     got = run_paddle(out, IDS)  # paddle.inference.Config(...).disable_gpu()
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4 + 2e-6 * float(np.abs(ref).max()))
@@ -110,7 +110,7 @@ def test_training_lowers_loss_and_keeps_base(tmp_path: Path, monkeypatch: pytest
     assert {p.name: sha(p) for p in (out / "rank0").iterdir()} == rank0
     # trained params went to a listed checkpoint; the artifact still verifies
     manifest = verify_artifact(out)
-    assert "training/checkpoints/run-001-step-30/params.safetensors" in manifest["files"]
+    assert "training/checkpoints/run-001-step-30/params.safetensors" in manifest.files
     from safetensors.numpy import load_file
 
     ckpt = load_file(str(out / "training/checkpoints/run-001-step-30/params.safetensors"))
@@ -127,9 +127,9 @@ def test_training_with_jsonl_data(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     lines = [json.dumps({"input_ids": rng.integers(0, 1000, size=n).tolist()}) for n in (12, 9, 16, 5)]
     data.write_text("\n".join(lines) + "\n")
-    losses = train_artifact(out, steps=20, data=data, lr=5e-3, save=False).losses
+    losses = train_artifact(out, steps=20, data=data, options={"lr": 5e-3}, save=False).losses
     assert losses[-1] < losses[0]
-    assert not any("checkpoints" in name for name in verify_artifact(out)["files"])
+    assert not any("checkpoints" in name for name in verify_artifact(out).files)
 
 
 def test_training_needs_trainable_params(tmp_path: Path) -> None:
@@ -166,7 +166,7 @@ def test_missing_paddle_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
         paddle_layer.build_layer(graph)
     # The default Paddle executable is built from rank0/ at load: compile needs no Paddle ...
     report = compile_model("ernie-4.5-0.3b@tiny", "kunlun", CompileOptions(out=tmp_path / "a"))
-    assert report.emit == ["paddle"] and "paddle" in verify_artifact(tmp_path / "a")["backends"]
+    assert report.emit == ["paddle"] and "paddle" in verify_artifact(tmp_path / "a").backends
     with pytest.raises(ErnieIRError, match="paddlepaddle-gpu"):  # ... running it does
         run_paddle(tmp_path / "a", IDS)
     # a traced Paddle Inference program does, before anything is written
@@ -181,8 +181,8 @@ def test_a_second_training_run_keeps_the_first_checkpoint(tmp_path: Path) -> Non
     compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(lora_rank=2, mode="training", out=out))
     train_artifact(out, steps=2)
     first = (out / "training/checkpoints/run-001-step-2/params.safetensors").read_bytes()
-    train_artifact(out, steps=2, lr=1e-2)
-    files = verify_artifact(out)["files"]
+    train_artifact(out, steps=2, options={"lr": 1e-2})
+    files = verify_artifact(out).files
     assert {"training/checkpoints/run-001-step-2/params.safetensors",
             "training/checkpoints/run-002-step-2/params.safetensors"} <= set(files)
     assert (out / "training/checkpoints/run-001-step-2/params.safetensors").read_bytes() == first

@@ -22,6 +22,7 @@ from safetensors.numpy import load_file  # noqa: E402
 from ernie_ir.training.loop import (  # noqa: E402
     RECIPE,
     StepProgress,
+    TrainHooks,
     TrainOptions,
     record_files,
     resolve_options,
@@ -85,7 +86,7 @@ def _last_checkpoint(art: Path) -> dict[str, np.ndarray]:
 
 def _lrs(art: Path, steps: int, **options: object) -> list[float]:
     seen: list[StepProgress] = []
-    train_artifact(art, steps, save=False, options=options, on_progress=seen.append)
+    train_artifact(art, steps, save=False, options=options, hooks=TrainHooks(on_progress=seen.append))
     return [p.lr for p in seen]
 
 
@@ -179,11 +180,11 @@ def test_clip_norm_eps_and_betas_change_the_update(art: Path) -> None:
 
 
 def test_seed_and_batch_size_of_the_synthetic_batch(art: Path) -> None:
-    a = train_artifact(art, 1, save=False, seed=1).losses
+    a = train_artifact(art, 1, save=False, options={"seed": 1}).losses
     assert train_artifact(art, 1, save=False, options={"seed": 1}).losses == a
-    assert train_artifact(art, 1, save=False, seed=2).losses != a
+    assert train_artifact(art, 1, save=False, options={"seed": 2}).losses != a
     seen: list[StepProgress] = []
-    train_artifact(art, 1, save=False, options={"batch_size": 3}, on_progress=seen.append)
+    train_artifact(art, 1, save=False, options={"batch_size": 3}, hooks=TrainHooks(on_progress=seen.append))
     assert seen[0].tokens == 3 * 15 and seen[0].steps == 1 and seen[0].elapsed_s > 0
 
 
@@ -205,13 +206,14 @@ def test_the_recipe_is_the_default_and_a_flag_overrides_it(tmp_path: Path, capsy
     _set_recipe(out, optimizer={"learning_rate": 5e-3, "weight_decay": 0.1}, batch={"batch_size": 2})
     opts = resolve_options(json.loads((out / RECIPE).read_text()))
     assert (opts.lr, opts.weight_decay, opts.batch_size) == (5e-3, 0.1, 2)
-    want = train_artifact(out, 2, save=False, lr=5e-3).losses
+    want = train_artifact(out, 2, save=False, options={"lr": 5e-3}).losses
     code, stdout, _ = cli(capsys, "train", str(out), "--steps", "2", "--json")  # no --lr: the recipe's
     assert code == 0 and json.loads(stdout)["losses"] == want
     used = json.loads(stdout)["options"]
     assert (used["lr"], used["weight_decay"], used["batch_size"], used["clip_norm"]) == (5e-3, 0.1, 2, 1.0)
     code, stdout, _ = cli(capsys, "train", str(out), "--steps", "2", "--json", "--lr", "2e-2")
-    assert json.loads(stdout)["losses"] == train_artifact(out, 2, save=False, lr=2e-2).losses != want
+    again = train_artifact(out, 2, save=False, options={"lr": 2e-2}).losses
+    assert json.loads(stdout)["losses"] == again != want
 
 
 def test_config_file_with_erniekit_names_and_flags_over_it(art: Path, tmp_path: Path, capsys) -> None:
@@ -266,7 +268,7 @@ def test_bad_config_files(art: Path, tmp_path: Path, capsys) -> None:
         code, _, stderr = cli(capsys, "train", str(art), "--steps", "1", "--config", str(tmp_path / name))
         assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1, stderr
     with pytest.raises(ErnieIRError, match="lr"):
-        train_artifact(art, 1, lr=float("inf"))
+        train_artifact(art, 1, options={"lr": float("inf")})
     with pytest.raises(ErnieIRError, match="unknown training option"):
         train_artifact(art, 1, options={"lerning_rate": 1e-3})
 
@@ -291,7 +293,7 @@ def test_labels_in_the_data_mask_the_prompt(art: Path, data: Path, tmp_path: Pat
     sft.write_text("\n".join(rows) + "\n")
     seen: list[StepProgress] = []
     got = train_artifact(art, 1, data=sft, save=False, options={"ignore_index": -7},
-                         on_progress=seen.append).losses[0]
+                         hooks=TrainHooks(on_progress=seen.append)).losses[0]
     assert got == pytest.approx(total / count, rel=1e-5) and seen[0].tokens == count
     with pytest.raises(ErnieIRError, match="labels must be a list as long as input_ids"):
         train_artifact(art, 1, data=sft, save=False)  # -7 is not the ignore index -100

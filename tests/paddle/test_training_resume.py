@@ -23,7 +23,7 @@ from safetensors.numpy import load_file  # noqa: E402
 
 from ernie_ir.artifacts import record_files  # noqa: E402
 from ernie_ir.training.checkpoints import OPTIMIZER, PARAMS, TRAINER_STATE  # noqa: E402
-from ernie_ir.training.loop import TrainResult, train_artifact  # noqa: E402
+from ernie_ir.training.loop import TrainHooks, TrainResult, train_artifact  # noqa: E402
 
 MODEL = "ernie-4.5-0.3b@tiny"
 # 6 sequences in batches of 2 (3 batches), 2 batches a step: step k takes batches 2k, 2k+1 mod 3,
@@ -85,7 +85,7 @@ def test_a_resumed_run_is_the_uninterrupted_run_bit_for_bit(arts: dict[str, Path
                                                             kind: str) -> None:
     art = tmp_path / kind
     shutil.copytree(arts[kind], art)
-    full = train_artifact(art, 5, data=seqs, options=OPTIONS, save_steps=2)
+    full = train_artifact(art, 5, data=seqs, options={**OPTIONS, "save_steps": 2})
     names = [p.name for p in full.checkpoints]
     assert names == ["run-001-step-2", "run-001-step-4", "run-001-step-5"] and full.first_step == 1
     folder = full.checkpoints[0]
@@ -101,7 +101,7 @@ def test_a_resumed_run_is_the_uninterrupted_run_bit_for_bit(arts: dict[str, Path
     verify_artifact(art)
 
     # resume from step 2 (by name) in the same process: a new run, the same numbers
-    resumed = train_artifact(art, 5, data=seqs, options=OPTIONS, save_steps=2, resume="run-001-step-2")
+    resumed = train_artifact(art, 5, data=seqs, options={**OPTIONS, "save_steps": 2}, resume="run-001-step-2")
     print(f"[train] {kind} resume from step 2: {resumed.losses} vs {full.losses[2:]}")
     assert resumed.losses == full.losses[2:] and resumed.first_step == 3
     assert [p.name for p in resumed.checkpoints] == ["run-002-step-4", "run-002-step-5"]
@@ -130,17 +130,17 @@ def test_save_steps_total_limit_and_on_checkpoint(art: Path, seqs) -> None:
         extra.write_text("{}")
         record_files(art, [extra])
 
-    result = train_artifact(art, 5, data=seqs, options=OPTIONS, save_steps=2, save_total_limit=2,
-                            on_checkpoint=add_adapter)
+    result = train_artifact(art, 5, data=seqs, options={**OPTIONS, "save_steps": 2, "save_total_limit": 2},
+                            hooks=TrainHooks(on_checkpoint=add_adapter))
     assert calls == [("run-001-step-2", True), ("run-001-step-4", True), ("run-001-step-5", True)]
     kept = ["run-001-step-4", "run-001-step-5"]
     assert [p.name for p in result.checkpoints] == kept
     assert sorted(p.name for p in (art / "training/checkpoints").iterdir()) == kept
-    files = verify_artifact(art)["files"]  # the removed folder's entries (the adapter's too) are gone
+    files = verify_artifact(art).files  # the removed folder's entries (the adapter's too) are gone
     assert not any("step-2" in n for n in files)
     assert "training/checkpoints/run-001-step-4/adapter/lora_config.json" in files
     # the limit counts the artifact's checkpoints: a later run keeps its own newest only
-    again = train_artifact(art, 1, data=seqs, options=OPTIONS, save_total_limit=1)
+    again = train_artifact(art, 1, data=seqs, options={**OPTIONS, "save_total_limit": 1})
     assert [p.name for p in again.checkpoints] == ["run-002-step-1"]
     assert sorted(p.name for p in (art / "training/checkpoints").iterdir()) == ["run-002-step-1"]
     # without --save-steps: one checkpoint, at the end (as before)
@@ -175,8 +175,8 @@ def _numpy_eval(art: Path, params: dict[str, np.ndarray], seqs) -> float:
 
 def test_eval_losses_equal_an_independent_computation(art: Path, seqs, tmp_path: Path) -> None:
     train_data, eval_seqs = seqs[:4], seqs[4:] + seqs[:1]
-    result = train_artifact(art, 3, data=train_data, options=OPTIONS, eval_sequences=eval_seqs, eval_steps=2,
-                            save_steps=1)
+    result = train_artifact(art, 3, data=train_data, options={**OPTIONS, "eval_steps": 2, "save_steps": 1},
+                            eval_sequences=eval_seqs)
     assert [s for s, _ in result.eval_losses] == [2, 3]
     for step, got in result.eval_losses:
         params = load_file(str(art / f"training/checkpoints/run-001-step-{step}" / PARAMS))
@@ -253,8 +253,9 @@ def test_bad_resume_input_is_one_line(arts: dict[str, Path], art: Path, seqs, tm
     moments.write_bytes(good[:-4] + b"\0\0\0\0")  # a checkpoint inside the artifact is hashed first
     refused(r"optimizer.rank0.safetensors was modified", resume=True)
     moments.write_bytes(good)
-    refused(r"--eval-steps needs evaluation data", eval_steps=1)
-    refused(r"--save-steps and --save-total-limit need checkpoints", save=False, save_steps=1)
+    refused(r"--eval-steps needs evaluation data", options={**OPTIONS, "eval_steps": 1})
+    refused(r"--save-steps and --save-total-limit need checkpoints", save=False,
+            options={**OPTIONS, "save_steps": 1})
     assert sorted(p.name for p in (art / "training/checkpoints").iterdir()) == before  # nothing written
 
     # the CLI: exit 2, one error line

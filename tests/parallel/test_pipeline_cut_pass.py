@@ -134,10 +134,10 @@ def test_compile_runs_the_cut_after_legalization_and_records_it(tmp_path: Path) 
     assert report.passes_run[-1] == "pipeline-stages{pp=2}"
     assert progress.count("pass pipeline-stages") == 1
     manifest = verify_artifact(tmp_path / "a")
-    assert manifest["pipeline"] == report.pipeline
-    mapping = Mapping.model_validate(manifest["parallel"]["mapping"])
+    assert manifest.pipeline == report.pipeline
+    mapping = Mapping.model_validate(manifest.parallel.mapping)
     assert (mapping.pp, mapping.stages, mapping.micro_batches) == (2, ((0, 1), (1, 2)), 2)
-    assert mapping.world_size == 2 and len(manifest["parallel"]["ranks"]) == 4
+    assert mapping.world_size == 2 and len(manifest.parallel.ranks) == 4
 
     # stopping after the legalization keeps the uncut rank graphs; cut by hand, they are
     # byte for byte the stage graphs of the artifact (rank folder g: stage g // 2 of rank g % 2)
@@ -152,8 +152,8 @@ def test_compile_runs_the_cut_after_legalization_and_records_it(tmp_path: Path) 
     # without the cut: the tensor-parallel artifact alone
     uncut = compile_model(MODEL, "cuda", CompileOptions(tp=2, pp=2, disabled_passes=("pipeline-stages",),
                                                         out=tmp_path / "u"))
-    layout = read_manifest(uncut.out)["parallel"]
-    assert len(layout["ranks"]) == 2 and "pp" not in layout["mapping"]
+    layout = read_manifest(uncut.out).parallel
+    assert len(layout.ranks) == 2 and "pp" not in layout.mapping
     assert not (tmp_path / "u" / "rank2").exists()
 
 

@@ -189,10 +189,10 @@ def test_merged_fastdeploy_checkpoint(model: str, tp: int, adapters: dict[str, P
     adapter = adapters[model]
     art = _compile(capsys, model, tmp_path / "merged", "--lora-adapter", str(adapter), "--merge-lora", tp=tp)
     manifest = verify_artifact(art)
-    passes = [p.split("{")[0] for p in manifest["pipeline"].split(",")]
+    passes = [p.split("{")[0] for p in manifest.pipeline.split(",")]
     assert passes[:2] == ["lora-import", "lora-merge"] and ("split" in passes) == (tp > 1)
     assert passes.index("lora-merge") < min(passes.index(p) for p in passes if "quant" in p)
-    record = manifest["lora_adapter"]
+    record = manifest.lora_adapter
     assert record["merged"] is True and "lora_config.json" in record["files"]
     folder = adapter if (adapter / "lora_config.json").exists() else adapter / "adapter"
     assert Path(record["path"]) == folder  # a training checkpoint folder resolves to its adapter/
@@ -246,7 +246,7 @@ def test_merge_lora_on_a_graph_with_adapters(tmp_path: Path, capsys: pytest.Capt
     folder = tmp_path / "with-lora"
     save_graph(graph, folder)
     art = _compile(capsys, str(folder), tmp_path / "a", "--merge-lora")
-    assert "lora-merge{require=true}" in verify_artifact(art)["pipeline"]
+    assert "lora-merge{require=true}" in verify_artifact(art).pipeline
     code, stdout, err = cli(capsys, "export", str(folder), "--out", str(tmp_path / "f"))
     assert code == 0 and "adapted layer(s) merged" in stdout, err
     assert _fd_files(art) == _fd_files(_compile(capsys, str(tmp_path / "f"), tmp_path / "b"))

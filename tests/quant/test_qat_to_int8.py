@@ -26,7 +26,7 @@ import pytest
 from _cli_kit import cli, user_error
 from safetensors.numpy import load_file
 
-from ernie_ir.artifacts import read_manifest, record_files, write_manifest
+from ernie_ir.artifacts import read_manifest, read_manifest_data, record_files, write_manifest
 from ernie_ir.backends.sessions import run_artifact
 from ernie_ir.ir import DType, ErnieIRError, Graph
 from ernie_ir.load import load_input, load_trained
@@ -108,8 +108,8 @@ def test_trained_qat_artifact_compiles_to_int8_weights_with_the_learned_scales(
     assert report.pipeline.startswith(f"qat-convert,legalize-{target}")
     manifest = verify_artifact(out)
     ckpt_file = _global_file(art)
-    src = manifest["source"]
-    assert manifest["mode"] == "inference" and src["kind"] == "training-artifact"
+    src = manifest.source
+    assert manifest.mode == "inference" and src["kind"] == "training-artifact"
     assert src["checkpoint"] == ckpt_file.relative_to(art).as_posix() and src["steps"] == STEPS
     assert src["trained_from"]["model"] == MODELS[name]
     ckpt = load_file(str(ckpt_file))
@@ -149,7 +149,7 @@ def test_trained_qat_artifact_compiles_to_int8_weights_with_the_learned_scales(
 
     # (b) the same logits as the fake-quant graph, on every backend the artifact offers
     ref = Interpreter(fq).run({"input_ids": IDS})["logits"]
-    assert manifest["backends"] == ["interpreter", "paddle"]
+    assert manifest.backends == ["interpreter", "paddle"]
     np.testing.assert_array_equal(run_artifact(out, IDS, "interpreter"), ref)
     got = run_artifact(out, IDS, "paddle")
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4 + 2e-6 * float(np.abs(ref).max()))
@@ -175,7 +175,7 @@ def test_the_cli_compiles_the_newest_or_the_named_checkpoint(tmp_path: Path, cap
                        "--quant", "qat-int8", "--out", str(art))
     assert code == 0, err
     train_artifact(art, 1)
-    train_artifact(art, 1, lr=5e-3)  # run 2 starts from rank0/ again, at another learning rate
+    train_artifact(art, 1, options={"lr": 5e-3})  # run 2 starts from rank0/ again, at another learning rate
     names = sorted(p.name.removesuffix(".safetensors") for p in (art / "training" / "checkpoints").iterdir())
     assert names == ["run-001-step-1", "run-002-step-1"]
     outs = {}
@@ -185,7 +185,7 @@ def test_the_cli_compiles_the_newest_or_the_named_checkpoint(tmp_path: Path, cap
         code, out, err = cli(capsys, "compile", str(art), "--target", "cuda", "--out", str(outs[key]), *extra)
         assert code == 0, err
         assert "pipeline: qat-convert,legalize-cuda" in out
-    ckpts = {k: read_manifest(v)["source"]["checkpoint"] for k, v in outs.items()}
+    ckpts = {k: read_manifest(v).source["checkpoint"] for k, v in outs.items()}
     assert ckpts["latest"] == ckpts["path"] and "run-002-step-1" in ckpts["latest"]
     assert "run-001-step-1" in ckpts["named"]
     # each compiled the params of its own run
@@ -253,7 +253,7 @@ def test_every_checkpoint_layout_is_read_and_the_newest_run_wins(trained: dict[s
         for name in (f"run-{k:03d}-step-3", str(f), str(f.parent if "/" in layout else f)):
             assert load_trained(art, name).metadata["trained"]["checkpoint"] == rel
     # an unlisted checkpoint is tampering: the hashes are checked first
-    manifest = read_manifest(art)
+    manifest = read_manifest_data(art)
     del manifest["files"][f"training/checkpoints/{LAYOUTS[-1].format(k=len(LAYOUTS) + 1)}"]
     write_manifest(art, manifest)
     with pytest.raises(ErnieIRError, match="not listed"):

@@ -66,7 +66,7 @@ def _reached(stage: str, parent: Path, out: Path, old_pipeline: str) -> bool:
         return any((t / "manifest.json").is_file() for t in temps)
     if stage == "swap":  # the new artifact is at --out, the old one under the temp name
         try:
-            return verify_artifact(out)["pipeline"] != old_pipeline and bool(temps)
+            return verify_artifact(out).pipeline != old_pipeline and bool(temps)
         except Exception:
             return False
     raise AssertionError(stage)
@@ -90,7 +90,7 @@ def test_killed_compile_leaves_old_or_new_and_the_next_compile_cleans_up(tmp_pat
     old = verify_artifact(out)
     proc = _start(out, "--force", "--quant", "wint8", ERNIE_IR_TEST_PAUSE_AT=stage)
     deadline = time.monotonic() + TIMEOUT_S
-    while not _reached(stage, tmp_path, out, old["pipeline"]):
+    while not _reached(stage, tmp_path, out, old.pipeline):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, f"the compile never reached {stage}"
         time.sleep(0.02)
@@ -99,7 +99,7 @@ def test_killed_compile_leaves_old_or_new_and_the_next_compile_cleans_up(tmp_pat
     assert proc.returncode == (143 if sig == signal.SIGTERM else -signal.SIGKILL), stderr
     now = verify_artifact(out)  # --out holds a complete artifact: the old one, or the new one
     new = "quant-annotate{preset=wint8},weight-only-quant,legalize-kunlun"
-    assert now == old if stage != "swap" else now["pipeline"] == new, now["pipeline"]
+    assert now == old if stage != "swap" else now.pipeline == new, now.pipeline
     if sig == signal.SIGTERM:  # cleaned up like Ctrl-C, by the process itself
         assert _stale_bytes(tmp_path) == (0, [])
     compile_model(MODEL, "kunlun", CompileOptions(out=out, force=True))  # the next compile: removes the rest
@@ -123,7 +123,7 @@ def test_sigkill_at_an_arbitrary_instant_of_the_write_phase(tmp_path: Path, dela
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=TIMEOUT_S)
     now = verify_artifact(out)
-    assert now == old or now["pipeline"] == "quant-annotate{preset=wint8},weight-only-quant,legalize-kunlun"
+    assert now == old or now.pipeline == "quant-annotate{preset=wint8},weight-only-quant,legalize-kunlun"
     compile_model(MODEL, "kunlun", CompileOptions(out=out, force=True))
     assert _stale_bytes(tmp_path) == (0, [])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
@@ -202,5 +202,5 @@ def test_concurrent_forced_compiles_never_interleave(tmp_path: Path) -> None:
         assert rc in (0, 2), stderr
         if rc == 2:
             assert "is being written by PID" in _one_error_line(stderr)
-    assert "weight-only-quant" in verify_artifact(out)["pipeline"]
+    assert "weight-only-quant" in verify_artifact(out).pipeline
     assert _stale_bytes(tmp_path) == (0, [])

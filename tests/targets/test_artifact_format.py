@@ -107,7 +107,7 @@ def test_files_added_later_are_numbered_and_listed_under_the_lock(tmp_path: Path
         staged.write_bytes(bytes([i]) * 100)
         outs.append(publish_into(root, staged, folder, "run-{run:03d}-step-5.safetensors", start))
     assert [p.name for p in outs] == ["run-001-step-5.safetensors", "run-002-step-5.safetensors"]
-    files = verify_artifact(root)["files"]
+    files = verify_artifact(root).files
     assert {"training/checkpoints/run-001-step-5.safetensors",
             "training/checkpoints/run-002-step-5.safetensors"} <= set(files)
 
@@ -137,7 +137,7 @@ def test_without_renameat2_the_swap_still_leaves_old_or_new(tmp_path: Path,
     compile_model(MODEL, "kunlun", CompileOptions(out=out))
     old = verify_artifact(out)
     compile_model(MODEL, "kunlun", CompileOptions(out=out, force=True, quant="wint8"))
-    assert verify_artifact(out)["pipeline"] != old["pipeline"]
+    assert verify_artifact(out).pipeline != old.pipeline
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
     before = verify_artifact(out)
     real_rename = os.rename
@@ -199,7 +199,7 @@ def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path) -> N
         t.join(timeout=60)
     assert sorted(p.name for p in outs) == ["run-001-step-3", "run-002-step-3"]
     assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in outs)
-    files = verify_artifact(root)["files"]
+    files = verify_artifact(root).files
     assert all(f"training/checkpoints/{p.name}/params.safetensors" in files for p in outs)
 
 
@@ -225,7 +225,7 @@ def test_older_checkpoints_are_removed_and_unlisted_under_the_lock(tmp_path: Pat
     removed = retire_published(root, folder, 2, checkpoint_order)
     assert [p.name for p in removed] == ["run-001-step-2", "run-001-step-10"]
     assert sorted(p.name for p in folder.iterdir()) == ["run-002-step-4", "run-002-step-6"]
-    files = verify_artifact(root)["files"]
+    files = verify_artifact(root).files
     assert not any("run-001" in n for n in files)
     assert "training/checkpoints/run-002-step-4/params.safetensors" in files
     assert retire_published(root, folder, 2, checkpoint_order) == []
@@ -260,4 +260,4 @@ def test_record_files_takes_a_relative_root_with_absolute_files(tmp_path: Path,
     extra.write_text("x")
     monkeypatch.chdir(tmp_path)
     record_files(Path("a"), [extra])
-    assert "training-notes.txt" in verify_artifact(tmp_path / "a")["files"]
+    assert "training-notes.txt" in verify_artifact(tmp_path / "a").files

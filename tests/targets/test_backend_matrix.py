@@ -42,7 +42,7 @@ def test_every_backend_agrees(model: str, target: str, quant: str | None, tmp_pa
     compile_model(model, target, CompileOptions(quant=quant, out=out,
                   emit="onnx,paddle" if onnx else "paddle", onnx_numerics="exact" if onnx else None))
     manifest = verify_artifact(out)
-    backends = manifest["backends"]
+    backends = manifest.backends
     assert backends == ["interpreter", "onnxruntime", "paddle"] if onnx else ["interpreter", "paddle"]
 
     reference = run_artifact(out, IDS, "interpreter")

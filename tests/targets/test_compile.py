@@ -68,19 +68,19 @@ def test_compile_load_run_within_budget(tmp_path: Path, model: str, quant: str, 
     assert report.passes_run[-1] == f"legalize-{target}"  # cuda_arch 80 is the default, not printed
     assert report.cuda_arch == (80 if target == "cuda" else None)
     manifest = verify_artifact(out)
-    assert manifest["target"] == target and manifest["mode"] == "inference"
-    layout = manifest["parallel"]
-    assert (layout["tp"], layout["ep"], layout["world_size"], layout["ranks"]) == (1, 1, 1, ["rank0"])
-    assert layout["mapping"]["ranks"][0]["rank"] == 0
+    assert manifest.target == target and manifest.mode == "inference"
+    layout = manifest.parallel
+    assert (layout.tp, layout.ep, layout.world_size, layout.ranks) == (1, 1, 1, ["rank0"])
+    assert layout.mapping["ranks"][0]["rank"] == 0
     base = {"graph.ir", "rank0/graph.ir", "rank0/weights.safetensors",
             "inference/launch.json", "inference/launch.sh"}
-    assert base <= set(manifest["files"])
+    assert base <= set(manifest.files)
     # a FastDeploy checkpoint (ERNIE 4.5 where every weight packs for sm80): config.json + a link
-    fastdeploy = {"config.json", "rank0/model.safetensors"} if manifest.get("formats") else set()
+    fastdeploy = {"config.json", "rank0/model.safetensors"} if manifest.formats else set()
     # the default executables read the rank bytes: no file of their own
-    assert set(manifest["files"]) - base - fastdeploy == set()
-    assert manifest["backends"] == ["interpreter", "paddle"]
-    assert report.emit == manifest["emit"] == (["paddle", "fastdeploy"] if fastdeploy else ["paddle"])
+    assert set(manifest.files) - base - fastdeploy == set()
+    assert manifest.backends == ["interpreter", "paddle"]
+    assert report.emit == manifest.emit == (["paddle", "fastdeploy"] if fastdeploy else ["paddle"])
     recipe = json.loads((out / "inference/launch.json").read_text())
     tgt = get_target(target)
     assert recipe["flag"] == tgt.launch_flag and tgt.visible_devices_env in recipe["env"]
@@ -171,7 +171,7 @@ def test_existing_folder_refused_without_force(tmp_path: Path) -> None:
         compile_model(DENSE, "cuda", CompileOptions(out=out, quant="wint8"))
     assert verify_artifact(out) == first
     compile_model(DENSE, "cuda", CompileOptions(out=out, quant="wint8", force=True))
-    assert verify_artifact(out)["pipeline"] != first["pipeline"]
+    assert verify_artifact(out).pipeline != first.pipeline
     assert [p.name for p in tmp_path.iterdir()] == ["a"]
 
 

@@ -36,19 +36,19 @@ def test_split_quantized_artifact_equals_the_unsplit_quantized_graph(tmp_path: P
                            cuda_arch=70 if target == "cuda" else 80))
     assert report.parallel == "world 2, tp 2, ep 2 (moe_tp 1)"
     manifest = verify_artifact(tmp_path / "a")
-    layout = manifest["parallel"]
-    assert (layout["tp"], layout["ep"], layout["world_size"]) == (2, 2, 2)
-    assert Mapping.model_validate(layout["mapping"]) == Mapping.create(2, 2, num_experts=16, vocab_size=1024)
+    layout = manifest.parallel
+    assert (layout.tp, layout.ep, layout.world_size) == (2, 2, 2)
+    assert Mapping.model_validate(layout.mapping) == Mapping.create(2, 2, num_experts=16, vocab_size=1024)
     for r in (0, 1):
         for name in ("graph.ir", "weights.safetensors"):
-            assert manifest["rank_files"][f"rank{r}"][name] == manifest["files"][f"rank{r}/{name}"]
+            assert manifest.rank_files[f"rank{r}"][name] == manifest.files[f"rank{r}/{name}"]
     quantized = load_input(MOE)
     run_pipeline(quantized, "wint8mix")
     ref = run_graph(quantized, {"input_ids": IDS})["logits"]
     got = run_artifact(tmp_path / "a", IDS, "interpreter")
     # legalization is exact where a kernel reads the weights (sm70 packs every layer here)
     assert rel(got, ref) < (1e-5 if target != "kunlun" else 5e-3)
-    assert "onnxruntime" not in manifest["backends"]  # ONNX has no collectives
+    assert "onnxruntime" not in manifest.backends  # ONNX has no collectives
 
 
 def test_rank_weights_open_with_safetensors_and_hold_the_rank_slices(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_meta_model_compiles_to_a_graph_only_artifact(tmp_path: Path) -> None:
     assert any("graph-only artifact" in w for w in report.warnings)
     root = tmp_path / "m"
     manifest = verify_artifact(root)
-    assert manifest["weights"] is False and manifest["backends"] == ["interpreter"]
+    assert manifest.weights is False and manifest.backends == ["interpreter"]
     assert sorted(p.name for p in (root / "rank7").iterdir()) == ["graph.ir"]
     assert not list(root.rglob("*.safetensors")) and not (root / "inference" / "onnx").exists()
     for run in (lambda: run_artifact(root, IDS, "interpreter"), lambda: load_rank_graphs(root)):
@@ -103,8 +103,8 @@ def test_meta_300b_compiles_with_tp8_pp2_sp(tmp_path: Path) -> None:
     report = compile_model("ernie-4.5-300b-a47b@meta", "cuda", CompileOptions(tp=8, sp=True, pp=2, out=root))
     assert "pp 2 (layers 0-27, 28-53" in report.parallel
     manifest = verify_artifact(root)
-    assert manifest["parallel"]["pp"] == 2 and len(manifest["parallel"]["ranks"]) == 16
-    assert manifest["parallel"]["mapping"]["stages"] == [[0, 28], [28, 54]]
+    assert manifest.parallel.pp == 2 and len(manifest.parallel.ranks) == 16
+    assert manifest.parallel.mapping["stages"] == [[0, 28], [28, 54]]
     graphs = {r: parse_graph((root / f"rank{r}" / "graph.ir").read_text()) for r in (0, 8, 15)}
     first, last = graphs[0], graphs[15]
     assert [v.name for v in first.inputs] == ["input_ids"]
@@ -125,8 +125,8 @@ def test_folder_read_with_meta_opens_no_weight_file(tmp_path: Path) -> None:
     report = compile_model(str(folder), "ascend", CompileOptions(quant="wint8", tp=2, meta=True,
                            out=tmp_path / "m"))
     manifest = read_manifest(report.out)
-    assert manifest["weights"] is False
-    assert list(manifest["source"]["files"]) == ["config.json"]
+    assert manifest.weights is False
+    assert list(manifest.source["files"]) == ["config.json"]
     with pytest.raises(ErnieIRError):
         load_input(str(folder))  # without --meta the damaged weights are refused
     json.loads((folder / "config.json").read_text())

@@ -48,7 +48,7 @@ def test_default_artifact_stores_each_weight_once(tmp_path: Path) -> None:
                            out=out))
     assert report.emit == ["paddle", "fastdeploy"]
     manifest = verify_artifact(out)
-    assert manifest["emit"] == ["paddle", "fastdeploy"] and manifest["formats"] == ["fastdeploy"]
+    assert manifest.emit == ["paddle", "fastdeploy"] and manifest.formats == ["fastdeploy"]
     stored = _stored_bytes(out)
     weights = stored["rank0/weights.safetensors"]
     # nothing but the rank weights holds weight bytes: the rest is text (IR, manifest, recipes)
@@ -66,10 +66,10 @@ def test_each_asked_executable_is_written(tmp_path: Path) -> None:
     report = compile_model("ernie-4.5-0.3b@tiny", "ascend", CompileOptions(quant="wint8", out=out,
                            emit="onnx,paddle-inference"))
     manifest = verify_artifact(out)
-    assert report.emit == manifest["emit"] == ["onnx", "paddle-inference"]
-    assert manifest["backends"] == ["interpreter", "onnxruntime", "paddle"]
-    assert {"inference/onnx/model.onnx", "inference/paddle/model.pdiparams"} <= set(manifest["files"])
-    assert manifest["onnx_numerics"] == "weight-only"  # the default
+    assert report.emit == manifest.emit == ["onnx", "paddle-inference"]
+    assert manifest.backends == ["interpreter", "onnxruntime", "paddle"]
+    assert {"inference/onnx/model.onnx", "inference/paddle/model.pdiparams"} <= set(manifest.files)
+    assert manifest.onnx_numerics == "weight-only"  # the default
     ref = run_artifact(out, IDS, "interpreter")
     for backend in ("onnxruntime", "paddle"):
         np.testing.assert_allclose(run_artifact(out, IDS, backend), ref, rtol=1e-5,

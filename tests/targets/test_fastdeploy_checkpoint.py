@@ -240,8 +240,8 @@ def test_checkpoint_folders_at_default_sm80(tmp_path: Path, name: str, overrides
     for fname, data in TOKENIZER.items():
         assert (art / fname).read_bytes() == data
     manifest = verify_artifact(art)
-    assert manifest["formats"] == ["fastdeploy"] and "fastdeploy" not in manifest["backends"]
-    files = manifest["files"]
+    assert manifest.formats == ["fastdeploy"] and "fastdeploy" not in manifest.backends
+    files = manifest.files
     assert files[f"rank{tp - 1}/model.safetensors"] == files[f"rank{tp - 1}/weights.safetensors"]
 
 

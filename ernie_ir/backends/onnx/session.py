@@ -162,7 +162,7 @@ class OnnxSession(BackendSession):
     def logits(self, input_ids: np.ndarray, *, timeout_s: float | None = None) -> np.ndarray:
         ids = np.asarray(input_ids)
         self.check_ids(ids)
-        return run_onnx(self.root / ONNX_MODEL, ids, numerics=self.manifest.get("onnx_numerics"))
+        return run_onnx(self.root / ONNX_MODEL, ids, numerics=self.manifest.onnx_numerics)
 
     def decoder(self, graphs: list[Graph], *, timeout_s: float | None = None) -> DecoderParts:
         step, layers = decoder_step(self.root / ONNX_MODEL)

@@ -1,10 +1,11 @@
 """Pipeline parallelism on paddle.distributed: one process's stage of a pipelined artifact.
 
 Process g of `pp x world` runs rank graph g: stage `g // world` of model-parallel rank
-`g % world` (ernie_ir.ir.mapping). `pipeline_groups` makes the groups: the tensor-parallel group
-of each stage (the stage graph's collectives), one 2-rank group per pipeline edge and
-model-parallel rank (Paddle's gloo p2p tags count per group, so each edge gets its own), and the
-group of each model-parallel rank's stages (the loss and the gradient norm).
+`g % world` (ernie_ir.ir.mapping). `pipeline_groups` makes the groups (with the one helper of
+ernie_ir.backends.paddle.groups): the tensor-parallel group of each stage (the stage graph's
+collectives), one 2-rank group per pipeline edge and model-parallel rank (Paddle's gloo p2p tags
+count per group, so each edge gets its own), and the group of each model-parallel rank's stages
+(the loss and the gradient norm).
 
 `PipelineStage.run` executes one batch under a schedule (ernie_ir.backends.paddle.pipeline_schedule):
 the batch's rows cut into micro-batches; forwards on the stage's Paddle Layer; activations sent
@@ -63,32 +64,15 @@ class PipelineGroups:
 
 
 def pipeline_groups(process: int, stages: int, world: int) -> PipelineGroups:
-    """The groups of process `process` (every process creates every group in the same order,
-    each followed by a barrier, as data_parallel.new_groups does for the same gloo reason)."""
-    import paddle.distributed as dist
+    """The groups of process `process` (ernie_ir.backends.paddle.groups: every process creates
+    every group of `pipeline_group_ranks`, in the same order, each followed by a barrier)."""
+    from ernie_ir.backends.paddle.groups import create_groups, pipeline_group_ranks
 
     stage, mp_rank = divmod(process, world)
-    out = PipelineGroups(stage, stages, mp_rank, world)
-    wanted: list[tuple[str, int, list[int]]] = []
-    if world > 1:
-        wanted += [("mp", s, list(range(s * world, (s + 1) * world))) for s in range(stages)]
-    wanted += [("edge", s, [s * world + q, (s + 1) * world + q])
-               for s in range(stages - 1) for q in range(world)]
-    if stages > 2:
-        wanted += [("ring", q, [s * world + q for s in range(stages)]) for q in range(world)]
-    for kind, s, ranks in wanted:
-        group = dist.new_group(ranks)
-        dist.barrier()
-        if process not in ranks:
-            continue
-        if kind == "mp":
-            out.mp = group
-        elif kind == "ring":
-            out.ring = group
-        elif s == stage:
-            out.next = group
-        else:
-            out.prev = group
+    mine = create_groups(process, pipeline_group_ranks(stages, world))
+    out = PipelineGroups(stage, stages, mp_rank, world, mp=mine.get(("mp", stage)),
+                         prev=mine.get(("edge", stage - 1, mp_rank)), next=mine.get(("edge", stage, mp_rank)),
+                         ring=mine.get(("ring", mp_rank)))
     if stages == 2:
         out.ring = out.next if stage == 0 else out.prev
     return out
