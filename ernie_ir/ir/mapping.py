@@ -229,6 +229,17 @@ class Mapping(BaseModel):
     def rank(self, r: int) -> RankLayout:
         return self.ranks[r]
 
+    def process_groups(self) -> list[GroupRanks]:
+        """The process groups a run of this layout creates, in creation order (every process
+        creates every group): pipeline stages (`pipeline_group_ranks`) or data-parallel replicas
+        (`data_parallel_group_ranks`) around the model-parallel groups; one model-parallel
+        group over the world otherwise (none for one rank)."""
+        if self.pp > 1:
+            return pipeline_group_ranks(self.pp, self.world_size)
+        if self.dp > 1:
+            return data_parallel_group_ranks(self.dp, self.world_size)
+        return [(("mp", 0), list(range(self.world_size)))] if self.world_size > 1 else []
+
     def describe(self) -> str:
         parts = [f"world {self.world_size}", f"tp {self.tp}{' (sp)' if self.sp else ''}"]
         if self.ep > 1:
@@ -242,6 +253,41 @@ class Mapping(BaseModel):
         elif self.pp > 1:
             parts.append(f"{self.processes} processes")
         return ", ".join(parts)
+
+
+GroupKey = tuple[str | int, ...]
+"""A group's name in a listing: its kind, then the indices that tell it from the others of its kind
+(("dp", m): the dp group of model-parallel rank m)."""
+
+GroupRanks = tuple[GroupKey, list[int]]
+"""(key, the global ranks of its processes) of one group."""
+
+
+def data_parallel_group_ranks(dp: int, world: int) -> list[GroupRanks]:
+    """The groups of `dp` replicas of `world` model-parallel ranks (process g: replica g // world,
+    rank graph g % world): ("mp", d) the ranks of replica d (world > 1 only; otherwise a rank's
+    model-parallel group is itself), ("dp", m) the replicas of model-parallel rank m."""
+    wanted: list[GroupRanks] = []
+    if world > 1:
+        wanted += [(("mp", d), list(range(d * world, (d + 1) * world))) for d in range(dp)]
+    wanted += [(("dp", m), [m + d * world for d in range(dp)]) for m in range(world)]
+    return wanted
+
+
+def pipeline_group_ranks(stages: int, world: int) -> list[GroupRanks]:
+    """The groups of `stages` pipeline stages of `world` model-parallel ranks (process g: stage
+    g // world, rank g % world): ("mp", s) the ranks of stage s (world > 1 only), ("edge", s, q)
+    the 2-rank group of rank q's edge from stage s to s + 1 (Paddle's gloo p2p tags count per
+    group, so each edge gets its own), ("ring", q) rank q's stages (more than 2 stages only: with
+    2 the edge is the ring)."""
+    wanted: list[GroupRanks] = []
+    if world > 1:
+        wanted += [(("mp", s), list(range(s * world, (s + 1) * world))) for s in range(stages)]
+    wanted += [(("edge", s, q), [s * world + q, (s + 1) * world + q])
+               for s in range(stages - 1) for q in range(world)]
+    if stages > 2:
+        wanted += [(("ring", q), [s * world + q for s in range(stages)]) for q in range(world)]
+    return wanted
 
 
 def layout_name(dp: int, sharding: str | None, world: int) -> str:
