@@ -5,6 +5,7 @@
     mapping, graphs = load_rank_graphs("art")  # rank graphs, weights memory-mapped
 
 `manifest`: the manifest's schema, reading, verifying, loading and writing it.
+`writer`: writing a compiled artifact (`write_artifact`, `ArtifactContents`, `check_out`).
 `publish`: writing a folder next to others safely (a lock per destination,
 temp folders, the final move, cleanup of what killed writers left).
 
@@ -45,12 +46,14 @@ from .publish import (
     temp_name,
     test_pause,
 )
+from .writer import ArtifactContents, check_out, write_artifact
 
 __all__ = [
     "FORMAT",
     "FORMATS",
     "FORMAT_VERSION",
     "MANIFEST",
+    "ArtifactContents",
     "ArtifactError",
     "Manifest",
     "ManifestRecord",
@@ -58,6 +61,7 @@ __all__ = [
     "artifact_mapping",
     "build_manifest",
     "check_files",
+    "check_out",
     "clean_stale",
     "hash_tree",
     "load_artifact",
@@ -74,5 +78,6 @@ __all__ = [
     "test_pause",
     "validate_manifest",
     "verify_artifact",
+    "write_artifact",
     "write_manifest",
 ]

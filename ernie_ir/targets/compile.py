@@ -15,6 +15,7 @@ from typing import Any
 from ernie_ir.artifacts.manifest import Manifest
 from ernie_ir.artifacts.publish import artifact_lock
 from ernie_ir.artifacts.source_digests import source_sha256
+from ernie_ir.artifacts.writer import ArtifactContents, check_out, write_artifact
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping
 from ernie_ir.load import load_input, load_trained
@@ -30,7 +31,7 @@ from ernie_ir.passes.parallel.pipeline_stages import (
 )
 from ernie_ir.passes.parallel.split import mapping_for
 from ernie_ir.passes.quant.cli_flags import NO_QUANT, adapter_folder
-from ernie_ir.targets.artifact import ArtifactContents, check_out, write_artifact
+from ernie_ir.targets.artifact import launch_recipe, launch_script
 from ernie_ir.targets.capabilities import HardwareTarget
 from ernie_ir.targets.coverage import check_coverage
 from ernie_ir.targets.executables import EmitSettings, backend_of, check_emit, default_emit, select_emitters
@@ -338,9 +339,11 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
     extra = _manifest_extra(before, after, written, numerics, o)
     tokenizer = (_tokenizer_writer(_tokenizer_source(model, trained), "onnxruntime" in emitters,
                                    "fastdeploy" in written, warnings) if emit_names else None)
-    contents = ArtifactContents(target=tgt, mode=o.mode, pipeline=str(resolved), source=source.result,
-                                ranks=ranks, mapping=mapping, emitters=emitters, tokenizer=tokenizer,
-                                extra=extra)
+    recipe = launch_recipe(tgt, o.mode, mapping.processes)  # dp replicas: dp x world processes
+    contents = ArtifactContents(target=tgt.name, mode=o.mode, launch_recipe=recipe,
+                                launch_script=launch_script(recipe), pipeline=str(resolved),
+                                source=source.result, ranks=ranks, mapping=mapping, emitters=emitters,
+                                tokenizer=tokenizer, extra=extra)
     path = write_artifact(ranked.global_graph if len(ranks) > 1 else ranks[0], dest, contents, force=o.force,
                           progress=progress)
     plan = ranks[0].metadata.get("kernel_plan", {})

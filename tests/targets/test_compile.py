@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ernie_ir.artifacts.writer import ArtifactContents, write_artifact
 from ernie_ir.frontends import load_model
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.ops.quant_numerics import weight_quantize
@@ -33,7 +34,7 @@ from ernie_ir.targets import (
     load_artifact,
     verify_artifact,
 )
-from ernie_ir.targets.artifact import ArtifactContents, write_artifact
+from ernie_ir.targets.artifact import launch_recipe, launch_script
 from ernie_ir.targets.cuda.packing import pack
 from ernie_ir.targets.registry import get_target
 
@@ -209,8 +210,11 @@ def test_failure_mid_write_leaves_nothing(tmp_path: Path, existing: bool) -> Non
 
     p.source.__class__ = Failing
     with pytest.raises(_Boom):
-        write_artifact(g, out, ArtifactContents(target=get_target("kunlun"), mode="inference", pipeline="x",
-                                                source={"model": DENSE}), force=True)
+        recipe = launch_recipe(get_target("kunlun"), "inference")
+        contents = ArtifactContents(target="kunlun", mode="inference", launch_recipe=recipe,
+                                    launch_script=launch_script(recipe), pipeline="x",
+                                    source={"model": DENSE})
+        write_artifact(g, out, contents, force=True)
     assert sorted(x.name for x in tmp_path.iterdir()) == (["a"] if existing else [])
     if existing:
         assert verify_artifact(out) == before
