@@ -75,6 +75,7 @@ def test_a_usage_error_imports_no_library_module() -> None:
     assert heavy(modules) == []
 
 
+@pytest.mark.slow
 def test_a_command_still_reaches_the_library() -> None:
     code, modules, text = imported_by("passes")
     assert code in (0, None) and "fp8-quant" in text

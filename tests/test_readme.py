@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+@pytest.mark.slow
 def test_quick_start_commands_run(tmp_path: Path) -> None:
     first = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)[0]
     commands = [c.strip() for c in first.strip().split("&&")]

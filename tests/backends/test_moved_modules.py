@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def test_an_old_launch_script_is_told_to_recompile() -> None:
     # what an old launch.sh does: look the worker up by its old module path, run the file
@@ -19,6 +21,7 @@ def test_an_old_launch_script_is_told_to_recompile() -> None:
     assert len(lines) == 1 and lines[0].startswith("error: ") and "recompile the artifact" in lines[0]
 
 
+@pytest.mark.slow
 def test_the_new_workers_run_as_modules() -> None:
     for module in ("ernie_ir.backends.paddle.rank_worker", "ernie_ir.training.rank_worker"):
         done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True,

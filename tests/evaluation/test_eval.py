@@ -186,6 +186,8 @@ def test_bad_corpora_are_one_line(ckpt: Path, tmp_path: Path, capsys):
         evaluate(ckpt, tmp_path / "c.jsonl", max_tokens=1)
 
 
+@pytest.mark.gloo
+@pytest.mark.slow
 def test_multi_rank_artifacts_evaluate_on_their_backends(ckpt: Path, tmp_path: Path):
     """A tp=2 artifact: every rank in lockstep (interpreter) and one paddle.distributed process per
     rank (paddle) score the corpus as the one-rank model does."""

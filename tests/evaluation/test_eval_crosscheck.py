@@ -16,6 +16,8 @@ from _fe_testkit import run_reference
 
 from ernie_ir.evaluation import evaluate
 
+pytestmark = [pytest.mark.reference, pytest.mark.slow]
+
 IDS = np.random.default_rng(11).integers(0, 128, (3, 17)).tolist()
 
 

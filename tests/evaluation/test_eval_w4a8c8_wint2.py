@@ -63,6 +63,7 @@ def kl(model: Path, corpus: Path) -> dict[str, float]:
     return {r.quant: r.kl_mean for r in reports}
 
 
+@pytest.mark.slow
 def test_kl_orderings_that_hold_with_a_margin(kl: dict[str, float]) -> None:
     # int4 everywhere costs far more than int4 experts with int8 elsewhere (measured 7.4x)
     assert 3 * kl["wint8mix"] < kl["wint4"]
@@ -74,11 +75,13 @@ def test_kl_orderings_that_hold_with_a_margin(kl: dict[str, float]) -> None:
     assert 1.5 * kl["wint8mix"] < kl["wint2{w4_end_layer=1}"]  # 2.6x
 
 
+@pytest.mark.slow
 def test_w4a8c8_costs_little_over_wint8mix(kl: dict[str, float]) -> None:
     """The same int4 experts; int8 activations into them and the int8 KV cache add ~11%."""
     assert kl["w4a8c8"] < 1.5 * kl["wint8mix"]
 
 
+@pytest.mark.slow
 def test_the_cli_prints_presets_side_by_side(model: Path, corpus: Path, capsys: pytest.CaptureFixture[str],
                                              tmp_path: Path) -> None:
     ids = tmp_path / "calib.npy"

@@ -31,6 +31,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_every_unit_has_a_cost_and_the_two_measures_agree(data: Path, tmp_path: Path, capsys):
     report = sensitivity(MODEL, data, seq_len=24)
     units = {s.path for s in find_targets(load_input(MODEL))}
@@ -49,6 +50,7 @@ def test_every_unit_has_a_cost_and_the_two_measures_agree(data: Path, tmp_path: 
     assert len(rects) == len(units)
 
 
+@pytest.mark.slow
 def test_a_tuned_config_meets_its_budget_and_compiles(data: Path, tmp_path: Path, capsys):
     out_file = tmp_path / "tuned.yaml"
     code, out, err = cli(capsys, "tune", MODEL, "--data", str(data), "--seq-len", "24", "--budget", "0.002",
@@ -69,6 +71,7 @@ def test_a_tuned_config_meets_its_budget_and_compiles(data: Path, tmp_path: Path
     assert measured.kl_mean == pytest.approx(result["kl"], rel=1e-3)
 
 
+@pytest.mark.slow
 def test_budgets_no_configuration_meets_are_refused(data: Path):
     with pytest.raises(EvalError, match="smallest KL reached is"):
         tune(MODEL, data, budget=1e-9, formats=["int4"], seq_len=24)

@@ -39,6 +39,8 @@ from ernie_ir.load import load_input
 from ernie_ir.passes import run_pipeline
 from ernie_ir.runtime.interpreter import run_graph
 
+pytestmark = [pytest.mark.gloo, pytest.mark.reference, pytest.mark.slow]
+
 VOCAB = 448
 CHATS = [
     {"src": "hello world", "tgt": "hi there"},

@@ -28,6 +28,8 @@ from ernie_ir.frontends import load_model
 from ernie_ir.ir.weights import SafetensorsFile
 from ernie_ir.runtime.interpreter import run_graph
 
+pytestmark = [pytest.mark.reference, pytest.mark.slow]
+
 REL_TOL = 1e-4
 
 DENSE = {

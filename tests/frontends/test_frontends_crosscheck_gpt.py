@@ -17,6 +17,8 @@ from _fe_testkit import report, run_reference
 from ernie_ir.frontends import UntrustedPickleError, load_model
 from ernie_ir.runtime.interpreter import run_graph
 
+pytestmark = [pytest.mark.reference, pytest.mark.slow]
+
 REL_TOL = 1e-4
 CASES = {
     "split-qkv": {},  # hidden 64, 4 heads, 2 layers, FFN 256, 64 positions

@@ -31,6 +31,8 @@ from _fe_testkit import run_reference
 
 from ernie_ir.generation import DecodeOptions, Generator
 
+pytestmark = [pytest.mark.reference, pytest.mark.slow]
+
 NEW_TOKENS = 12
 MIN_STEPS = 6
 REL_MARGIN = 1e-4

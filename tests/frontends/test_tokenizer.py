@@ -381,6 +381,8 @@ def test_written_tokenizer_json_reloads_identically(ernie_dir: Path, se_dir: Pat
 # -- cross-checks in the reference environments -------------------------------------------------------------
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["pf_ernie", "pf_auto"])
 def test_ernie45_matches_paddleformers(loader: str, ernie_dir: Path, tmp_path: Path):
     """pf env: paddleformers 1.2's Ernie4_5Tokenizer / AutoTokenizer. (transformers 5.3's LlamaTokenizer
@@ -390,6 +392,8 @@ def test_ernie45_matches_paddleformers(loader: str, ernie_dir: Path, tmp_path: P
     assert_same(ours(tok), ref, (*ALL, "chat", "chat_no_prompt"))
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 def test_ernie45_defaults_match_paddleformers(ernie_dir: Path, tmp_path: Path):
     """tokenizer.model with a config that names only the class: no BOS added, specials from the model."""
     folder = tmp_path / "bare"
@@ -403,18 +407,24 @@ def test_ernie45_defaults_match_paddleformers(ernie_dir: Path, tmp_path: Path):
                                  "eos_token_id"))
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["hf_gpt2", "hf_auto"])
 def test_gpt_matches_transformers(loader: str, gpt_dir: Path, tmp_path: Path):
     tok = load_tokenizer(gpt_dir)
     assert_same(ours(tok), reference("hf", loader, gpt_dir, tmp_path, tok), ALL)
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 def test_gpt_matches_paddlenlp(gpt_dir: Path, tmp_path: Path):
     tok = load_tokenizer(gpt_dir)
     ref = reference("nlp", "nlp_gpt", gpt_dir, tmp_path, tok)
     assert_same(ours(tok), ref, ("encode", "encode_plain", "decode", "decode_skip", "eos_token_id"))
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ernie", "se"])
 def test_written_tokenizer_json_matches_transformers(name: str, ernie_dir: Path, se_dir: Path,
                                                      tmp_path: Path):

@@ -29,6 +29,7 @@ DEEP = b"[" * 100_000  # RecursionError from json.loads
 LONG_INT = b'{"architectures": ["GPTForCausalLM"], "vocab_size": ' + b"1" * 5000 + b"}"  # ValueError
 
 
+@pytest.mark.slow
 @fuzz_settings(450)
 @given(config_dicts())
 @example(GPT)
@@ -37,6 +38,7 @@ def test_config_dict_is_total(data: dict) -> None:
     check_total(config_property, data, trace_memory=True)
 
 
+@pytest.mark.slow
 @fuzz_settings(300)
 @given(config_texts())
 @example(DEEP)

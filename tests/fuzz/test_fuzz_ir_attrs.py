@@ -39,6 +39,7 @@ DTYPE_GROUP_SIZE = WOL.replace("group_size = -1", "group_size = bf16")
 OVERFLOWING_EPS = SMALL_IR.replace("%1 = softmax(%0) {axis = -1}", "%1 = rms_norm(%0, @w) {eps = 1e309}")
 
 
+@pytest.mark.slow
 @fuzz_settings(200)
 @given(ir_attr_swaps())
 @example(DTYPE_GROUP_SIZE)
@@ -47,6 +48,7 @@ def test_swapped_attribute_values_in_ir_text_are_total(text: str) -> None:
     check_total(parse_ir_property, text)
 
 
+@pytest.mark.slow
 @fuzz_settings(600)
 @given(swapped_attrs())
 @example(("weight_only_linear", {"group_size": DType.BF16}))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 from _fuzz_strategies import (
     SMALL_IR,
     check_total,
@@ -37,6 +38,7 @@ NEWLINE_PARAM = SMALL_IR.replace("linear(%x, @w)", 'linear(%x, @"a\\nb")')
 JUNK_RESULT = SMALL_IR.replace("  return %3", "  %9 junk = add(%x, %xa) : f32[B,4]\n  return %3")
 
 
+@pytest.mark.slow
 @fuzz_settings(500)
 @given(ir_texts())
 @example(DEEP_ATTR)  # RecursionError in the attribute reader
@@ -54,6 +56,7 @@ def test_ir_parser_is_total(text: str) -> None:
     check_total(parse_ir_property, text)
 
 
+@pytest.mark.slow
 @fuzz_settings(150)
 @given(ir_texts())
 @example(DEEP_ATTR)

@@ -34,6 +34,7 @@ ALIAS_BOMB = ("a: &a [1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
               "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\npipeline: [{lora: {rank: 2, targets: *c}}]\n")
 
 
+@pytest.mark.slow
 @fuzz_settings(500)
 @given(pipeline_texts())
 @example(BAD_ESCAPE)
@@ -43,6 +44,7 @@ def test_pipeline_text_is_total(text: str) -> None:
     check_total(pipeline_text_property, text)
 
 
+@pytest.mark.slow
 @fuzz_settings(300)
 @given(pipeline_yamls())
 @example(DEEP_FLOW)

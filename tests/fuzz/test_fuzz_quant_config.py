@@ -19,6 +19,7 @@ RULES_NOT_A_LIST = "preset: wint8mix\nrules: 0\n"  # TypeError: [*rules] of an i
 BAD_TAG = "name: x\nrules: [{match: .*, algo: !!int x}]\n"  # ValueError from PyYAML's constructor
 
 
+@pytest.mark.slow
 @fuzz_settings(250)
 @given(quant_config_texts())
 @example(READER_ERROR)

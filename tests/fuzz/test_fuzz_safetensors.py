@@ -50,6 +50,7 @@ INT4_META_DEEP = _file({"__metadata__": {"ernie_ir.int4": "[" * 50_000}})  # Rec
 INT4_META_DIGITS = _file({"__metadata__": {"ernie_ir.int4": "1" * 5000}})  # ValueError
 
 
+@pytest.mark.slow
 @fuzz_settings(450)
 @given(safetensors_files(SEED))
 @example(SEED)
@@ -66,6 +67,7 @@ def test_safetensors_reader_is_total(raw: bytes) -> None:
         check_total(safetensors_property, Path(tmp) / "f.safetensors", raw, trace_memory=True)
 
 
+@pytest.mark.slow
 @fuzz_settings(200)
 @given(safetensors_files(SEED))
 @example(SEED)

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "fuzz_soak.py"
 
 
+@pytest.mark.slow
 def test_soak_reports_inputs_bugs_and_the_slowest() -> None:
     done = subprocess.run([sys.executable, str(SOAK), "--examples", "40", "--round", "20", "--seed", "3",
                            "--only", "memory,pipeline-text"], capture_output=True, text=True, timeout=120)

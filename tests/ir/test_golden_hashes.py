@@ -137,6 +137,7 @@ def _golden_texts(env: dict[str, str], *paths: Path) -> str:
     return run.stdout
 
 
+@pytest.mark.slow
 def test_golden_text_is_the_same_under_other_hash_seeds_threads_and_blas_kernels():
     """What differs between machines, emulated here: Python's hash seed, BLAS threads and the
     BLAS kernel (OpenBLAS picks one per CPU; SSE3 vs AVX2 sum in different orders), and
@@ -152,6 +153,7 @@ def test_golden_text_is_the_same_under_other_hash_seeds_threads_and_blas_kernels
         assert _golden_texts(env, *paths) == base, env
 
 
+@pytest.mark.slow
 def test_every_golden_records_the_values_of_every_param_with_data():
     checked = 0
     for path in find_goldens([GOLDENS]):
@@ -201,6 +203,7 @@ def test_ernie_ir_golden_check_compares_values_unless_told_structure_only(
     assert code == 0 and "0123456789abcdef" not in path.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_pytest_golden_structure_only(tmp_path: Path):
     _tampered(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "ERNIE_IR_UPDATE_GOLDENS"}

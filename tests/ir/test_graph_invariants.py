@@ -108,6 +108,7 @@ def test_an_erased_reader_leaves_no_use_behind():
     assert len(x.uses) == 1
 
 
+@pytest.mark.slow
 def test_the_verifier_does_not_import_networkx():
     code = ("import sys, ernie_ir.ir.verifier as v; "
             "assert 'networkx' not in sys.modules, 'networkx imported'; print('ok')")

@@ -176,6 +176,7 @@ def graphs(draw) -> Graph:
 ROUND_TRIP = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @ROUND_TRIP
 @given(graphs())
 def test_print_parse_print_is_byte_identical(g):
@@ -191,6 +192,7 @@ def test_print_parse_print_is_byte_identical(g):
         assert (q.digest, q.trainable) == (p.digest, p.trainable)
 
 
+@pytest.mark.slow
 @ROUND_TRIP
 @given(graphs())
 def test_the_general_parser_builds_what_the_fast_path_builds(g):
@@ -204,6 +206,7 @@ def test_the_general_parser_builds_what_the_fast_path_builds(g):
         assert type(n.attrs) is type(m.attrs)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graphs(), st.data())
 def test_renaming_internal_values_changes_neither_text_nor_equality(g, data):
@@ -381,6 +384,7 @@ def damaged_texts(draw) -> str:
     return text
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(damaged_texts(), st.booleans())
 def test_damaged_text_fails_cleanly_or_parses_to_a_stable_graph(text, fast):

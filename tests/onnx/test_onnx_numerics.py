@@ -129,6 +129,7 @@ def exact(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, int]
     return {c: Path(compile_model(c[0], "cuda", options(c)).out) for c in CASES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
 def test_exact_artifact_in_a_bare_default_session(exact: dict, case: tuple[str, str, int]) -> None:
     art = exact[case]

@@ -74,6 +74,7 @@ def test_sparse_onnx_equals_interpreter_and_dense(case: str, tmp_path: Path) -> 
     assert not expert_branches(dense_model)
 
 
+@pytest.mark.slow
 def test_64_experts_packed_at_sm80_sparse(tmp_path: Path) -> None:
     g = moe_graph("wint8mix,legalize-cuda{cuda_arch=80}", **EXPERTS64)
     assert any(n.op == "unpack_weight" for n in g)  # the packed-expert path at the default sm80

@@ -185,6 +185,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("numerics", ["exact", "weight-only"])
 def test_compiled_w4a8_onnx_matches_the_interpreter(checkpoint: Path, tmp_path: Path, numerics: str) -> None:
     """cuda's artifact (the experts as FastDeploy's per-expert keys: unpack_int4_rows and
@@ -229,6 +230,7 @@ def test_compiled_w4a8_onnx_matches_the_interpreter(checkpoint: Path, tmp_path: 
             assert rows.sum() <= max(1, len(rows) // 20), f"{rows.sum()} of {len(rows)} rows differ"
 
 
+@pytest.mark.slow
 def test_c8_cache_refuses_onnx_naming_the_float_cache(checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "art"
     proc = subprocess.run([str(ERNIE_IR), "compile", str(checkpoint), "--target", "cuda", "--quant", "w4a8c8",

@@ -30,6 +30,8 @@ import pytest
 import ernie_ir
 from ernie_ir.testing.plugins import install_plugin
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(ernie_ir.__file__).resolve().parents[1]  # the ernie_ir the subprocesses must import
 ERNIE_IR = str(Path(sys.executable).parent / "ernie-ir")
 

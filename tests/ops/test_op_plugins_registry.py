@@ -121,6 +121,7 @@ def test_a_failing_plugin_is_recorded_undone_and_named_by_lookups(monkeypatch: p
     assert "; op plugin 'gone' (gone:Op) failed to load: ModuleNotFoundError: " in str(e.value)
 
 
+@pytest.mark.slow
 def test_import_ernie_ir_and_version_load_no_op_module():
     code = ("import sys\nfrom ernie_ir.cli.app import main\ntry:\n    main(['--version'])\n"
             "except SystemExit:\n    pass\n"

@@ -28,6 +28,7 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "target", "quant"), [
     ("ernie-4.5-0.3b@tiny", "cuda", "wint8"),
     ("ernie-4.5-21b-a3b@tiny", "cuda", "wint8mix"),
@@ -51,6 +52,7 @@ def test_inference_model_loads_in_paddle_inference(tmp_path: Path, model: str, t
     np.testing.assert_allclose(run_paddle(out, ids), ref4, rtol=1e-5, atol=2e-4)
 
 
+@pytest.mark.slow
 def test_tampered_paddle_model_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "art"
     compile_model("ernie-4.5-0.3b@tiny", "kunlun", CompileOptions(quant="wint8", out=out,
@@ -77,6 +79,7 @@ def _capture_layers(monkeypatch: pytest.MonkeyPatch) -> list:
     return layers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "target", "quant", "lora"), [
     ("ernie-4.5-0.3b@tiny", "cuda", None, 4),
     ("ernie-4.5-21b-a3b@tiny", "ascend", "wint8mix", 4),

@@ -169,6 +169,7 @@ def test_lora_expert_gradients_equal_dense() -> None:
         np.testing.assert_allclose(gs, grads[1][n], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_traced_inference_program_is_sparse_and_exact(tmp_path: Path) -> None:
     from paddle import inference
 

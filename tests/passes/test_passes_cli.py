@@ -174,6 +174,7 @@ def test_bad_input_is_one_line_and_exit_code_2(model: str, capsys: pytest.Captur
     assert one_error_line(err).startswith(message)
 
 
+@pytest.mark.slow
 def test_the_installed_script_reports_bad_input_without_a_traceback(model: str):
     run = run_tool(ERNIE_IR, "show", model, "--pipeline", "canonicalize,dce{x=[1,}")
     assert run.returncode == 2 and run.stdout == ""

@@ -214,6 +214,7 @@ def pytest_in(folder: Path, *args: str, env: dict[str, str] | None = None):
                     str(folder), env=env, cwd=folder)
 
 
+@pytest.mark.slow
 def test_the_pytest_plugin_checks_goldens_and_updates_them_on_request(work: Path):
     good = golden(work, "goldens/good.ir", RENAMED, header=HEADER.replace("model.ir", "../model.ir"))
     bad = golden(work, "goldens/bad.ir", WRONG, header=HEADER.replace("model.ir", "../model.ir"))

@@ -87,12 +87,14 @@ def ernie_ir(sites: dict[str, Path], *argv: str, plugins: tuple[str, ...]):
     return run_tool(ERNIE_IR, *argv, env={"PYTHONPATH": path}, cwd=sites["root"])
 
 
+@pytest.mark.slow
 def test_pip_installed_the_plugins_as_distributions(sites: dict[str, Path]):
     info = sites["good"] / "ernie_ir_testplugin-0.0.1.dist-info" / "entry_points.txt"
     assert info.read_text() == ('[ernie_ir.passes]\nrename-graph = ernie_ir_testplugin:RenameGraph\n'
                                 'presets = ernie_ir_testplugin:register\n')
 
 
+@pytest.mark.slow
 def test_a_plugin_pass_is_listed_with_its_description_options_and_origin(sites: dict[str, Path]):
     run = ernie_ir(sites, "passes", plugins=("good",))
     assert (run.returncode, run.stderr) == (0, "")
@@ -105,6 +107,7 @@ def test_a_plugin_pass_is_listed_with_its_description_options_and_origin(sites: 
         assert builtin in lines
 
 
+@pytest.mark.slow
 def test_a_plugin_pass_and_preset_run_in_pipelines(sites: dict[str, Path]):
     run = ernie_ir(sites, "show", "model.ir", "--pipeline", "plugin-cleanup,dce", plugins=("good",))
     assert (run.returncode, run.stderr) == (0, "")
@@ -114,6 +117,7 @@ def test_a_plugin_pass_and_preset_run_in_pipelines(sites: dict[str, Path]):
                           "}\n")
 
 
+@pytest.mark.slow
 def test_a_broken_plugin_never_breaks_the_built_in_passes(sites: dict[str, Path]):
     run = ernie_ir(sites, "show", "model.ir", "--pipeline", "dce,rename-graph",
                    plugins=("good", "broken"))
@@ -121,6 +125,7 @@ def test_a_broken_plugin_never_breaks_the_built_in_passes(sites: dict[str, Path]
     assert run.stdout.startswith("graph @plugged(")
 
 
+@pytest.mark.slow
 def test_ernie_ir_passes_lists_what_loaded_and_names_the_broken_plugin(sites: dict[str, Path]):
     run = ernie_ir(sites, "passes", plugins=("good", "broken"))
     assert run.returncode == 2
@@ -131,6 +136,7 @@ def test_ernie_ir_passes_lists_what_loaded_and_names_the_broken_plugin(sites: di
         "ImportError: this plugin needs torch_npu")
 
 
+@pytest.mark.slow
 def test_asking_for_an_unknown_pass_mentions_the_broken_plugin(sites: dict[str, Path]):
     run = ernie_ir(sites, "show", "model.ir", "--pipeline", "dce,brokenpass",
                    plugins=("good", "broken"))
@@ -246,6 +252,7 @@ def test_the_built_in_loader_runs_once_on_the_first_lookup_before_the_plugins(
     assert calls == ["built-in", "late"]
 
 
+@pytest.mark.slow
 def test_importing_ernie_ir_passes_imports_no_pass_until_a_lookup():
     probe = ("import sys, ernie_ir.passes as p\n"
              "def passes(): return sorted(m for m in sys.modules if m.startswith('ernie_ir.passes.')\n"

@@ -209,6 +209,7 @@ def _spec_blocks(out: str) -> dict[str, str]:
     return blocks
 
 
+@pytest.mark.slow
 def test_passes_prints_defaults_in_pipeline_syntax_within_80_columns():
     out = _passes_output(80)
     too_wide = [line for line in out.splitlines() if len(line) > 80]
@@ -234,6 +235,7 @@ def test_passes_prints_defaults_in_pipeline_syntax_within_80_columns():
     assert "dtype=f32" in out
 
 
+@pytest.mark.slow
 def test_passes_at_a_wide_terminal_keeps_one_line_per_spec():
     out = _passes_output(200)
     line = next(line for line in out.splitlines() if line.startswith("lora{"))

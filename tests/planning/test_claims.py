@@ -34,6 +34,7 @@ def by_devices(plan: MemoryPlan) -> dict[int, list[bool | None]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("quant", "devices"), [("wint4", 4), ("wint8", 8)])
 def test_serving_needs_the_claimed_device_count(quant: str, devices: int) -> None:
     """FastDeploy: wint4 on 4 x 80G (not 2), wint8 on 8 x 80G (not 4), --max-model-len 32768."""
@@ -45,6 +46,7 @@ def test_serving_needs_the_claimed_device_count(quant: str, devices: int) -> Non
     assert plan.fits and plan.headroom_bytes > 10 * GiB
 
 
+@pytest.mark.slow
 def test_fastdeploy_wint4_on_moe_is_wint8mix_and_fits_on_4_not_2() -> None:
     """FastDeploy turns --quantization wint4 on ERNIE MoE into mix_quant (dense int8, experts int4)."""
     assert plan_memory(MODEL, "cuda", *plan_args(quant="wint8mix", tp=4, device_memory=G80, **SERVE)).fits
@@ -53,12 +55,14 @@ def test_fastdeploy_wint4_on_moe_is_wint8mix_and_fits_on_4_not_2() -> None:
     assert two.per_rank[0].by_category["weights"] > 70 * GiB  # the weights alone nearly fill a device
 
 
+@pytest.mark.slow
 def test_wint8mix_lora_fits_on_4_at_8k() -> None:
     plan = plan_memory(MODEL, "cuda", *plan_args(seq_len=8192, device_memory=G80, **LORA))
     assert plan.min_devices == 4 and (plan.tp, plan.ep) == (4, 4)  # ERNIEKit: tp 4, moe_group mp
     assert plan.trainable == "graph" and plan.fits
 
 
+@pytest.mark.slow
 def test_wint8mix_lora_32k_fits_on_4_narrowly_where_erniekit_uses_8() -> None:
     """ERNIEKit's 32K LoRA config runs on 8 (tp 8); with the vocabulary-parallel loss (the
     training runtime's default) this plan fits tp 4 ep 4, by under 2 GiB (docs/planning.md
@@ -80,6 +84,7 @@ def test_without_recompute_lora_does_not_fit_even_at_8k() -> None:
     assert not plan.fits and plan.per_rank[0].by_category["activations"] > 60 * GiB
 
 
+@pytest.mark.slow
 def test_fp8_full_sft_fits_on_16_at_8k_with_offloaded_optimizer() -> None:
     plan = plan_memory(MODEL, "cuda", *plan_args(tp=16, ep=16, seq_len=8192, device_memory=G80, **FP8))
     assert plan.fits and plan.trainable == "full"
@@ -96,6 +101,7 @@ def test_fp8_full_sft_fits_on_16_at_8k_with_offloaded_optimizer() -> None:
                                       **{**FP8, "offload_optimizer": False})).fits
 
 
+@pytest.mark.slow
 def test_fp8_full_sft_at_32k_disagrees_for_the_documented_reason() -> None:
     """ERNIEKit claims 16 x 80G at 32K too (tp 8 x pp 2 with sequence parallelism); this plan
     says no. The excess is less than what sequence parallelism would remove (the logits are

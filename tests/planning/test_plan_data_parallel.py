@@ -204,6 +204,7 @@ ROWS = [  # docs/planning.md section 7, "ERNIEKit's stage-1 sharding at 300B": t
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("options", "seq_len", "total", "fits"), ROWS)
 def test_300b_sharding_rows_of_the_docs(options: dict[str, Any], seq_len: int, total: float,
                                         fits: bool) -> None:
@@ -218,6 +219,7 @@ def test_300b_sharding_rows_of_the_docs(options: dict[str, Any], seq_len: int, t
         assert held == (-(-r.unsharded_bytes[cat] // dp) if cat in divided else r.unsharded_bytes[cat])
 
 
+@pytest.mark.slow
 def test_300b_what_sharding_saves() -> None:
     """The optimizer states dominate full fine-tuning: FP8 as ERNIEKit runs it (bf16 moments, f32
     masters) keeps 139.6 GiB of states on a 204.5 GiB tp-16 rank; offloaded, stage 1 halves each

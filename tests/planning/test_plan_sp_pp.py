@@ -112,6 +112,7 @@ FP8 = {"quant": "fp8", "mode": "training", "recompute": True, "offload_optimizer
        "moment_dtype": "bf16", "cuda_arch": 90, "device_memory": "80GiB"}
 
 
+@pytest.mark.slow
 def test_wint8mix_lora_32k_on_8_at_tp8_with_sp() -> None:
     p = plan_memory(MODEL, "cuda", *plan_args(tp=8, ep=8, sp=True, seq_len=32768, **LORA300))
     assert p.fits and p.devices == 8
@@ -121,6 +122,7 @@ def test_wint8mix_lora_32k_on_8_at_tp8_with_sp() -> None:
     assert d["saved_bytes"] == pytest.approx(55 * 32768 * 8192 * 2 / 8 + 32768 * 103424 // 8 * 4, rel=2e-2)
 
 
+@pytest.mark.slow
 def test_fp8_full_sft_32k_on_16_at_tp8_pp2_with_sp() -> None:
     """ERNIEKit's run_sft_fp8_32k.yaml: tp 8 x pp 2, sp, recompute, bf16 moments, offload, batch 1 x
     8 accumulation steps (8 micro-batches of one sequence)."""
@@ -132,6 +134,7 @@ def test_fp8_full_sft_32k_on_16_at_tp8_pp2_with_sp() -> None:
     assert 75 * GiB > max(r.total_bytes for r in p.per_rank)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("options", "seq_len", "total", "stage"), [
     ({**LORA300, "tp": 4, "ep": 4, "sp": True}, 32768, 57.07, 0),  # fits on fewer than claimed
     ({**FP8, "tp": 8, "ep": 8, "pp": 2, "sp": True, "batch": 8, "micro_batches": 8}, 8192, 56.53, 1),

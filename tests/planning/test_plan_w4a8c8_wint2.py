@@ -34,6 +34,7 @@ def _plan(quant: str, memory: str | int):
                        PlanRequest(seq_len=32768, device_memory=memory))
 
 
+@pytest.mark.slow
 def test_wint2_needs_2_devices_of_80gib() -> None:
     plan = _plan("wint2", "80GiB")
     assert plan.min_devices == 2 and (plan.tp, plan.ep) == (2, 1) and plan.fits
@@ -46,6 +47,7 @@ def test_wint2_needs_2_devices_of_80gib() -> None:
     assert r.kv_detail["blocks"] >= r.kv_detail["blocks_needed"] == 514
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory", ["141GiB", 141 * 10 ** 9])
 def test_wint2_fits_one_141gb_device(memory: str | int) -> None:
     """One H20 141 GB (read as GiB, or as 10^9 bytes: 131.3 GiB, 118.2 usable): the whole model,
@@ -57,6 +59,7 @@ def test_wint2_fits_one_141gb_device(memory: str | int) -> None:
     assert r.by_category["weights"] == pytest.approx(85.80 * GiB, abs=0.01 * GiB)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory", ["80GiB", "64GiB"])
 def test_w4a8c8_needs_4_devices(memory: str) -> None:
     """FastDeploy's W4A8C8 checkpoint is TP4-only; the planner reaches 4 by memory: every
@@ -71,6 +74,7 @@ def test_w4a8c8_needs_4_devices(memory: str) -> None:
     assert r.kv_detail["block_bytes"] == LAYERS * 2 * 64 * (KV_HEADS // 4) * HEAD_DIM * 1
 
 
+@pytest.mark.slow
 def test_the_cli_answers_the_same(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = cli(capsys, "plan", MODEL, "--target", "cuda", "--quant", "wint2{w4_end_layer=6}",
                          "--max-model-len", "32768", "--device-memory", "80GiB", "--json")
@@ -126,6 +130,7 @@ def test_wint2_layers_take_2_point_07_to_2_point_08_bits_per_parameter() -> None
     assert g.metadata["wint2"]["w2_layers"] == list(W2_LAYERS)
 
 
+@pytest.mark.slow
 def test_the_planned_u8_bytes_are_the_2_bit_experts() -> None:
     """At tp 1 every u8 byte of the plan is a 2-bit layer's codes or 4-bit scales (K/4 + K/128 rows
     of N bytes per expert), 63.6 GiB of the 85.8."""

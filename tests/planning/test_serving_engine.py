@@ -19,6 +19,7 @@ TINY = "ernie-4.5-21b-a3b@tiny"
 GiB = 1024 ** 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("quant", "devices"), [("wint8", 8), ("wint4", 4)])
 def test_plan_answers_fastdeploys_device_count_by_default(quant: str, devices: int,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -55,6 +56,7 @@ def test_wint8_on_4_does_not_start_for_fastdeploys_reason() -> None:
     assert r.total_bytes < 80 * GiB  # it would fit the whole device: the 0.9 is what refuses it
 
 
+@pytest.mark.slow
 def test_engine_none_gives_the_bare_model() -> None:
     bare = plan_memory(MODEL, "cuda", CompileOptions(quant="wint8"),
                        PlanRequest(seq_len=32768, device_memory="80GiB", engine="none"))
@@ -168,6 +170,7 @@ def test_engine_flags_misused_are_one_line(argv: list[str], says: str,
     assert says in user_error(capsys, "plan", TINY, *argv)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("quant", "memory", "devices"), [
     ("wint8", "24GiB", 2), ("wint4", "24GiB", 1),  # A10 24GB (and the A30, which has 24 GB)
     ("wint8", "48GiB", 1), ("wint4", "48GiB", 1),  # L20 48GB

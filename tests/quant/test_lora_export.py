@@ -302,6 +302,8 @@ def _meta_clean(run: Path) -> dict:
     return meta
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 def test_paddleformers_loads_our_dense_gqa_adapter(pf_dense: tuple[Path, Path, Graph]) -> None:
     root, run, g = pf_dense
     meta = _meta_clean(run)
@@ -318,6 +320,8 @@ def test_paddleformers_loads_our_dense_gqa_adapter(pf_dense: tuple[Path, Path, G
     assert np.abs(np.load(root / "base_run" / "base_logits.npy") - ref_base).max() == 0.0
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 def test_paddleformers_logits_need_the_qkv_reorder(pf_dense: tuple[Path, Path, Graph], tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     root, _, g = pf_dense
@@ -330,6 +334,8 @@ def test_paddleformers_logits_need_the_qkv_reorder(pf_dense: tuple[Path, Path, G
     assert float(np.abs(ours - ref).max() / np.abs(ref).max()) > 1e-2
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 def test_paddleformers_loads_our_moe_adapter(tmp_path: Path) -> None:
     run_reference("pf_lora_load.py", {"model": "moe"}, tmp_path / "base_run")
     g = _export(tmp_path / "base_run" / "base", tmp_path / "ours")

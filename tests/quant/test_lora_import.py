@@ -42,6 +42,8 @@ def pf_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return out
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 def test_imported_adapter_matches_paddleformers_logits(pf_run: Path) -> None:
     ids = np.load(pf_run / "input_ids.npy")
     ref, ref_base = np.load(pf_run / "logits.npy"), np.load(pf_run / "base_logits.npy")
@@ -60,6 +62,8 @@ def test_imported_adapter_matches_paddleformers_logits(pf_run: Path) -> None:
     assert _max_rel(logits(g, ids), ref) < TOL
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 def test_gqa_needs_the_qkv_reorder_mha_does_not(pf_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = json.loads((pf_run / "adapter" / "config.json").read_text())
     monkeypatch.setattr(lora_import_module, "kv_group_to_plain", lambda b, *a: b)
@@ -72,6 +76,8 @@ def test_gqa_needs_the_qkv_reorder_mha_does_not(pf_run: Path, monkeypatch: pytes
         assert err < TOL  # MHA: per KV group is per head, which is also our layout
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 def test_adapter_over_a_weight_only_base(pf_run: Path) -> None:
     g = load_model(str(pf_run / "base"))
     run_pipeline(g, f'wint8,lora-import{{path="{pf_run / "adapter"}"}}', adapter_reader=read_adapter)
@@ -90,6 +96,8 @@ def _copy_adapter(pf_run: Path, dst: Path, edit) -> Path:  # type: ignore[no-unt
     return dst
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 def test_adapter_whose_shapes_do_not_fit(pf_run: Path, tmp_path: Path) -> None:
     def widen(t: dict) -> dict:
         k = "model.layers.1.mlp.down_proj.lora_A"
@@ -103,6 +111,8 @@ def test_adapter_whose_shapes_do_not_fit(pf_run: Path, tmp_path: Path) -> None:
                      adapter_reader=read_adapter)
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 def test_adapter_for_a_layer_the_model_lacks(pf_run: Path, tmp_path: Path) -> None:
     def rename(t: dict) -> dict:
         t["model.layers.7.mlp.down_proj.lora_A"] = t.pop("model.layers.1.mlp.down_proj.lora_A")

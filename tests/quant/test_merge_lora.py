@@ -183,6 +183,7 @@ def _fd_files(art: Path) -> dict[str, object]:
     return files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, tp", [(DENSE, 2), (MOE_TP2, 2), (MOE, 1)])
 def test_merged_fastdeploy_checkpoint(model: str, tp: int, adapters: dict[str, Path], tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -307,6 +308,7 @@ def test_merge_into_a_quantized_base_is_refused(tmp_path: Path, capsys: pytest.C
 # -- export: the merged float checkpoint, read back and loaded by paddleformers --------------------
 
 
+@pytest.mark.slow
 def test_export_reads_back_bit_for_bit(adapters: dict[str, Path], tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "moe-merged"
@@ -339,6 +341,8 @@ def test_export_reads_back_bit_for_bit(adapters: dict[str, Path], tmp_path: Path
     assert not (tmp_path / "g").exists() and not (tmp_path / "q").exists()
 
 
+@pytest.mark.reference
+@pytest.mark.slow
 def test_export_loads_in_paddleformers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """paddleformers' LoRAModel (adapter on) and paddleformers loading our merged export agree, and
     both agree with our graph; tied MQA, where paddleformers' in-memory layout is the published one."""

@@ -169,6 +169,7 @@ def test_paddle_runs_the_int8_artifact_exactly_as_the_fake_quant_one(trained: di
                                   run_artifact(tmp_path / "fq", IDS, "paddle"))
 
 
+@pytest.mark.slow
 def test_the_cli_compiles_the_newest_or_the_named_checkpoint(tmp_path: Path, capsys) -> None:
     art = tmp_path / "art"
     code, _, err = cli(capsys, "compile", MODELS["gpt"], "--target", "cuda", "--mode", "training",
@@ -260,6 +261,8 @@ def test_every_checkpoint_layout_is_read_and_the_newest_run_wins(trained: dict[s
         load_trained(art)
 
 
+@pytest.mark.gloo
+@pytest.mark.slow
 def test_a_tensor_parallel_lora_artifact_is_put_back_together(tmp_path: Path) -> None:
     """LoRA trained at tp 2: the global graph the artifact keeps, the frozen params joined from
     the rank slices, the adapters from the checkpoint (global names); served at tp 1."""

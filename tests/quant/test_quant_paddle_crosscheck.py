@@ -32,6 +32,8 @@ from ernie_ir.ops.quant_numerics import (
 )
 from ernie_ir.runtime.interpreter import run_graph
 
+pytestmark = pytest.mark.reference
+
 K, N = 256, 128
 GROUPS = (-1, 64, 128)
 ALGOS = {"weight_only_int8": 8, "weight_only_int4": 4}

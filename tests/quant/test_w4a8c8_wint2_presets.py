@@ -40,6 +40,8 @@ from ernie_ir.targets import CompileOptions, compile_model, verify_artifact
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
 from _parallel_testkit import is_moe_layer, tiny_config, write_paddle_checkpoint
 
+pytestmark = pytest.mark.slow
+
 ERNIE_IR = Path(sys.executable).parent / "ernie-ir"
 # sizes FastDeploy's sm80 layouts take at tp 1 and 4: per-rank in-features multiples of 64, the
 # expert intermediate size per rank (512 / 4) a multiple of 128 (WINT2 scale bytes, Hadamard block)

@@ -82,6 +82,7 @@ KILLS = [("temp", signal.SIGKILL), ("weights", signal.SIGTERM), ("weights", sign
          ("manifest", signal.SIGKILL), ("swap", signal.SIGKILL), ("swap", signal.SIGTERM)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage,sig", KILLS, ids=[f"{s}-{g.name}" for s, g in KILLS])
 def test_killed_compile_leaves_old_or_new_and_the_next_compile_cleans_up(tmp_path: Path, stage: str,
                                                                         sig: signal.Signals) -> None:
@@ -108,6 +109,7 @@ def test_killed_compile_leaves_old_or_new_and_the_next_compile_cleans_up(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay_s", [0.0, 0.05, 0.2])
 def test_sigkill_at_an_arbitrary_instant_of_the_write_phase(tmp_path: Path, delay_s: float) -> None:
     """No hook: killed `delay_s` after its temp folder appeared, wherever the compile is then."""
@@ -150,6 +152,7 @@ def test_a_stranded_old_artifact_is_put_back_by_the_next_compile(tmp_path: Path)
     assert _stale_bytes(tmp_path) == (0, [])
 
 
+@pytest.mark.slow
 def test_a_folder_that_appears_while_compiling_is_never_touched(tmp_path: Path) -> None:
     out = tmp_path / "art"
     proc = _start(out, ERNIE_IR_TEST_PAUSE_AT="manifest", ERNIE_IR_TEST_PAUSE_S="1.5")
@@ -168,6 +171,7 @@ def test_a_folder_that_appears_while_compiling_is_never_touched(tmp_path: Path) 
     assert _stale_bytes(tmp_path) == (0, [])
 
 
+@pytest.mark.slow
 def test_concurrent_compiles_into_one_out_one_wins_the_others_get_one_line(tmp_path: Path) -> None:
     """4 compiles at once (the first to lock holds it for 1 s): exactly one succeeds; the
     others exit 2 with one line (the lock and its holder's PID, or --out already exists)."""
@@ -188,6 +192,7 @@ def test_concurrent_compiles_into_one_out_one_wins_the_others_get_one_line(tmp_p
     assert _stale_bytes(tmp_path) == (0, [])
 
 
+@pytest.mark.slow
 def test_concurrent_forced_compiles_never_interleave(tmp_path: Path) -> None:
     """3 --force compiles at once over an existing artifact: each either replaced it whole or
     was refused with one line naming the lock; the result verifies and nothing is left over."""

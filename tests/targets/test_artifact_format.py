@@ -1,5 +1,8 @@
 """The one implementation of the artifact format (ernie_ir.artifacts) and its write protocol:
-the old names, the lock, stale-temp cleanup, the umask, files added later (training checkpoints)."""
+the old names, the lock, stale-temp cleanup, the umask, files added later (training checkpoints).
+
+The tests of compile itself (umask, lock, temp cleanup, --stop-after) compile; the others write
+into a copy of the session's shared artifact (`compiled_artifact`, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -93,11 +96,10 @@ def test_the_next_compile_removes_dead_writers_temp_folders_only(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a", live.name, mine.name])
 
 
-def test_files_added_later_are_numbered_and_listed_under_the_lock(tmp_path: Path) -> None:
+def test_files_added_later_are_numbered_and_listed_under_the_lock(tmp_path: Path, compiled_artifact) -> None:
     """Two runs that started from the same manifest both publish: distinct run numbers, both
     listed (the second reads the manifest afresh), verify passes."""
-    root = tmp_path / "a"
-    compile_model(MODEL, "kunlun", CompileOptions(out=root))
+    root = compiled_artifact.copy(compiled_artifact(MODEL, "kunlun"), tmp_path / "a")
     start = verify_artifact(root)
     folder = root / "training" / "checkpoints"
     folder.mkdir(parents=True)
@@ -112,9 +114,8 @@ def test_files_added_later_are_numbered_and_listed_under_the_lock(tmp_path: Path
             "training/checkpoints/run-002-step-5.safetensors"} <= set(files)
 
 
-def test_a_run_on_a_recompiled_artifact_records_nothing(tmp_path: Path) -> None:
-    root = tmp_path / "a"
-    compile_model(MODEL, "kunlun", CompileOptions(out=root))
+def test_a_run_on_a_recompiled_artifact_records_nothing(tmp_path: Path, compiled_artifact) -> None:
+    root = compiled_artifact.copy(compiled_artifact(MODEL, "kunlun"), tmp_path / "a")
     start = verify_artifact(root)
     compile_model(MODEL, "kunlun", CompileOptions(out=root, force=True, quant="wint8"))  # replaced meanwhile
     folder = root / "training"
@@ -126,15 +127,14 @@ def test_a_run_on_a_recompiled_artifact_records_nothing(tmp_path: Path) -> None:
     verify_artifact(root)  # nothing half-recorded
 
 
-def test_without_renameat2_the_swap_still_leaves_old_or_new(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_renameat2_the_swap_still_leaves_old_or_new(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            compiled_artifact) -> None:
     """Where exchange is unavailable: the two-rename swap, and a failure between its renames
     puts the old artifact back."""
     from ernie_ir.artifacts import publish
 
     monkeypatch.setattr(publish, "_renameat2", lambda *a: False)
-    out = tmp_path / "a"
-    compile_model(MODEL, "kunlun", CompileOptions(out=out))
+    out = compiled_artifact.copy(compiled_artifact(MODEL, "kunlun"), tmp_path / "a")  # the old artifact
     old = verify_artifact(out)
     compile_model(MODEL, "kunlun", CompileOptions(out=out, force=True, quant="wint8"))
     assert verify_artifact(out).pipeline != old.pipeline
@@ -171,7 +171,7 @@ def _params_writer(value: float):
     return write
 
 
-def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path) -> None:
+def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path, compiled_artifact) -> None:
     """Two runs that read the manifest at the same start save together (threads: each lock is
     its own open file): folders run-001 and run-002, both listed; a killed run's temp folder is
     removed."""
@@ -179,8 +179,7 @@ def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path) -> N
 
     from ernie_ir.training.checkpoints import CheckpointRun, checkpoint_expected, save_checkpoint
 
-    root = tmp_path / "a"
-    compile_model(MODEL, "kunlun", CompileOptions(out=root))
+    root = compiled_artifact.copy(compiled_artifact(MODEL, "kunlun"), tmp_path / "a")
     start = verify_artifact(root)
     folder = root / "training" / "checkpoints"
     folder.mkdir(parents=True)
@@ -203,15 +202,14 @@ def test_two_trainings_saving_at_once_keep_both_checkpoints(tmp_path: Path) -> N
     assert all(f"training/checkpoints/{p.name}/params.safetensors" in files for p in outs)
 
 
-def test_older_checkpoints_are_removed_and_unlisted_under_the_lock(tmp_path: Path) -> None:
+def test_older_checkpoints_are_removed_and_unlisted_under_the_lock(tmp_path: Path, compiled_artifact) -> None:
     """retire_published (--save-total-limit): the newest by (run, step) stay, the others are
     deleted with every manifest entry under them (files added to a folder later too); other
     entries of the folder are never touched; verify passes."""
     from ernie_ir.artifacts.publish import retire_published
     from ernie_ir.training.checkpoints import CheckpointRun, checkpoint_order, save_checkpoint
 
-    root = tmp_path / "a"
-    compile_model(MODEL, "kunlun", CompileOptions(out=root))
+    root = compiled_artifact.copy(compiled_artifact(MODEL, "kunlun"), tmp_path / "a")
     start = verify_artifact(root)
     first, second = CheckpointRun(), CheckpointRun()
     made = [save_checkpoint(root, _params_writer(1.0), s, first, start) for s in (2, 10)]
@@ -253,11 +251,29 @@ def test_compile_stop_after_writes_its_graph_folder_under_the_lock(tmp_path: Pat
 
 
 def test_record_files_takes_a_relative_root_with_absolute_files(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  compiled_artifact) -> None:
     # `ernie-ir train ART` with a relative ART: the checkpoint's adapter files come back absolute
-    compile_model(MODEL, "kunlun", CompileOptions(out=tmp_path / "a"))
+    compiled_artifact.copy(compiled_artifact(MODEL, "kunlun"), tmp_path / "a")
     extra = tmp_path / "a" / "training-notes.txt"
     extra.write_text("x")
     monkeypatch.chdir(tmp_path)
     record_files(Path("a"), [extra])
     assert "training-notes.txt" in verify_artifact(tmp_path / "a").files
+
+
+def test_the_shared_artifact_is_read_only_and_its_copy_as_compiled(tmp_path: Path, compiled_artifact) -> None:
+    """The suite's artifact factory (tests/conftest.py): one compile per option set, shared
+    without write bits; its copy carries the modes compile gave (here: the umask's)."""
+    shared = compiled_artifact(MODEL, "kunlun")
+    assert compiled_artifact(MODEL, "kunlun") == shared != compiled_artifact(MODEL, "kunlun", quant="wint8")
+    assert all(stat.S_IMODE(p.lstat().st_mode) & 0o222 == 0 for p in [shared, *shared.rglob("*")]
+               if not p.is_symlink())
+    copy = compiled_artifact.copy(shared, tmp_path / "a")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((copy / "inference" / "launch.sh").stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o777 & ~umask
+    (copy / "notes.txt").write_text("x")
+    verify_artifact(shared)
+    assert not (shared / "notes.txt").exists()

@@ -79,6 +79,7 @@ def test_compile_refuses_layouts_before_writing(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_meta_model_compiles_to_a_graph_only_artifact(tmp_path: Path) -> None:
     report = compile_model("ernie-4.5-300b-a47b@meta", "cuda", CompileOptions(quant="wint8mix", lora_rank=8,
                            tp=8, out=tmp_path / "m"))
@@ -96,6 +97,7 @@ def test_meta_model_compiles_to_a_graph_only_artifact(tmp_path: Path) -> None:
     assert "all_reduce" in text and "lora" in text and "weight_only_linear_packed" in text
 
 
+@pytest.mark.slow
 def test_meta_300b_compiles_with_tp8_pp2_sp(tmp_path: Path) -> None:
     """The seeds' FP8 32K layout (tp 8 x pp 2 with sp) on the whole 300B graph: 16 stage rank
     graphs cut at layer 28 (ERNIEKit's [0, 29, 57] with the embedding counted as a layer)."""

@@ -35,6 +35,8 @@ def paddle_cases(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.reference
 def test_packing_is_bit_exact_with_paddle_for_every_arch_bits_and_group(paddle_cases: Path) -> None:
     meta = json.loads((paddle_cases / "meta.json").read_text())
     assert not meta["refused"]

@@ -133,6 +133,7 @@ def test_the_cli_knows_the_built_in_targets_without_importing_them() -> None:
     assert tuple(t.name for t in BUILTIN) == BUILTIN_TARGETS
 
 
+@pytest.mark.slow
 def test_compile_help_lists_the_plugin_target(sites: dict[str, Path]) -> None:
     for command in ("compile", "plan"):
         text = " ".join(ok(tool(sites, command, "--help")).split())
@@ -141,6 +142,7 @@ def test_compile_help_lists_the_plugin_target(sites: dict[str, Path]) -> None:
     assert "cuda, ascend or kunlun (built in, or added by a plugin)" in text
 
 
+@pytest.mark.slow
 def test_the_model_compiles_for_the_plugin_target(sites: dict[str, Path], compiled: dict) -> None:
     report, art = compiled["report"], compiled["art"]
     assert report["target"] == "dcu" and report["cuda_arch"] is None
@@ -167,6 +169,7 @@ def test_the_model_compiles_for_the_plugin_target(sites: dict[str, Path], compil
     assert re.search(r'--gpus "\$\{HIP_VISIBLE_DEVICES\}" .* run "\$ARTIFACT" --device gpu', script)
 
 
+@pytest.mark.slow
 def test_the_artifact_verifies_and_runs_against_the_float_model(sites: dict[str, Path],
                                                                 compiled: dict) -> None:
     art = compiled["art"]
@@ -181,6 +184,7 @@ def test_the_artifact_verifies_and_runs_against_the_float_model(sites: dict[str,
     assert rel < 0.10, rel  # the wint8mix budget (docs/quantization.md)
 
 
+@pytest.mark.slow
 def test_the_runtime_reads_the_device_kind_from_the_artifact(compiled: dict,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from ernie_ir.backends.paddle import devices
@@ -193,11 +197,13 @@ def test_the_runtime_reads_the_device_kind_from_the_artifact(compiled: dict,
     assert paddle_device_for(compiled["art"]) == "cpu"
 
 
+@pytest.mark.slow
 def test_a_pipeline_may_name_the_plugin_legalize_pass(sites: dict[str, Path]) -> None:
     text = ok(tool(sites, "show", MODEL, "--pipeline", "wint8,legalize-dcu"))
     assert "lowered:dcu" in text and "weight_only_linear_dcu(int8)" in text
 
 
+@pytest.mark.slow
 def test_the_plugin_target_refuses_what_it_lacks_in_one_line(sites: dict[str, Path]) -> None:
     assert one_error_line(tool(sites, "compile", MODEL, "--target", "dcu", "--cuda-arch", "80")) == (
         "error: --cuda-arch applies to --target cuda only, not dcu: drop it")
@@ -207,6 +213,7 @@ def test_the_plugin_target_refuses_what_it_lacks_in_one_line(sites: dict[str, Pa
     assert line.startswith("error: --quant fp8 needs FP8 kernels, which dcu lacks")
 
 
+@pytest.mark.slow
 def test_a_broken_target_plugin_never_breaks_the_others(sites: dict[str, Path], tmp_path: Path) -> None:
     out = ok(tool(sites, "compile", "ernie-4.5-0.3b@tiny", "--target", "dcu", "--out",
                   str(tmp_path / "a"), "--json", plugins=("good", "broken")))
