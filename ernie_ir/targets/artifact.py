@@ -1,21 +1,11 @@
-"""The compiled artifact's target side (DESIGN.md section 6): its launch recipe and script.
+"""The compiled artifact's target side (DESIGN.md section 6): `inference/launch.json` and
+`inference/launch.sh` (or `training/...`), the launch recipe of a target: paddle.distributed.launch
+with the target's flag and env; several ranks: one rank worker per device; several machines:
+`launch.sh --nnodes N --node-rank R --master HOST:PORT` on each.
 
-    manifest.json          format version, ernie-ir version, source model + sha256, resolved
-                           pipeline, target, mode, parallel layout, kernel plan summary, and the
-                           sha256 of every other file
-    graph.ir               the global IR: the final graph of a one-rank artifact; for several
-                           ranks, the unsplit graph the split cut them from
-    rank{r}/graph.ir       per-rank IR (one rank: rank0 only), legalized for the target
-    rank{r}/weights.safetensors   each rank's weights, streamed from the lazy (memory-mapped)
-                           sources one tensor at a time
-    inference/launch.sh    launch recipe (paddle.distributed.launch with the target's flag and env;
-                           several ranks: one rank worker per device; several machines:
-                           `launch.sh --nnodes N --node-rank R --master HOST:PORT` on each)
-    inference/launch.json  the same recipe as data, with the collective backend
-
-`launch_recipe` and `launch_script` turn a target's facts into `launch.json` / `launch.sh`; the
-writer itself (atomic and locked), reading and verifying live in ernie_ir.artifacts
-(`artifacts.writer`, `artifacts.manifest`), re-exported here under the names targets always had.
+`launch_recipe` and `launch_script` turn a target's facts into those files; the writer itself
+(atomic and locked), reading and verifying live in ernie_ir.artifacts (`artifacts.writer`,
+`artifacts.manifest`), re-exported here under the names targets always had.
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ from pydantic import (
     model_validator,
 )
 
+from ernie_ir.artifacts.manifest import Manifest
 from ernie_ir.backends.paddle.layer import require_paddle
 from ernie_ir.ir import ErnieIRError
 from ernie_ir.ir.inputs import MAX_JSON_BYTES, read_bytes
@@ -698,7 +699,7 @@ class RunPlan:
 
     root: Path
     steps: int
-    manifest: dict[str, Any]
+    manifest: Manifest
     recipe: dict[str, Any]
     world: int
     """The artifact's rank graphs (pp x the model-parallel ranks)."""

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ernie_ir.artifacts.manifest import Manifest
 from ernie_ir.backends.paddle.launch_files import staging_dir
 from ernie_ir.backends.paddle.rank_worker import (
     WorkerError,
@@ -134,7 +135,7 @@ class _RankRun:
 
     root: Path
     steps: int
-    manifest: dict[str, Any]
+    manifest: Manifest
     recipe: dict[str, Any]
     options: TrainOptions
     mapping: Mapping
