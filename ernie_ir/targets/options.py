@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from ernie_ir.ir.mapping import check_data_parallel, check_degrees, check_sequence_parallel
 from ernie_ir.passes.quant.cli_flags import LoraChoice, QuantChoice, QuantFlagError, pipeline_text
@@ -135,8 +135,6 @@ class CompileOptions(BaseModel):
             return data
         data = dict(data)
         quant = {v: data.pop(k) for k, v in _QUANT_KEYS.items() if k in data}
-        if quant and "quant" in data and not isinstance(data.get("quant"), QuantChoice | None):
-            raise QuantFlagError("give quant as a preset name or a QuantChoice, not both forms")
         if quant:
             data["quant"] = (quant["quant"] if isinstance(quant.get("quant"), QuantChoice) else
                              QuantChoice.parse(quant.get("quant"), quant.get("quant_config"),
@@ -155,6 +153,11 @@ class CompileOptions(BaseModel):
             if isinstance(data.get(key), str):
                 data[key] = Path(data[key])
         return data
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _cache_dtype_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_kv_cache_dtype(value, "inference")
 
     @model_validator(mode="after")
     def _check(self) -> CompileOptions:
@@ -177,7 +180,7 @@ class CompileOptions(BaseModel):
                               "default: float32 activations), exact (equal to the interpreter) or fast "
                               "(int8 activations)")
         if self.kv_cache_dtype is not None:
-            object.__setattr__(self, "kv_cache_dtype", check_kv_cache_dtype(self.kv_cache_dtype, self.mode))
+            check_kv_cache_dtype(self.kv_cache_dtype, self.mode)
         if self.lora is not None and self.lora.merge and self.mode != "inference":
             raise QuantFlagError(f"--merge-lora folds the adapter into the base weights, leaving nothing to "
                                  f"train: --mode {self.mode} keeps the adapter apart (drop --merge-lora)")
