@@ -43,6 +43,7 @@ the same way.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -306,11 +307,48 @@ def source_config(model: str, graph: Graph) -> dict[str, Any]:
     return dict(graph.metadata.get("config") or {})
 
 
+TORCH_FORMAT_AFTER = (4, 56, 0)
+"""FastDeploy reads a config.json with `dtype` and a `transformers_version` above this as a torch
+checkpoint (fastdeploy/config.py, `ModelConfig.read_model_config`: transformers 4.56 renamed
+`torch_dtype` to `dtype`)."""
+
+
+def paddle_form(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` as FastDeploy reads a Paddle checkpoint's config.json (fastdeploy/config.py,
+    `ModelConfig.read_model_config`): `dtype` and no `torch_dtype` (alone it means a Hugging Face
+    torch checkpoint, whose offline quantization FastDeploy takes only as block-wise FP8; both
+    keys are an error), and no `transformers_version` above 4.56.0 (with it, `dtype` is read as
+    torch format too). Every other key stays, in its place; `torch_dtype` becomes `dtype` where
+    it stood. A published ERNIE 4.5 `-Paddle` config carries `dtype` and no transformers version."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if key == "torch_dtype":
+            if "dtype" not in config:
+                out["dtype"] = value
+        elif key == "transformers_version" and _version(value) > TORCH_FORMAT_AFTER:
+            continue
+        else:
+            out[key] = value
+    out.setdefault("dtype", "bfloat16")
+    return out
+
+
+def _version(value: Any) -> tuple[int, ...]:
+    """The leading numbers of a version string ("5.0.0.dev0" -> (5, 0, 0)); () for anything else."""
+    parts: list[int] = []
+    for piece in str(value).split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
 def write_fastdeploy(root: Path, ranks: Sequence[Graph], config: dict[str, Any], quant: dict[str, Any],
                      arch: int, source_folder: Path | None = None) -> list[str]:
     """Write the FastDeploy files into the artifact folder `root` (its rank{r}/weights.safetensors
     already written); returns the files written."""
-    cfg = {k: v for k, v in config.items() if k != "quantization_config"}
+    cfg = {k: v for k, v in paddle_form(config).items() if k != "quantization_config"}
     cfg["quantization_config"] = quant
     cfg["ernie_ir"] = {"format": "fastdeploy-prequantized", "cuda_arch": arch,
                        "tensor_parallel_size": len(ranks)}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates the reference virtual environments used by tests/reference/*.py.
 #
-#   bash tests/reference/install_envs.sh [pf] [hf] [nlp]     (default: all three)
+#   bash tests/reference/install_envs.sh [pf] [hf] [nlp] [fd]    (default: all four)
 #
 # Root: $ERNIE_IR_REFENVS (default /work/refenvs). Each env is $ROOT/<name>,
 # made with `python3.11 -m venv`. Idempotent: an env whose smoke import passes
@@ -58,13 +58,47 @@ build() {  # build NAME
   fi
 }
 
+# fd: FastDeploy's own loading code on a CPU (tests/reference/fd_load_check.py drives it), built by
+# ../shared/fastdeploy/setup.sh from the FastDeploy source shipped there (2 GB: triton alone is 1 GB),
+# into $ROOT/fd/{src,venv}; left alone once its smoke import passes (setup.sh itself always rebuilds).
+SHARED_FD="${ERNIE_IR_SHARED_FASTDEPLOY:-$HERE/../../../shared/fastdeploy}"
+smoke_fd="import sys; sys.argv = ['fd_load_check.py', '--help']
+import importlib.util
+spec = importlib.util.spec_from_file_location('fd_load_check', '$HERE/fd_load_check.py')
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+m.install_stubs('$ROOT/fd/src', 1, 0)
+from fastdeploy.model_executor.model_loader import get_model_loader
+import paddle; assert paddle.__version__ == '3.3.1', paddle.__version__"
+
+build_fd() {
+  local t0 py="$ROOT/fd/venv/bin/python"
+  t0=$(date +%s)
+  if [ -x "$py" ] && PYTHONWARNINGS=ignore "$py" -c "$smoke_fd" >/dev/null 2>&1; then
+    echo "env fd: ok (already works) $ROOT/fd"
+    return 0
+  fi
+  if [ ! -f "$SHARED_FD/setup.sh" ]; then
+    echo "env fd: skipped: no $SHARED_FD/setup.sh (the FastDeploy loader check needs ../shared/fastdeploy)"
+    return 0
+  fi
+  mkdir -p "$ROOT/fd"
+  PYTHON="$PY" bash "$SHARED_FD/setup.sh" "$ROOT/fd/src" "$ROOT/fd/venv" 2>&1 | grep -v "is ignored: it is neither" || true
+  if [ -x "$py" ] && PYTHONWARNINGS=ignore "$py" -c "$smoke_fd" >/dev/null 2>&1; then
+    echo "env fd: installed in $(( $(date +%s) - t0 ))s $ROOT/fd"
+  else
+    echo "env fd: FAILED smoke import after $(( $(date +%s) - t0 ))s" >&2
+    return 1
+  fi
+}
+
 names=("$@")
-[ ${#names[@]} -eq 0 ] && names=(pf hf nlp)
+[ ${#names[@]} -eq 0 ] && names=(pf hf nlp fd)
 status=0
 for n in "${names[@]}"; do
   case "$n" in
     pf|hf|nlp) build "$n" || status=1 ;;
-    *) echo "unknown env: $n (choose pf, hf, nlp)" >&2; status=2 ;;
+    fd) build_fd || status=1 ;;
+    *) echo "unknown env: $n (choose pf, hf, nlp, fd)" >&2; status=2 ;;
   esac
 done
 exit $status
