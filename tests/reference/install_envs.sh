@@ -73,7 +73,8 @@ import paddle; assert paddle.__version__ == '3.3.1', paddle.__version__"
 build_fd() {
   local t0 py="$ROOT/fd/venv/bin/python"
   t0=$(date +%s)
-  if [ -x "$py" ] && PYTHONWARNINGS=ignore "$py" -c "$smoke_fd" >/dev/null 2>&1; then
+  # FastDeploy's modules write a log/ folder into the working folder: theirs, not the checkout's
+  if [ -x "$py" ] && (cd "$ROOT/fd" && PYTHONWARNINGS=ignore "$py" -c "$smoke_fd") >/dev/null 2>&1; then
     echo "env fd: ok (already works) $ROOT/fd"
     return 0
   fi
@@ -82,8 +83,9 @@ build_fd() {
     return 0
   fi
   mkdir -p "$ROOT/fd"
-  PYTHON="$PY" bash "$SHARED_FD/setup.sh" "$ROOT/fd/src" "$ROOT/fd/venv" 2>&1 | grep -v "is ignored: it is neither" || true
-  if [ -x "$py" ] && PYTHONWARNINGS=ignore "$py" -c "$smoke_fd" >/dev/null 2>&1; then
+  (cd "$ROOT/fd" && PYTHON="$PY" bash "$SHARED_FD/setup.sh" "$ROOT/fd/src" "$ROOT/fd/venv" 2>&1 \
+    | grep -v "is ignored: it is neither") || true
+  if [ -x "$py" ] && (cd "$ROOT/fd" && PYTHONWARNINGS=ignore "$py" -c "$smoke_fd") >/dev/null 2>&1; then
     echo "env fd: installed in $(( $(date +%s) - t0 ))s $ROOT/fd"
   else
     echo "env fd: FAILED smoke import after $(( $(date +%s) - t0 ))s" >&2

@@ -42,7 +42,8 @@ def fastdeploy_load(python: Path, folder: Path, tmp: Path) -> tuple[str, list[di
     """(the harness's last line, its per-rank JSON report) for `folder`."""
     report = tmp / f"{folder.name}.json"
     command = [str(python), str(HARNESS), str(folder), "--fd-src", str(SRC), "--json", str(report)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    # FastDeploy's modules write a log/ folder into the working folder: the test's, not the checkout
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert lines, done.stderr[-2000:]
     return lines[-1].strip(), json.loads(report.read_text())
