@@ -8,9 +8,10 @@ a wrong shape is one `ArtifactError` line naming the field.
 `verify_artifact` walks the folder without following links and checks:
 - every listed file is there, is a regular file and has its sha256;
 - nothing else is there (an unlisted file, a FIFO or device, a link to a folder);
-- a symbolic link is refused unless it is a same-folder alias of a listed regular file
-  (`rank0/model.safetensors -> weights.safetensors`, FastDeploy's name for the rank weights):
-  an absolute link, one with a `/` or `..`, a chain, a dangling link are tampering.
+- a symbolic link is refused unless it is an alias of a listed regular file in its folder or
+  below it (`rank0/model.safetensors -> weights.safetensors`, FastDeploy's name for the rank
+  weights; at tp 1 the top-level `model.safetensors -> rank0/weights.safetensors`): an absolute
+  link, one with `..` or `.`, a chain, a dangling link are tampering.
 
 `build_manifest` + `write_manifest` are the one writer (compile); `record_files` adds files
 written later into an artifact (training checkpoints), under the artifact's lock.
@@ -241,24 +242,28 @@ def _tree(root: Path) -> dict[str, os.stat_result]:
 
 
 def _sibling(root: Path, name: str) -> str | None:
-    """The relative name of the file the link `name` aliases in its own folder, or None when its
-    target is not a plain name there (a path, empty, `.` or `..`)."""
+    """The relative name of the file the link `name` aliases in its own folder or below it
+    (FastDeploy's `rank0/model.safetensors -> weights.safetensors`; at tp 1 the top-level
+    `model.safetensors -> rank0/weights.safetensors`), or None when its target is not such a
+    relative path of plain names (absolute, empty, with `.` or `..`)."""
     target = os.readlink(root / name)
-    if "/" in target or target in ("", ".", ".."):
+    parts = target.split("/")
+    if target.startswith("/") or any(p in ("", ".", "..") for p in parts):
         return None
     return (PurePosixPath(name).parent / target).as_posix()
 
 
 def _link_ok(root: Path, name: str, listed: dict[str, str], entries: dict[str, os.stat_result]) -> str | None:
-    """None when the link `name` is a same-folder alias of a listed regular file, else why not."""
+    """None when the link `name` is an alias of a listed regular file in its folder or below it,
+    else why not."""
     target = os.readlink(root / name)
     inside = root.resolve()
     if inside not in (root / name).resolve().parents:
         return f"a symbolic link that resolves outside the artifact ({show(target)})"
     sibling = _sibling(root, name)
     if sibling is None:
-        return (f"a symbolic link to {show(target)}, not a same-folder alias of a listed file (the only "
-                "link an artifact may hold)")
+        return (f"a symbolic link to {show(target)}, not an alias of a listed file in its folder or below "
+                "(the only link an artifact may hold)")
     st = entries.get(sibling)
     if st is None:
         return f"a symbolic link to {show(target)}, which does not exist"
@@ -271,7 +276,7 @@ def verify_artifact(path: str | os.PathLike[str]) -> Manifest:
     """Re-check every file's sha256 and the folder's shape against the manifest; returns it.
 
     Raises ArtifactError naming the first file that is missing, changed, unlisted, not a regular
-    file, or a link other than a same-folder alias of a listed file.
+    file, or a link other than an alias of a listed file in its folder or below.
     """
     root = Path(path)
     manifest = read_manifest(root)
@@ -425,7 +430,7 @@ def hash_tree(root: Path, known: dict[str, str] | None = None) -> dict[str, str]
     target's bytes); `known` digests (hashed while written) are taken as they are."""
     entries = _tree(root)
     known = dict(known or {})
-    for name, st in entries.items():  # a same-folder alias of a file hashed as written has its digest
+    for name, st in entries.items():  # an alias of a file hashed as written has its digest
         if stat.S_ISLNK(st.st_mode) and name not in known and (alias := _sibling(root, name)) in known:
             known[name] = known[alias]
     return {name: known.get(name) or sha256_file(root / name)

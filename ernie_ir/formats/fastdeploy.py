@@ -307,6 +307,12 @@ def source_config(model: str, graph: Graph) -> dict[str, Any]:
     return dict(graph.metadata.get("config") or {})
 
 
+SERVE_TP1 = "--load-choices default"
+"""What FastDeploy needs to serve a one-rank pre-quantized folder: its default v1 loader stops on
+every pre-quantized non-FP8 checkpoint read from the top level (`UnboundLocalError:
+fd_suffix_map`, model_executor/utils.py `rename_offline_ckpt_suffix_to_fd_suffix`); the v0 loader
+(`--load-choices default`) reads it."""
+
 TORCH_FORMAT_AFTER = (4, 56, 0)
 """FastDeploy reads a config.json with `dtype` and a `transformers_version` above this as a torch
 checkpoint (fastdeploy/config.py, `ModelConfig.read_model_config`: transformers 4.56 renamed
@@ -360,6 +366,12 @@ def write_fastdeploy(root: Path, ranks: Sequence[Graph], config: dict[str, Any],
             raise FastDeployError(f"rank{r}/{WEIGHTS_FILE} is missing: no weights to serve")
         os.symlink(WEIGHTS_FILE, link)
         written.append(f"rank{r}/{FD_WEIGHTS}")
+    if len(ranks) == 1:
+        # One rank folder is not pre-sharded to FastDeploy (load_weight_utils.is_pre_sliced_weight
+        # wants more than one): it reads the top level, so the rank weights are linked there too
+        # (never a second copy of the bytes). Served with `--load-choices default` (SERVE_TP1).
+        os.symlink(f"rank0/{WEIGHTS_FILE}", root / FD_WEIGHTS)
+        written.append(FD_WEIGHTS)
     return written
 
 

@@ -56,7 +56,7 @@ def _write(root: Path, m: dict) -> None:
     (root / "manifest.json").write_text(json.dumps(m))
 
 
-def test_a_link_inside_the_artifact_that_is_not_a_same_folder_alias_is_refused(art: Path) -> None:
+def test_a_link_inside_the_artifact_that_is_not_an_alias_at_or_below_its_folder_is_refused(art: Path) -> None:
     # rank0/graph.ir and graph.ir hold the same bytes for one rank, so only the link gives it away
     # (the old rule, "resolves inside the artifact", let it pass).
     f = art / "rank0" / "graph.ir"
@@ -64,7 +64,24 @@ def test_a_link_inside_the_artifact_that_is_not_a_same_folder_alias_is_refused(a
     f.unlink()
     f.symlink_to(Path("..") / "graph.ir")
     with pytest.raises(ArtifactError, match=r"rank0/graph\.ir is a symbolic link to \.\./graph\.ir, "
-                                            r"not a same-folder alias"):
+                                            r"not an alias of a listed file in its folder or below"):
+        verify_artifact(art)
+
+
+def test_a_link_down_into_a_rank_folder_must_name_a_listed_file(art: Path) -> None:
+    # FastDeploy's one-rank layout links the top level to rank0/'s bytes; the same rules hold
+    top = art / "graph.ir"
+    top.unlink()
+    top.symlink_to("rank0/graph.ir")  # the same bytes for one rank, listed: an alias
+    verify_artifact(art)
+    top.unlink()
+    top.symlink_to("rank0/nothing.ir")
+    with pytest.raises(ArtifactError, match=r"graph\.ir is a symbolic link to rank0/nothing\.ir, which does "
+                                            r"not exist"):
+        verify_artifact(art)
+    top.unlink()
+    top.symlink_to("rank0/./graph.ir")
+    with pytest.raises(ArtifactError, match="not an alias of a listed file in its folder or below"):
         verify_artifact(art)
 
 

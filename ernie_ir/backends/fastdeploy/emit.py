@@ -4,9 +4,12 @@ The compile driver (`targets.executables.select_emitters`) decides that the targ
 executable (`"fastdeploy" in target.executables`: cuda) and hands this entry plain values: the
 mode, the MODEL string, the rank graphs, the layout and the cuda arch. The files are FastDeploy's
 format (`ernie_ir.formats.fastdeploy`: config.json with `quantization_config`, the tokenizer
-files, `rank{r}/model.safetensors` linking the rank bytes); FastDeploy serves the folder with
+files, `rank{r}/model.safetensors` linking the rank bytes; at tp 1 also the top-level
+`model.safetensors`); FastDeploy serves the folder with
 
     python -m fastdeploy.entrypoints.openai.api_server --model ARTIFACT --tensor-parallel-size N
+
+and at tp 1 with `--load-choices default` too (`formats.fastdeploy.SERVE_TP1` says why).
 """
 
 from __future__ import annotations
