@@ -76,8 +76,10 @@ def test_compile_load_run_within_budget(tmp_path: Path, model: str, quant: str, 
     base = {"graph.ir", "rank0/graph.ir", "rank0/weights.safetensors",
             "inference/launch.json", "inference/launch.sh"}
     assert base <= set(manifest.files)
-    # a FastDeploy checkpoint (ERNIE 4.5 where every weight packs for sm80): config.json + a link
-    fastdeploy = {"config.json", "rank0/model.safetensors"} if manifest.formats else set()
+    # a FastDeploy checkpoint (ERNIE 4.5 where every weight packs for sm80): config.json + links
+    # (one rank: the top-level model.safetensors too, where FastDeploy reads a one-rank folder)
+    fastdeploy = ({"config.json", "rank0/model.safetensors", "model.safetensors"} if manifest.formats
+                  else set())
     # the default executables read the rank bytes: no file of their own
     assert set(manifest.files) - base - fastdeploy == set()
     assert manifest.backends == ["interpreter", "paddle"]
