@@ -72,12 +72,21 @@ class BackendSession(ABC):
         """Token ids the rank-0 graph accepts: the interpreter's checks, for compiled executables
         (which would crash on an id out of range or silently wrap a negative one)."""
         from ernie_ir.backends.paddle.rank_worker import check_token_ids
-        from ernie_ir.ir.parser import parse_graph
         from ernie_ir.ops.positions import check_sequence_length
 
-        text_path = self.root / "rank0" / "graph.ir"
-        graph = parse_graph(text_path.read_text(encoding="utf-8"), source=str(text_path))
+        graph = self._rank0_graph()
         if not graph.inputs or ids.size == 0:
             return
         check_token_ids(graph, ids)
         check_sequence_length(graph, int(ids.shape[-1]))
+
+    def _rank0_graph(self) -> Graph:
+        """rank0's graph text, parsed once per session (eval checks every window against it)."""
+        graph = getattr(self, "_rank0", None)
+        if graph is None:
+            from ernie_ir.ir.parser import parse_graph
+
+            text_path = self.root / "rank0" / "graph.ir"
+            graph = parse_graph(text_path.read_text(encoding="utf-8"), source=str(text_path))
+            self._rank0: Graph = graph
+        return graph
