@@ -291,6 +291,42 @@ def _absmax_bits_bf16(w: np.ndarray, threads: int | None = None) -> np.ndarray:
     return out.reshape(*w.shape[:-2], n)
 
 
+def grid_weight(q: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:
+    """The bf16 weight [..., K, N] standing for the codes `q` [..., K, N] with the per-channel
+    `scale` [..., N], chosen so that Paddle's `weight_quantize` of it on a GPU, which is what
+    FastDeploy runs when it quantizes a bf16 checkpoint at load, gives back `scale` and `q`.
+
+    The channel's absmax becomes a = bf16(bound x s) (the elements at |q| = bound) and every
+    element w = bf16(q x a / bound). Paddle's kernels store the scale as bf16(a / bound), which is
+    `s` for every scale that came from a bf16 absmax (that absmax maps to `s`, and `a`, the bf16
+    value nearest bound x s, lies in the same interval around it). The GPU kernel
+    (`per_channel_quant_gpu`, weight_quantize_kernel_gpu_impl.h) codes lround(w / a x bound) from
+    the unrounded absmax: |w / a x bound - q| <= |q| 2^-8 (+ float32 roundings) < 0.5 for
+    |q| <= 127, so every code comes back. Its int4 sm70 path and the CPU kernel
+    (`weight_quantize`, here bit for bit) divide by the rounded scale instead, which moves the
+    quotient by up to another |q| 2^-8: int4 codes still come back (7 x 2^-7 < 0.5), a few int8
+    codes above about 64 in magnitude move by one (`gpu_weight_codes` models the GPU kernel). An
+    all-zero channel stays zero.
+    """
+    bound = np.float32(INT_BOUND[bits])
+    a = (bound * np.asarray(scale).astype(np.float32)).astype(ml_dtypes.bfloat16).astype(np.float64)
+    return (np.asarray(q, np.float64) * (a / float(bound))[..., None, :]).astype(np.float32).astype(
+        ml_dtypes.bfloat16)
+
+
+def gpu_weight_codes(w: np.ndarray, bits: int) -> np.ndarray:
+    """The codes Paddle's GPU `weight_quantize` gives a bf16 weight [K, N] per channel (sm75 and
+    later for int4; every arch for int8), as its kernel's source computes them
+    (`per_channel_quant_gpu`): lround(clamp(f32(w) / absmax x bound, -bound, bound)) from the
+    unrounded float absmax. A model of a kernel this machine cannot run (no GPU), kept to the
+    source's order of float32 operations; the CPU kernel is `weight_quantize`."""
+    bound = np.float32(INT_BOUND[bits])
+    f = np.asarray(w).astype(np.float32)
+    absmax = np.abs(f).max(axis=-2, keepdims=True)
+    t = np.clip(np.divide(f, np.where(absmax == 0, np.float32(1), absmax)) * bound, -bound, bound)
+    return round_half_away(t).astype(np.int8)
+
+
 def weight_dequantize(q: np.ndarray, scale: np.ndarray, group_size: int = -1) -> np.ndarray:
     """float32 W[..., k, c] = f32(q[..., k, c]) * f32(scale[..., c or k // g, c]) (exact in float32)."""
     sf = np.asarray(scale).astype(np.float32)

@@ -1,9 +1,6 @@
-"""FastDeploy's checkpoint format: the tensor names and layouts FastDeploy reads, its
-config.json and `quantization_config`, written and read back (REFERENCE.md section 8).
-
-A cuda inference artifact of an ERNIE 4.5 model is also a folder FastDeploy
-serves as a pre-quantized, pre-sharded checkpoint (the writer that puts it
-there at compile time: `ernie_ir.backends.fastdeploy`):
+"""FastDeploy's pre-quantized, pre-sharded checkpoint: the tensor names and layouts FastDeploy
+reads, config.json in its Paddle form and `quantization_config`, written and read back
+(REFERENCE.md section 8), and the published float checkpoint of a graph.
 
     config.json                the source config.json + `quantization_config`
                                ({quantization, dense_quant_type, moe_quant_type, is_quantized: true,
@@ -14,31 +11,25 @@ there at compile time: `ernie_ir.backends.fastdeploy`):
                                shapes (`<layer>.quant_weight` int8 [out, in] / [out/2, in] in
                                Paddle's arch-permuted layout, `<layer>.weight_scale` [out] bf16,
                                per-expert keys), so the bytes are stored once
+    model.safetensors (tp 1)   a relative symlink to rank0/weights.safetensors
 
 `quantization_config` is written from what the quant passes recorded, not guessed from the
 weights: the resolved `QuantConfig` (`graph.metadata["quantization"]`, `ernie_ir.ir.quant_spec`)
 and each weight's decision under it, and the w4a8c8 and wint2 passes' records. The writer
-refuses (compile warns, writes no FastDeploy files) where a record is missing or the rank
-weights are not what FastDeploy reads: a quantized weight left unpacked (its shape has no
-layout for the arch), float linears FastDeploy would expect quantized, LoRA/QAT/FP8 params,
-grouped scales, expert parallelism, or an unquantized model (FastDeploy serves the source
-checkpoint itself).
+refuses where a record is missing or the rank weights are not what FastDeploy reads.
 
-`load_fastdeploy_checkpoint(folder)` reads such a folder back (any writer):
-each rank's tensors dequantized to float32 in the IR's logical layout, and
-`merge_ranks` joins them into the published (unsharded) layout, following the
-cuts FastDeploy's split functions make (REFERENCE.md section 5).
+`load_fastdeploy_checkpoint(folder)` reads such a folder back (any writer): each rank's tensors
+dequantized to float32 in the IR's logical layout, and `merge_ranks` joins them into the
+published (unsharded) layout, following the cuts FastDeploy's split functions make (REFERENCE.md
+section 5); a bf16 folder (`is_quantized: false`, the form `fastdeploy.on_grid` writes) reads
+as it is stored.
 
-The unquantized form of the same folder is the published checkpoint itself
-(what FastDeploy serves quantizing and splitting at load, and what `ernie-ir
-export` writes, e.g. a model with its LoRA adapter merged): `config.json`
-without `quantization_config`, `model.safetensors` in the published Paddle
-layout (`ernie.` keys, weights [in, out], fused qkv [Q | K | V] and up_gate
-[gate | up], one key per routed expert, the router and correction bias fp32,
-every tensor in its own dtype) and the tokenizer files. `published_tensors`
-names a float graph's params that way and `write_checkpoint_files` writes
-the folder; `write_float_checkpoint` writes a FastDeploy folder read back
-the same way.
+The unquantized form is the published checkpoint itself: `config.json` without
+`quantization_config`, `model.safetensors` in the published Paddle layout (`ernie.` keys, weights
+[in, out], fused qkv [Q | K | V] and up_gate [gate | up], one key per routed expert, the router
+and correction bias fp32, every tensor in its own dtype) and the tokenizer files.
+`published_tensors` names a float graph's params that way and `write_checkpoint_files` writes the
+folder; `write_float_checkpoint` writes a FastDeploy folder read back the same way.
 """
 
 from __future__ import annotations
@@ -444,7 +435,7 @@ def load_fastdeploy_checkpoint(folder: str | os.PathLike[str], *, cuda_arch: int
         raise FastDeployError(f"{cfg_path} is not valid JSON") from None
     quant = config.get("quantization_config") or {}
     if not quant.get("is_quantized"):
-        raise FastDeployError(f"{cfg_path}: quantization_config.is_quantized is not true: not pre-quantized")
+        return _read_bf16_folder(root, config, quant, cfg_path)
     dense, moe = _reader_types(quant, cfg_path)
     block = int(quant.get("hadamard_block_size", FASTDEPLOY_HADAMARD_BLOCK))
     arch = cuda_arch or int((config.get("ernie_ir") or {}).get("cuda_arch", DEFAULT_CUDA_ARCH))
@@ -495,6 +486,22 @@ def load_fastdeploy_checkpoint(folder: str | os.PathLike[str], *, cuda_arch: int
         out.ranks.append(tensors)
         out.scales.append(scales)
     return out
+
+
+def _read_bf16_folder(root: Path, config: dict[str, Any], quant: dict[str, Any],
+                      cfg_path: Path) -> FastDeployCheckpoint:
+    """A folder FastDeploy quantizes at load (`is_quantized` false: the bf16 form of
+    `fastdeploy.on_grid`): its top-level weights as stored, one rank."""
+    from ernie_ir.ir.weights import SafetensorsFile
+
+    path = root / FD_WEIGHTS
+    if not quant or not path.is_file():
+        raise FastDeployError(f"{cfg_path}: quantization_config.is_quantized is not true and there is no "
+                              f"top-level {FD_WEIGHTS} quantized at load: not a FastDeploy checkpoint "
+                              "ernie-ir reads")
+    f = SafetensorsFile(path)
+    return FastDeployCheckpoint(config=config, quantization=quant,
+                                ranks=[{k: np.asarray(f.read(k)) for k in sorted(f.keys())}], scales=[{}])
 
 
 WINT2_SUFFIXES = (".quant_weight", ".weight_scale", ".super_scales", ".code_scale", ".code_zp")
