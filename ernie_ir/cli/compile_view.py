@@ -47,6 +47,8 @@ def report_lines(report: CompileReport, *, verbose: bool = False) -> list[Any]:
         lines.append(f"layout: {report.parallel}")
     lines.append(f"pipeline: {report.pipeline}")
     lines.append(f"executables: {', '.join(report.emit) or 'none (graph only)'}")
+    if report.serve:
+        lines.append(f"serve with FastDeploy: {report.serve}")
     if report.onnx_numerics is not None:
         lines.append(f"onnx numerics: {report.onnx_numerics}")
     params = Table(title="params by dtype")

@@ -69,6 +69,9 @@ class CompileReport:
     """"weight-only", "exact" or "fast" where an ONNX model was written, else None."""
     emit: list[str] = field(default_factory=list)
     """The executables written (see `executables.EXECUTABLES`)."""
+    serve: str = ""
+    """The command that serves the FastDeploy folder (`formats.fastdeploy.serve_command`, with its
+    loader choice), where one was written; else empty."""
     stopped: str = ""
     """With `stop_after`: "stopped after P (pass i of N); not run: ..." and `out` is a graph
     folder (one `rank{r}/` per rank after a split), not an artifact; else empty."""
@@ -302,6 +305,9 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
         graph = load_trained(model, o.checkpoint)
         quant_text = _trained_pipeline(model, graph, o)
     check_pipeline(o.layout.pp, layer_count(graph), graph.name or str(model))  # before any pass runs
+    early: list[str] = []  # what compile says before any pass runs
+    if trained is None and "fastdeploy" in emit_names:
+        emit_names = _fastdeploy_first(graph, o, emit_names, early)
     # Hashing the source (every file of a checkpoint folder) runs on the other core while the
     # passes run and the rank weights are written; the manifest, written last, waits for it.
     hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ernie-ir-source-sha256")
@@ -331,7 +337,7 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
         from ernie_ir.training.recipe import check_trainable
 
         check_trainable(ranks[0])
-    warnings = list(result.warnings)
+    warnings = [*early, *result.warnings]
     emitters, emit_names = _emitters(model, ranks, mapping, tgt, arch, o, emit_names, warnings)
     numerics = (o.onnx_numerics or DEFAULT_ONNX_NUMERICS) if "onnxruntime" in emitters else None
     written = [n for n in emit_names if backend_of(n) in emitters]
@@ -350,7 +356,39 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
     return CompileReport(**common, out=str(path), params_after=after,
                          kernel_plan=list(plan.get("kernels", [])), fallbacks=list(plan.get("fallbacks", [])),
                          warnings=warnings, parallel=mapping.describe() if mapping.processes > 1 else "",
-                         onnx_numerics=numerics, emit=written)
+                         onnx_numerics=numerics, emit=written,
+                         serve=_serve_line(path, len(ranks)) if "fastdeploy" in written else "")
+
+
+def _serve_line(path: Path, tp: int) -> str:
+    from ernie_ir.formats.fastdeploy import serve_command
+
+    return serve_command(str(path), tp)
+
+
+def _fastdeploy_first(graph: Graph, o: CompileOptions, emit_names: tuple[str, ...],
+                      warnings: list[str]) -> tuple[str, ...]:
+    """The executables, decided before any pass runs for FastDeploy: a folder FastDeploy could not
+    load (`fastdeploy_refusal_for`) is an error with `--emit fastdeploy`, and left out of the
+    default executables, with a warning for a preset FastDeploy serves (`SERVED_PRESETS`; not
+    quantized, FP8 or QAT: silently). A --quant-config file is decided with the rank graphs."""
+    from ernie_ir.backends.fastdeploy import NOT_A_CHECKPOINT, fastdeploy_refusal_for
+    from ernie_ir.formats.fastdeploy.loadable import SERVED_PRESETS, LoadableCell
+
+    if o.quant is not None and o.quant.preset is None:
+        return emit_names
+    lora = o.lora is not None and (o.lora.rank is not None
+                                   or (o.lora.adapter is not None and not o.lora.merge))
+    cell = LoadableCell(o.quant.preset if o.quant is not None else None, False, o.layout.tp, o.layout.ep,
+                        o.layout.pp, lora)
+    why = fastdeploy_refusal_for(graph, cell)
+    if why is None:
+        return emit_names
+    if o.emit is not None:
+        raise TargetError(f"--emit fastdeploy: {why}")
+    if cell.preset in SERVED_PRESETS:
+        warnings.append(f"{NOT_A_CHECKPOINT}{why}")
+    return tuple(n for n in emit_names if n != "fastdeploy")
 
 
 def _executables(tgt: HardwareTarget, o: CompileOptions) -> tuple[str, ...]:

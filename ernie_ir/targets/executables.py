@@ -139,7 +139,7 @@ def select_emitters(emit: Sequence[str], settings: EmitSettings, *, target: Hard
         emitters["paddle"] = _paddle_emitter(target, mode, mapping)
     if "fastdeploy" in emit:
         # the target's part is decided here; the backend gets plain values
-        found = (fastdeploy_emitters(mode, model, ranks, mapping, arch, warnings)
+        found = (fastdeploy_emitters(mode, model, ranks, mapping, arch, warnings, explicit=explicit)
                  if "fastdeploy" in target.executables else {})
         if not found and explicit:
             why = next((w.removeprefix(NOT_A_CHECKPOINT) for w in reversed(warnings)

@@ -1,7 +1,8 @@
-"""The FastDeploy executable: a cuda inference artifact of ERNIE 4.5 written as a FastDeploy
-pre-quantized, pre-sharded checkpoint over the rank bytes (`emit`), in the format of
-`ernie_ir.formats.fastdeploy`. ernie-ir does not run FastDeploy; FastDeploy serves the folder."""
+"""The FastDeploy executable: a cuda inference artifact of ERNIE 4.5 written as a folder
+FastDeploy serves (`emit`), in the formats of `ernie_ir.formats.fastdeploy`: pre-quantized and
+pre-sharded over the rank bytes, or bf16 on our quantization grid for weight-only MoE experts.
+ernie-ir does not run FastDeploy; FastDeploy serves the folder."""
 
-from ernie_ir.backends.fastdeploy.emit import NOT_A_CHECKPOINT, fastdeploy_emitters
+from ernie_ir.backends.fastdeploy.emit import NOT_A_CHECKPOINT, fastdeploy_emitters, fastdeploy_refusal_for
 
-__all__ = ["NOT_A_CHECKPOINT", "fastdeploy_emitters"]
+__all__ = ["NOT_A_CHECKPOINT", "fastdeploy_emitters", "fastdeploy_refusal_for"]
