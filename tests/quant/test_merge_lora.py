@@ -184,7 +184,7 @@ def _fd_files(art: Path) -> dict[str, object]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, tp", [(DENSE, 2), (MOE_TP2, 2), (MOE, 1)])
+@pytest.mark.parametrize("model, tp", [(DENSE, 2), (MOE_TP2, 1), (MOE, 1)])
 def test_merged_fastdeploy_checkpoint(model: str, tp: int, adapters: dict[str, Path], tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     adapter = adapters[model]
@@ -211,7 +211,9 @@ def test_merged_fastdeploy_checkpoint(model: str, tp: int, adapters: dict[str, P
     got = merge_ranks(ckpt)
     want = numpy_merged(model, folder)
     base = {n: p.read() for n, p in load_input(model).params.items()}
-    with safe_open(str(art / "rank0" / "model.safetensors"), framework="numpy") as st:
+    # MoE: the bf16 folder FastDeploy quantizes at load, each weight on the grid of its code and scale
+    on_grid = not q["is_quantized"]
+    with safe_open(str(art / "rank0" / "weights.safetensors"), framework="numpy") as st:
         keys = st.keys()
     quantized = {k.removesuffix(".quant_weight") + ".weight" for k in keys if k.endswith(".quant_weight")}
     assert quantized
@@ -226,9 +228,13 @@ def test_merged_fastdeploy_checkpoint(model: str, tp: int, adapters: dict[str, P
         if key in quantized:
             bits = moe_bits if e is not None else dense_bits
             expect = quant_dequant(w, bits)
-            assert np.array_equal(value, expect), f"{key}: not the quantized merged weight"
+            if on_grid:  # code x absmax / bound in bf16: within 2^-7 of code x scale (grid_weight)
+                value = value.astype(np.float32)
+                assert np.all(np.abs(value - expect) <= np.abs(expect) * 2.0 ** -7), key
+            else:
+                assert np.array_equal(value, expect), f"{key}: not the quantized merged weight"
             b = base[name] if e is None else base[name][e]
-            changed += not np.array_equal(value, quant_dequant(b, bits))
+            changed += not np.allclose(value, quant_dequant(b, bits), rtol=2.0 ** -7, atol=0)
         else:
             assert raw(value) == raw(w), key
     assert changed > 0  # the merge reached the quantized weights

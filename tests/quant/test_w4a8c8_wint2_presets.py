@@ -18,6 +18,7 @@ tp 1 and tp 4 (and plain `wint2`). Checked from REFERENCE.md sections 8 and 14 o
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +30,15 @@ import pytest
 from _quant_testkit import rel_error, top1
 from safetensors import safe_open
 
+from ernie_ir.artifacts.manifest import load_rank_graphs
 from ernie_ir.backends.sessions import run_artifact
-from ernie_ir.formats.fastdeploy import load_fastdeploy_checkpoint, merge_ranks
+from ernie_ir.formats.fastdeploy import (
+    load_fastdeploy_checkpoint,
+    merge_ranks,
+    quantization_config,
+    source_config,
+    write_fastdeploy,
+)
 from ernie_ir.frontends import load_model
 from ernie_ir.ops.cuda_layout import unpack
 from ernie_ir.passes.quant.wint2_encoder import wint2_encode
@@ -93,9 +101,25 @@ def artifacts(work: Path, source: tuple[Path, dict[str, np.ndarray]]) -> dict[tu
         out = work / f"art-{quant.split('{')[0]}-{len(quant)}-tp{tp}"
         report = compile_model(str(src), "cuda", CompileOptions(quant=quant, tp=tp, out=out))
         assert report.cuda_arch == 80 and not report.fallbacks
-        assert not [w for w in report.warnings if "FastDeploy" in w], report.warnings
+        said = [w for w in report.warnings if "FastDeploy" in w]
+        if quant == W4A8:
+            assert len(said) == 1 and "CutlassW4A8MoEMethod" in said[0], report.warnings
+            out = written_by_the_library(out, src)
+        else:
+            assert not said, report.warnings
         arts[(quant, tp)] = out
     return arts
+
+
+def written_by_the_library(art: Path, src: Path) -> Path:
+    """W4A8C8's FastDeploy files as `formats.fastdeploy.write_fastdeploy` writes them, into a copy
+    of the artifact: compile refuses to write them (FastDeploy's tensor-parallel W4A8 load stacks an
+    empty list of expert input scales at ep 1), but the format is kept, checked, for the day it loads."""
+    folder = shutil.copytree(art, art.parent / f"{art.name}-fastdeploy")
+    mapping, ranks = load_rank_graphs(folder)
+    quant = quantization_config(ranks, mapping)
+    write_fastdeploy(folder, ranks, source_config(str(src), ranks[0]), quant, 80, src)
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +213,8 @@ def expected_keys(quant: str, tp: int) -> dict[str, tuple[str, list[int]]]:
 @pytest.mark.parametrize(("quant", "tp"), [(W4A8, 1), (W4A8, 4), (WINT2, 1), (WINT2, 4), (WINT2_DEFAULT, 1)])
 def test_folder_as_fastdeploy_reads_it(artifacts: dict[tuple[str, int], Path], quant: str, tp: int) -> None:
     art = artifacts[(quant, tp)]
-    verify_artifact(art)
+    if quant != W4A8:  # (W4A8's FastDeploy files are added to a copy, beside its manifest)
+        verify_artifact(art)
     cfg = json.loads((art / "config.json").read_text())
     # the source config, in FastDeploy's Paddle form: `dtype`, never `torch_dtype` (config.py)
     assert "torch_dtype" not in cfg and cfg["dtype"] == CFG.get("dtype", CFG.get("torch_dtype"))
@@ -439,9 +464,9 @@ def test_calibration_from_calib_data(work: Path, source: tuple[Path, dict[str, n
     for i in range(2):
         out = work / f"calib-{i}"
         report = compile_model(str(src), "cuda", CompileOptions(quant=W4A8, out=out, calib_data=calib))
-        assert not [w for w in report.warnings if "FastDeploy" in w or "calibration" in w], report.warnings
-        outs.append(read_rank(out / "rank0" / "model.safetensors"))
-    default = read_rank(artifacts[(W4A8, 1)] / "rank0" / "model.safetensors")
+        assert not [w for w in report.warnings if "calibration" in w], report.warnings
+        outs.append(read_rank(out / "rank0" / "weights.safetensors"))
+    default = read_rank(artifacts[(W4A8, 1)] / "rank0" / "weights.safetensors")
     scale_keys = [k for k in outs[0] if k.endswith("activation_scale")]
     for key in scale_keys:  # deterministic, and the calibration set matters
         np.testing.assert_array_equal(outs[0][key][2], outs[1][key][2], err_msg=key)
@@ -472,8 +497,12 @@ BOUNDS = {W4A8: (0.17, 0.9), WINT2: (0.26, 0.85)}
 @pytest.mark.parametrize("quant", [W4A8, WINT2])
 def test_logits_near_the_float_model(artifacts: dict[tuple[str, int], Path], float_logits: np.ndarray,
                                      quant: str) -> None:
-    one = run_artifact(artifacts[(quant, 1)], IDS, "interpreter")
-    four = run_artifact(artifacts[(quant, 4)], IDS, "interpreter")
+    def compiled(tp: int) -> Path:  # the artifact itself (W4A8's FastDeploy files are in a copy)
+        art = artifacts[(quant, tp)]
+        return art.with_name(art.name.removesuffix("-fastdeploy"))
+
+    one = run_artifact(compiled(1), IDS, "interpreter")
+    four = run_artifact(compiled(4), IDS, "interpreter")
     bound, least = BOUNDS[quant]
     for got in (one, four):
         err, agree = rel_error(got, float_logits), top1(got, float_logits)

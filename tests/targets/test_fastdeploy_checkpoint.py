@@ -213,8 +213,6 @@ def check(art: Path, tmp: Path, source_cfg: dict[str, Any], tensors: dict[str, n
 
 @pytest.mark.parametrize(("name", "quant", "tp", "kind"), [
     (DENSE, "wint8", 1, "wint8"), (DENSE, "wint4", 2, "wint4"), (DENSE, "wint8mix", 2, "wint8"),
-    (MOE, "wint8mix", 1, "mix_quant"), (MOE, "wint8mix", 2, "mix_quant"), (MOE, "wint8", 2, "wint8"),
-    (MOE, "wint4", 2, "mix_quant"),
 ])
 def test_tiny_models_at_sm70(tmp_path: Path, name: str, quant: str, tp: int, kind: str) -> None:
     art = tmp_path / "art"
@@ -223,17 +221,11 @@ def test_tiny_models_at_sm70(tmp_path: Path, name: str, quant: str, tp: int, kin
     cfg = check(art, tmp_path, tiny_config(name.split("@")[0]), None, 70, tp)
     q = cfg["quantization_config"]
     assert q["quantization"] == kind
-    if quant == "wint4" and name == MOE:  # all int4: both types explicit (a bare wint4 would be
-        assert (q["dense_quant_type"], q["moe_quant_type"]) == ("wint4", "wint4")  # dense wint8)
-    if kind == "mix_quant" and quant == "wint8mix":
-        assert (q["dense_quant_type"], q["moe_quant_type"]) == ("wint8", "wint4")
 
 
 @pytest.mark.parametrize(("name", "overrides", "quant", "tp"), [
     ("ernie-4.5-0.3b", SM80, "wint8", 1),
     ("ernie-4.5-0.3b", {**SM80, "tie_word_embeddings": False}, "wint4", 2),
-    ("ernie-4.5-21b-a3b", SM80_MOE, "wint8mix", 1), ("ernie-4.5-21b-a3b", SM80_MOE, "wint8mix", 2),
-    ("ernie-4.5-21b-a3b", SM80_MOE, "wint8", 2),
 ])
 def test_checkpoint_folders_at_default_sm80(tmp_path: Path, name: str, overrides: dict[str, Any],
                                              quant: str, tp: int) -> None:
@@ -254,7 +246,8 @@ def test_checkpoint_folders_at_default_sm80(tmp_path: Path, name: str, overrides
 @pytest.mark.parametrize(("model", "kwargs", "why"), [
     (MOE, {"quant": "wint8mix"}, "packed cuda layout"),  # sm80: tiny in_features are not multiples of 64
     (MOE, {"quant": "wint8mix", "tp": 2, "ep": 2, "cuda_arch": 70}, "expert parallelism"),
-    (DENSE, {"cuda_arch": 70}, "not quantized"),
+    (MOE, {"quant": "wint8mix", "tp": 2, "cuda_arch": 70}, "quantized per rank"),
+    (MOE, {"quant": "wint8mix", "cuda_arch": 70}, "add fastdeploy to --emit"),  # the bf16 form: asked for
     (DENSE, {"quant": "wint8", "cuda_arch": 70, "lora_rank": 2}, "LoRA"),
 ])
 def test_not_fastdeploy_loadable_is_a_warning_and_no_files(tmp_path: Path, model: str, kwargs: dict[str, Any],
@@ -265,6 +258,38 @@ def test_not_fastdeploy_loadable_is_a_warning_and_no_files(tmp_path: Path, model
     assert not (tmp_path / "a" / "config.json").exists()
     assert not list((tmp_path / "a").glob("rank*/model.safetensors"))
     assert "formats" not in verify_artifact(tmp_path / "a")
+
+
+@pytest.mark.parametrize("kwargs", [{"cuda_arch": 70}, {"quant": "fp8", "cuda_arch": 90}])
+def test_unquantized_and_fp8_compiles_say_nothing_of_fastdeploy(tmp_path: Path,
+                                                                kwargs: dict[str, Any]) -> None:
+    """No FastDeploy folder (FastDeploy serves the source checkpoint itself; ernie-ir writes no FP8
+    one) and no warning about it, unless --emit asks for one."""
+    report = compile_model(DENSE, "cuda", CompileOptions(out=tmp_path / "a", **kwargs))
+    assert not [w for w in report.warnings if "FastDeploy" in w] and report.emit == ["paddle"]
+    assert not (tmp_path / "a" / "config.json").exists() and report.serve == ""
+
+
+@pytest.mark.parametrize(("model", "flags", "names"), [
+    (MOE, ["--quant", "wint8mix", "--tp", "2"], "fused_moe_cutlass_backend.py"),
+    (MOE, ["--quant", "w4a8c8", "--tp", "2"], "CutlassW4A8MoEMethod.process_prequanted_weights"),
+    (MOE, ["--quant", "wint8mix-erniekit"], "mix_quant.py"),
+    (DENSE, ["--quant", "fp8", "--cuda-arch", "90"], "block_wise_fp8.py"),
+    (DENSE, ["--quant", "wint8", "--tp", "2", "--ep", "2"], "load_pre_sharded_checkpoint"),
+    (DENSE, [], "serves the source checkpoint itself"),
+])
+def test_folders_fastdeploy_cannot_load_are_refused_before_any_work(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, model: str, flags: list[str], names: str) -> None:
+    """`--emit fastdeploy` where FastDeploy's loader could not read the folder: one line naming
+    FastDeploy's file or function and what works instead, exit 2, nothing on disk."""
+    from _cli_kit import user_error
+
+    out = tmp_path / "art"
+    arch = [] if "--cuda-arch" in flags else ["--cuda-arch", "70"]
+    line = user_error(capsys, "compile", model, "--target", "cuda", "--emit", "fastdeploy", "--out", str(out),
+                      *arch, *flags)
+    assert "--emit fastdeploy:" in line and names in line, line
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(("model", "target", "mode"), [

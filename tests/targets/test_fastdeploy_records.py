@@ -29,10 +29,15 @@ MOE_CFG = {**tiny_config("ernie-4.5-21b-a3b"), "hidden_size": 128, "moe_intermed
            "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32}
 
 
-def compiled(out: Path, model: str, **kw: Any) -> tuple[Any, list[Graph], dict[str, Any]]:
+def compiled(out: Path, model: str, **kw: Any) -> tuple[Any, list[Graph], dict[str, Any] | None]:
+    """(mapping, rank graphs, the written quantization_config; None where FastDeploy's loader could
+    not read the folder and compile left it out, saying why)."""
     report = compile_model(model, "cuda", CompileOptions(out=out, **kw))
-    assert not [w for w in report.warnings if "FastDeploy" in w], report.warnings
+    said = [w for w in report.warnings if "FastDeploy" in w]
     mapping, ranks = load_rank_graphs(out)
+    if said:
+        assert "fastdeploy" not in report.emit and not (out / "config.json").exists(), said
+        return mapping, ranks, None
     return mapping, ranks, json.loads((out / "config.json").read_text())["quantization_config"]
 
 
@@ -91,7 +96,10 @@ def test_a_float_model_records_nothing_and_is_not_quantized(tmp_path: Path) -> N
 @pytest.mark.parametrize(("quant", "key"), [("w4a8c8", "w4a8c8"), ("wint2{w4_end_layer=1}", "wint2")])
 def test_the_expert_passes_records_are_read(moe_source: Path, tmp_path: Path, quant: str, key: str) -> None:
     mapping, ranks, written = compiled(tmp_path / "a", str(moe_source), quant=quant)
-    assert quantization_config(ranks, mapping) == written
+    if key == "w4a8c8":  # not written (FastDeploy's tensor-parallel W4A8 load fails), still read
+        assert written is None and quantization_config(ranks, mapping)["moe_quant_type"] == "w4a8"
+    else:
+        assert quantization_config(ranks, mapping) == written
     record = ranks[0].metadata.pop(key)
     assert f"the graph records no {key} pass (graph.metadata[{key!r}])" in refusal(ranks, mapping)
     if key == "w4a8c8":  # the C8 KV cache is what the record says, checked against its scales
