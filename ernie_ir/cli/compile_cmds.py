@@ -71,6 +71,9 @@ def compile(
     meta: MetaOpt = False,
     trust_pickle: TrustOpt = False,
     checkpoint: CheckpointOpt = None,
+    freeze: Annotated[list[str] | None, typer.Option(
+        "--freeze", help="--mode training without LoRA or QAT trains every float param; keep params whose "
+        "name or module a REGEX fully matches fixed, e.g. '.*embed_tokens' (repeatable).")] = None,
     onnx_numerics: Annotated[
         str | None, typer.Option("--onnx-numerics", help="With --emit onnx: weight-only (default: "
                           "float32 activations, weights dequantized in float32), exact (equal to the "
@@ -107,7 +110,8 @@ def compile(
         merge_lora=merge_lora, tp=tp, ep=ep, sp=sp, pp=pp, micro_batches=micro_batches, dp=dp,
         sharding=sharding, cuda_arch=cuda_arch, emit=emit, onnx_numerics=onnx_numerics,
         kv_cache_dtype=kv_cache_dtype, out=out_dir, force=force, trust_pickle=trust_pickle, meta=meta,
-        disabled_passes=split_names(disable_pass), stop_after=stop_after, checkpoint=checkpoint)
+        disabled_passes=split_names(disable_pass), stop_after=stop_after, checkpoint=checkpoint,
+        freeze=tuple(freeze or ()))
     # Progress goes to stderr, so --json output stays one clean object on stdout.
     with progress_bar(transient=json_out) as progress:
         report = compile_model(model, target, options, progress=progress)

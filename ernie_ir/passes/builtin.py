@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .cleanup import canonicalize, cse, dce  # noqa: F401
 from .decoding import kv_cache  # noqa: F401
+from .finetune import full_param  # noqa: F401
 from .fusion import linear_bias, parallel_block, qkv_gate_up  # noqa: F401
 from .infra.registry import REGISTRY
 

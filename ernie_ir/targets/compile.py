@@ -213,15 +213,19 @@ def check_target_options(tgt: HardwareTarget, options: CompileOptions) -> int | 
 
 
 def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_text: str,
-                     pipeline: str | None, layout: ParallelLayout) -> tuple[Pipeline, Mapping]:
+                     pipeline: str | None, layout: ParallelLayout,
+                     full_param: str = "") -> tuple[Pipeline, Mapping]:
     """The pipeline compile runs on `graph` and the layout it makes: the user's `pipeline`, then
-    `quant_text` (quantization and LoRA: `CompileOptions.quant_text`), then `split{tp,ep,sp}`
+    `quant_text` (quantization and LoRA: `CompileOptions.quant_text`), then `full_param`
+    (`CompileOptions.full_param`: full-parameter training; left out when the model or the user's
+    pipeline already trains LoRA or QAT), then `split{tp,ep,sp}`
     when the layout splits, then the target's legalization, then `pipeline-stages{pp}` when the
     layout pipelines (the cut of the legalized rank graphs; the Mapping returned is the tensor
     layout: the stages reach it from the stage graphs, `_final_layout`). Shared by
     `compile_model` and the memory planner."""
     parts: list[str] = []
     user_split = None
+    user: Pipeline | None = None
     if pipeline:
         user = load_pipeline(pipeline, initial=graph_properties(graph))
         legalize = [p.name for p in user if p.name.startswith("legalize-")]
@@ -243,6 +247,8 @@ def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_
                                "passes run after it: quantize and add LoRA before splitting (put "
                                "them in --pipeline before split, or use --tp/--ep)")
         parts.append(quant_text)
+    if full_param:
+        parts.extend(_full_param_part(graph, user, user_split, full_param))
     if layout.split:
         mapping_for(graph, layout.tp, layout.ep)  # refuse an impossible layout before any pass runs
         parts.append(f"split{{tp={layout.tp},ep={layout.ep}{',sp=true' if layout.sp else ''}}}")
@@ -258,6 +264,28 @@ def compile_pipeline(graph: Graph, tgt: HardwareTarget, arch: int | None, quant_
         if getattr(opts, "sp", False):
             mapping = mapping.model_copy(update={"sp": True})
     return resolved, mapping
+
+
+def _full_param_part(graph: Graph, user: Pipeline | None, user_split: Pass | None,
+                     full_param: str) -> list[str]:
+    """`full_param` as pipeline elements: none when the model or the user's pipeline already
+    chooses the trainable params (LoRA, QAT, its own full-param); refused with --freeze then, and
+    after a split in --pipeline (full-param runs before the split, as LoRA does)."""
+    from ernie_ir.passes.finetune.full_param import TRAINS_ITS_OWN, FullParamError
+
+    made = (graph_properties(graph) | {prop for p in (user or ()) for prop in p.produces}) \
+        & (TRAINS_ITS_OWN | {"full-param"})
+    if made:
+        if full_param != "full-param":
+            raise FullParamError(f"--freeze applies to compile's full-parameter training, and "
+                                 f"{'--pipeline' if user else 'the model'} has {sorted(made)[0]}, which "
+                                 "chooses the trainable params itself: drop --freeze")
+        return []
+    if user_split is not None:
+        raise ErnieIRError(f"--pipeline splits the model ({user_split.spec()}) but full-param (--mode "
+                           "training) runs after it: put full-param in --pipeline before split, or use "
+                           "--tp/--ep")
+    return [full_param]
 
 
 class _ProgressInstrument(PassInstrument):
@@ -293,6 +321,7 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
     tgt = get_target(target)
     o.layout.check_buildable()
     arch = check_target_options(tgt, o)
+    o.check_full_param()
     emit_names = _executables(tgt, o)
     dest = check_out(o.out if o.out is not None else default_out(model, tgt.name, o.quant_name), o.force)
     trained = _trained_artifact(model, o)
@@ -314,7 +343,10 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
     source = hashing.submit(source_info, model, graph, meta=o.meta)
     hashing.shutdown(wait=False)
     before = params_by_dtype(graph)
-    full, _ = compile_pipeline(graph, tgt, arch, quant_text, o.pipeline, o.layout)
+    full_param = o.full_param if trained is None else ""
+    if full_param and not o.pipeline:
+        _check_full_param(graph, o)  # before any pass runs
+    full, _ = compile_pipeline(graph, tgt, arch, quant_text, o.pipeline, o.layout, full_param)
     resolved, stopped = _restricted(graph, full, o)
     instruments = [] if progress is None else [_ProgressInstrument(progress, len(resolved))]
     from ernie_ir.formats.paddleformers_adapter import read_adapter  # lora-import's reader
@@ -358,6 +390,22 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
                          warnings=warnings, parallel=mapping.describe() if mapping.processes > 1 else "",
                          onnx_numerics=numerics, emit=written,
                          serve=_serve_line(path, len(ranks)) if "fastdeploy" in written else "")
+
+
+def _check_full_param(graph: Graph, o: CompileOptions) -> None:
+    """Refuse, before any pass runs, --freeze patterns the model does not fit and, with --pp, a
+    tied embedding that would train on the first and last stage (the cut refuses it too, later)."""
+    from ernie_ir.passes.finetune.full_param import FullParamError, select, tied_params
+
+    chosen = select(graph, o.freeze)
+    tied = [n for n in tied_params(graph) if n in chosen.trainable]
+    if tied and o.layout.pp > 1:
+        module = tied[0].rpartition(".")[0] or tied[0]
+        raise FullParamError(f"{tied[0]} is a tied embedding (the embedding and lm_head read it), so it "
+                             "would train on the first and the last stage, and its gradient needs a "
+                             "shared-weight all-reduce that ernie-ir's pipeline does not do", flag="--pp",
+                             value=o.layout.pp,
+                             fix=f"keep it fixed (--freeze '{module}') or train with --pp 1")
 
 
 def _serve_line(path: Path, tp: int) -> str:

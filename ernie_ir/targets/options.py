@@ -126,6 +126,9 @@ class CompileOptions(BaseModel):
     stop_after: str | int | None = None
     checkpoint: str | None = None
     """A training artifact's checkpoint to compile (None: its newest)."""
+    freeze: tuple[str, ...] = ()
+    """Full-parameter training (--mode training without LoRA or QAT): regexes (full match) or
+    `glob:` patterns of params kept fixed, matched as --lora-targets are (`full-param{freeze}`)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -184,7 +187,52 @@ class CompileOptions(BaseModel):
         if self.lora is not None and self.lora.merge and self.mode != "inference":
             raise QuantFlagError(f"--merge-lora folds the adapter into the base weights, leaving nothing to "
                                  f"train: --mode {self.mode} keeps the adapter apart (drop --merge-lora)")
+        self._check_full_param()
         return self
+
+    def _check_full_param(self) -> None:
+        """Refuse --freeze where no full-parameter training runs (one line each)."""
+        from ernie_ir.passes.finetune.full_param import FullParamError
+        from ernie_ir.passes.quant.config import compile_pattern
+
+        for pattern in self.freeze:
+            if not pattern.strip():
+                raise FullParamError("an empty pattern", flag="--freeze", value="''",
+                                     fix="give a regex matching whole param or module names, e.g. "
+                                     "'.*embed_tokens'")
+            compile_pattern(pattern)
+        given = f"--freeze {self.freeze[0]!r}" if self.freeze else ""
+        if self.freeze and self.mode != "training":
+            raise FullParamError(f"{given} keeps params fixed in full-parameter training, and --mode "
+                                 f"{self.mode} trains nothing: add --mode training (or drop --freeze)")
+        if self.freeze and self.lora is not None:
+            raise FullParamError(f"{given} applies to full-parameter training; LoRA trains its adapters "
+                                 "alone (every base weight is fixed already): drop --freeze or the --lora-* "
+                                 "flags")
+        if self.quant is not None and self.quant.qat and self.freeze:
+            raise FullParamError(f"{given} applies to full-parameter training; QAT chooses its own trainable "
+                                 "params (every float weight, the embeddings fixed per its config's "
+                                 "freeze_embedding): drop --freeze or --quant")
+
+    def check_full_param(self) -> None:
+        """Refuse (one line) full-parameter training of a graph whose quantization leaves integer
+        or FP8 weights: compile's check (the planner models FP8 full-parameter training). With a
+        --pipeline (which may add LoRA or QAT itself) the pass decides, on the graph."""
+        from ernie_ir.passes.finetune.full_param import QUANTIZED_REFUSAL, FullParamError
+
+        if self.full_param and self.quant is not None and not self.pipeline:
+            what = f"--quant {self.quant.spelled or self.quant.config} leaves integer or FP8 weights"
+            raise FullParamError(QUANTIZED_REFUSAL.format(what=what))
+
+    @property
+    def full_param(self) -> str:
+        """The full-parameter training pass these options mean (`full-param{freeze}`), or "" (not
+        training, or training LoRA or QAT, which choose their own trainable params)."""
+        if self.mode != "training" or self.lora is not None or (self.quant is not None and self.quant.qat):
+            return ""
+        from ernie_ir.passes.infra.pipeline_syntax import format_value
+
+        return f"full-param{{freeze={format_value(list(self.freeze))}}}" if self.freeze else "full-param"
 
     @classmethod
     def from_flags(cls, **flags: Any) -> CompileOptions:

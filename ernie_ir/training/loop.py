@@ -453,7 +453,7 @@ def read_training_artifact(root: Path) -> tuple[dict[str, Any], dict[str, Any], 
     manifest = read_manifest(root)
     if manifest.mode != "training" or not (root / RECIPE).is_file():
         raise ErnieIRError(f"{root} is not a training artifact: compile it with --mode training "
-                           "(and --lora-rank R or --quant qat-int8)")
+                           "(every float param trains, or with --lora-rank R or --quant qat-int8)")
     world = artifact_mapping(manifest).rank_graphs  # pp x the model-parallel ranks
     names = [f"rank{r}/{f}" for r in range(world) for f in ("graph.ir", "weights.safetensors")]
     check_files(root, manifest, [*names, RECIPE.as_posix()])
@@ -646,8 +646,9 @@ def train_session(model: Trainee, batches: Batches, steps: int, *, options: Trai
 
 
 def _require_finite_params(layer: Any, step: int) -> None:
-    """A step that made a trainable param NaN or Inf stops the run (the params are LoRA
-    adapters or QAT scales: small, so this check costs little next to the step)."""
+    """A step that made a trainable param NaN or Inf stops the run (LoRA adapters and QAT scales
+    are small; a full-parameter run reads every param once a step, which its step's own
+    forward and backward outweigh)."""
     for name in getattr(layer, "trainable_names", ()):
         if not np.isfinite(layer.tensor(name).numpy()).all():
             raise ErnieIRError(f"training step {step}: param {name} became NaN or Inf: stopped, no "

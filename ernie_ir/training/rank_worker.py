@@ -236,7 +236,7 @@ def _plan_rank(root: Path, steps: int, data: RankData, options: dict[str, Any],
     rank, processes = world_from_env()
     manifest = read_manifest(root)
     if manifest.mode != "training" or not (root / RECIPE).is_file():
-        raise WorkerError(f"{root} is not a training artifact: compile it with --mode training --lora-rank R")
+        raise WorkerError(f"{root} is not a training artifact: compile it with --mode training")
     check_files(root, manifest, [RECIPE.as_posix()])
     recipe = json.loads((root / RECIPE).read_text(encoding="utf-8"))
     values, config_resume = split_run_keys(options)

@@ -44,6 +44,7 @@ def check_trainable(graph: Graph) -> list[str]:
     names = [p.name for p in graph.params.values() if p.trainable]
     if not names:
         raise TrainingModeError("--mode training needs trainable params, and this pipeline leaves none: "
+                                "keep full-param in it (full-parameter training, compile's default), or "
                                 "add LoRA (--lora-rank R) or QAT (--quant qat-int8)")
     return names
 

@@ -229,7 +229,10 @@ def test_failure_mid_write_leaves_nothing(tmp_path: Path, existing: bool) -> Non
     ({"target": "cuda", "quant": "fp8"}, "use --cuda-arch 89 or 90"),
     ({"target": "cuda", "cuda_arch": 61}, "unknown --cuda-arch 61"),
     ({"target": "cuda", "quant": "nope"}, "nope"),
-    ({"target": "cuda", "mode": "training"}, "--mode training needs trainable params"),
+    ({"target": "cuda", "mode": "training", "disabled_passes": ("full-param",)},
+     "--mode training needs trainable params"),
+    ({"target": "cuda", "mode": "training", "quant": "wint8"},
+     "use LoRA (--lora-rank R), or train the float model first and quantize the trained artifact"),
     ({"target": "cuda", "mode": "serve"}, "unknown --mode"),
 ])
 def test_impossible_combinations_are_one_line_errors(tmp_path: Path, kwargs: dict, message: str) -> None:

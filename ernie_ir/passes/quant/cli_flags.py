@@ -33,7 +33,7 @@ from ernie_ir.ir import ErnieIRError
 
 from ..infra.pipeline import load_pipeline
 from ..infra.pipeline_syntax import format_value
-from .config import PASS_PRESETS, QuantConfig, resolve_quant_name, split_quant_options
+from .config import PASS_PRESETS, PRESETS, Algo, QuantConfig, resolve_quant_name, split_quant_options
 from .presets import convert_passes
 
 NO_QUANT = ("none", "bf16", "fp16", "float", "")
@@ -180,6 +180,14 @@ class QuantChoice(BaseModel):
     def fp8(self) -> bool:
         """An FP8 preset: it needs a target with FP8 kernels."""
         return self.preset is not None and self.preset.startswith("fp8")
+
+    @property
+    def qat(self) -> bool:
+        """Quantization-aware training (the qat-int8 preset, or a config file with QAT rules): its
+        pass trains the float weights itself; every other quantization leaves integer weights."""
+        if self.preset is not None:
+            return self.preset in PRESETS and Algo.QAT in PRESETS[self.preset]().algos
+        return self.config is not None and Algo.QAT in QuantConfig.from_yaml(self.config).algos
 
 
 class LoraChoice(BaseModel):
