@@ -236,3 +236,40 @@ def write_generated(out: Path, records: list[dict[str, Any]], how: dict[str, Any
         "how": how,
     }
     (out / "generated.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+# -- training steps (hf_full_train, pf_full_train) -----------------------------------------------
+
+TRAIN_OPTIM: dict[str, Any] = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
+                               "clip_norm": 1.0}
+"""AdamW settings of the training references and their defaults (ernie-ir's TrainOptions defaults)."""
+
+
+def train_options(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec's AdamW settings (``TRAIN_OPTIM`` keys), the defaults where absent."""
+    return {**TRAIN_OPTIM, **{k: v for k, v in spec.items() if k in TRAIN_OPTIM}}
+
+
+def no_decay(spec: dict[str, Any]) -> list[str]:
+    """The spec's ``no_decay``: name parts (``["bias", "norm"]``, the Trainers' choice) of the
+    parameters AdamW does not decay; default ``[]``: every parameter is decayed, as ernie-ir does."""
+    parts = spec.get("no_decay", [])
+    if not isinstance(parts, list) or not all(isinstance(x, str) and x for x in parts):
+        raise SystemExit("no_decay must be a list of non-empty strings")
+    return parts
+
+
+def train_batches(spec: dict[str, Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The spec's ``batches`` (one per optimizer step) as (input_ids, labels) int64 [rows, seq]
+    arrays; ``labels`` defaults to ``input_ids``. Exit 2 if malformed."""
+    raw = spec.get("batches")
+    if not isinstance(raw, list) or not raw:
+        raise SystemExit("spec needs batches: [{input_ids: [[...]], labels: [[...]]}, ...]")
+    out = []
+    for i, b in enumerate(raw):
+        ids = np.asarray(b["input_ids"], dtype=np.int64)
+        labels = np.asarray(b.get("labels", b["input_ids"]), dtype=np.int64)
+        if ids.ndim != 2 or ids.shape != labels.shape:
+            raise SystemExit(f"batches[{i}]: input_ids and labels must be [rows, seq] of one shape")
+        out.append((ids, labels))
+    return out

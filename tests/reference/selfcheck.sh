@@ -38,6 +38,12 @@ run hf hf_ernie_moe.py '{}'
 run hf hf_ernie_moe.py '{"tie_word_embeddings": true, "moe_num_shared_experts": 0, "moe_layer_start_index": 0, "moe_layer_interval": 2, "moe_k": 3}'
 run nlp nlp_gpt.py '{}'
 run nlp nlp_gpt.py '{"fuse_attention_qkv": true, "num_hidden_layers": 3}'
+# full-parameter training steps (spec key "batches"; writes losses.json and trained.npz)
+TRAIN='"batches": [{"input_ids": [[5, 6, 7, 8, 9], [9, 10, 11, 12, 13]], "labels": [[-100, -100, 7, 8, 9], [9, 10, 11, 12, 13]]}, {"input_ids": [[15, 16, 17, 18, 19], [3, 4, 5, 6, 7]]}], "weight_decay": 0.1'
+run pf pf_full_train.py "{$TRAIN}"
+FULL="$tmp/$i"  # its ckpt/ (paddleformers' save), trained again by transformers below
+run hf hf_full_train.py "{\"load_from\": \"$FULL/ckpt\", $TRAIN}"
+run hf hf_full_train.py "{\"model\": \"moe\", $TRAIN}"
 # greedy generate (spec key "generate"; writes generated.json)
 GEN='"generate": {"prompts": [[87], [28, 32, 23], [27, 66, 101, 29, 31, 21, 0, 63]], "max_new_tokens": 12}'
 run pf pf_ernie_dense.py "{$GEN}"
