@@ -22,12 +22,21 @@ import typer
 # -- the run: what to train on, from where, and what to show -----------------------------------------
 
 ArtifactArg = Annotated[Path, typer.Argument(help="An artifact compiled with --mode training.")]
-StepsOpt = Annotated[int, typer.Option("--steps", "--max-steps", min=1, help="Optimizer steps.")]
+StepsOpt = Annotated[int | None, typer.Option(
+    "--steps", "--max-steps", min=1, help="Optimizer steps (or give --num-train-epochs; not both).")]
+EpochsOpt = Annotated[float | None, typer.Option(
+    "--num-train-epochs", help="Train for this many passes over --data instead of --steps (ERNIEKit's "
+    "num_train_epochs; not both): steps = max(1, int(E x max(1, ceil(N / batch-size) // grad-accum))), "
+    "N = the JSON Lines examples, or the training part's windows of pretraining data.")]
+SplitOpt = Annotated[str | None, typer.Option(
+    "--split", help="Pretraining data (--data PREFIX): train,validation,test weights of its documents, "
+    "PaddleNLP's rule (default 949,50,1); the validation part is the evaluation data.")]
 DataOpt = Annotated[
     Path | None, typer.Option(
         "--data", help='JSON lines: ERNIEKit SFT {"src", "tgt"[, "system", "label"]}, alpaca, '
         '{"text"} (tokenized with the artifact\'s tokenizer and chat template; only answers carry '
-        'loss) or {"input_ids"[, "labels"]}; default: a fixed synthetic batch.')
+        'loss) or {"input_ids"[, "labels"]}; or pretraining data PREFIX (PaddleNLP\'s PREFIX_ids.npy + '
+        'PREFIX_idx.npz, cut into --max-seq-len + 1 token windows); default: a fixed synthetic batch.')
 ]
 EvalDataOpt = Annotated[
     Path | None, typer.Option("--eval-data", help="JSON lines as --data: the eval loss on them every "
@@ -36,7 +45,7 @@ EvalDataOpt = Annotated[
 MaxSeqLenOpt = Annotated[int | None, typer.Option(
     "--max-seq-len", help="Tokens per example: older turns are dropped first (ERNIEKit's rule), text "
     "and token ids are cut at the tail (default: no truncation; a row longer than the model's positions "
-    "is refused).")]
+    "is refused). Pretraining data: the window length (required).")]
 PackingOpt = Annotated[bool, typer.Option(
     "--packing/--no-packing", help="Pack several examples into one row (refused: see the message).")
 ]
@@ -81,7 +90,7 @@ ScheduleOpt = Annotated[str | None, typer.Option(
     "--schedule", "--lr-scheduler-type",
     help="After warmup: constant, linear or cosine (decay to 0 at --steps; recipe: constant).")]
 SeedOpt = Annotated[int | None, typer.Option(
-    "--seed", help="Seed of dropout and the synthetic batch (recipe: 0).")]
+    "--seed", help="Seed of dropout, the synthetic batch and pretraining data's window order (recipe: 0).")]
 PadIdOpt = Annotated[int | None, typer.Option(
     "--pad-id", help="Token that fills input_ids past a sequence's end (recipe: 0).")]
 IgnoreIndexOpt = Annotated[int | None, typer.Option(

@@ -15,8 +15,9 @@ format module); only `cli` imports it.
 from __future__ import annotations
 
 from .adapters import ADAPTER, export_adapter
-from .run import FineTuneError, artifact_tokenizer, fine_tune, model_positions
+from .run import Epochs, FineTuneError, artifact_tokenizer, fine_tune, model_positions, train_length
 from .sft_data import END_OF_SENTENCE, PACKING_REFUSED, SftDataError, read_sft_data
 
-__all__ = ["ADAPTER", "END_OF_SENTENCE", "PACKING_REFUSED", "FineTuneError", "SftDataError",
-           "artifact_tokenizer", "export_adapter", "fine_tune", "model_positions", "read_sft_data"]
+__all__ = ["ADAPTER", "END_OF_SENTENCE", "PACKING_REFUSED", "Epochs", "FineTuneError", "SftDataError",
+           "artifact_tokenizer", "export_adapter", "fine_tune", "model_positions", "read_sft_data",
+           "train_length"]
