@@ -19,6 +19,15 @@ one rounding to the weight's dtype), before anything else: no quantization, no s
 whose graph already holds adapters (a graph folder made with the `lora` pass) has them merged.
 The folder is written atomically (a failure leaves nothing behind) and replaces an existing one
 only with `force`, and only a folder this function wrote (or an empty one).
+
+MODEL may also be a full-parameter training artifact (`compile --mode training` without LoRA or
+QAT, then `ernie-ir train`): what it learned is written, from its newest checkpoint or the one
+`checkpoint` names (`load.load_trained`: every trained float32 param rounded once to its declared
+dtype, bf16 for ERNIE 4.5; the untrained ones, e.g. the MoE correction bias and `--freeze`d
+params, as the source stores them). `layout="pt"` writes the `-PT` layout instead, the one
+transformers loads (`formats.pt_checkpoint`: `model.` keys, split q/k/v and gate/up, [out, in]),
+for ERNIE 4.5 only. LoRA training artifacts still export as their source model with
+`--lora-adapter` (the run's checkpoint folder); QAT ones compile (`qat-convert`).
 """
 
 from __future__ import annotations
@@ -33,9 +42,10 @@ from typing import Any
 from ernie_ir.artifacts.manifest import read_manifest
 from ernie_ir.artifacts.publish import artifact_lock
 from ernie_ir.formats.fastdeploy import published_tensors, source_config, write_checkpoint_files
+from ernie_ir.formats.pt_checkpoint import check_pt_layout, pt_config, pt_tensors
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.storage import replace_folder
-from ernie_ir.load import load_input
+from ernie_ir.load import CHECKPOINTS, load_input, load_trained, training_checkpoints
 from ernie_ir.passes.infra.base import graph_properties
 from ernie_ir.passes.infra.pipeline import load_pipeline
 from ernie_ir.passes.quant.cli_flags import pipeline_for
@@ -45,6 +55,9 @@ from ernie_ir.targets.registry import TargetError
 EXPORT_RECORD = "ernie_ir_export.json"
 EXPORT_FORMAT = "ernie-ir-export"
 """`format` of EXPORT_RECORD: marks a folder `--force` may replace."""
+LAYOUTS = ("paddle", "pt")
+"""`--layout`: the published Paddle layout (`-Paddle` checkpoints, FastDeploy, paddleformers) or the
+`-PT` one (transformers)."""
 
 
 @dataclass
@@ -59,26 +72,35 @@ class ExportReport:
     lora_adapter: str | None
     merged: int
     """How many adapted layers (linears or expert stacks) were merged."""
+    layout: str = "paddle"
+    checkpoint: str | None = None
+    """A training artifact's checkpoint written (`training/checkpoints/run-K-step-N/...`), else None."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def export_checkpoint(model: str, out: str | os.PathLike[str], *, lora_adapter: str | Path | None = None,
-                      pipeline: str | None = None, force: bool = False, trust_pickle: bool = False,
+                      pipeline: str | None = None, layout: str = "paddle", checkpoint: str | None = None,
+                      force: bool = False, trust_pickle: bool = False,
                       progress: Callable[[str, int, int], None] | None = None) -> ExportReport:
-    """Write `model` (its adapter `lora_adapter` merged, after `pipeline`) to the folder `out` as a
-    published float checkpoint (see the module docstring). Every bad input raises an ErnieIRError
+    """Write `model` (its adapter `lora_adapter` merged, after `pipeline`; a full-parameter training
+    artifact: its `checkpoint`, None the newest) to the folder `out` as a published float
+    checkpoint in `layout` (see the module docstring). Every bad input raises an ErnieIRError
     subclass with one line, before any file is written. `progress(stage, done, total)` reports
     the tensors written."""
+    layout = layout.strip().lower()
+    if layout not in LAYOUTS:
+        raise TargetError(f"--layout {layout!r}: unknown; choose paddle (the published -Paddle layout, the "
+                          "default) or pt (the -PT layout transformers loads)")
     dest = check_export_out(out, force)
-    if (Path(model) / "manifest.json").is_file():
-        raise TargetError(f"{model} is an artifact, not a model: export its source model, with "
-                          "--lora-adapter naming the adapter (a training run's checkpoint folder holds "
-                          "it in adapter/)")
+    trained = _training_artifact(model, checkpoint, lora_adapter)
     lora_text = pipeline_for(None, None, None, None, None, Path(lora_adapter), merge_lora=True) \
         if lora_adapter is not None else ""
-    graph = load_input(model, trust_pickle=trust_pickle)
+    graph = (load_input(model, trust_pickle=trust_pickle) if trained is None
+             else load_trained(model, checkpoint))
+    if layout == "pt":
+        check_pt_layout(graph, model)  # before any pass runs
     parts = [pipeline] if pipeline else []
     if lora_text:
         parts.append(lora_text)
@@ -103,15 +125,21 @@ def export_checkpoint(model: str, out: str | os.PathLike[str], *, lora_adapter: 
     if _has_lora(graph):
         raise TargetError("the model still holds LoRA adapters after --pipeline (a pass after the merge "
                           "added them): the published checkpoint has no adapters")
-    tensors = published_tensors(graph)  # refuses quantized, QAT, FP8 and meta graphs before writing
+    # both refuse quantized, QAT, FP8 and meta graphs before writing
+    tensors = published_tensors(graph) if layout == "paddle" else pt_tensors(graph)
     config = source_config(model, graph)
     if "num_nextn_predict_layers" in config or "moe_num_experts" in config:
         config = {**config, "num_nextn_predict_layers": 0}  # the graph has no MTP head: none is written
+    if layout == "pt":
+        config = pt_config(config)
     source = source_info(model, graph)
-    folder = Path(model) if Path(model).is_dir() else None
+    if trained is not None:
+        folder = Path(model) / trained if trained else None  # the artifact's copy of the tokenizer
+    else:
+        folder = Path(model) if Path(model).is_dir() else None
     record: dict[str, Any] = {
         "format": EXPORT_FORMAT, "format_version": 1, "ernie_ir_version": _version(), "source": source,
-        "pipeline": text,
+        "layout": layout, "pipeline": text,
         "lora_adapter": adapter_provenance(lora_adapter, merged=True) if lora_adapter is not None else None,
     }
 
@@ -126,9 +154,46 @@ def export_checkpoint(model: str, out: str | os.PathLike[str], *, lora_adapter: 
     with artifact_lock(dest, parents=True):  # one writer at a time, as for an artifact
         check_export_out(dest, force)  # again, under the lock: what is there now
         replace_folder(dest, fill)
+    ckpt = (graph.metadata.get("trained") or {}).get("checkpoint") if trained is not None else None
     return ExportReport(model=model, out=str(dest), pipeline=text, tensors=len(tensors),
                         params=params_by_dtype(graph),
-                        lora_adapter=(record["lora_adapter"] or {}).get("path"), merged=merged)
+                        lora_adapter=(record["lora_adapter"] or {}).get("path"), merged=merged,
+                        layout=layout, checkpoint=ckpt)
+
+
+def _training_artifact(model: str, checkpoint: str | None, lora_adapter: str | Path | None) -> str | None:
+    """None when MODEL is no artifact; for a full-parameter training artifact with a checkpoint, the
+    folder (relative to it) holding its tokenizer ("" when it has none). TargetError, one line,
+    for any other artifact, one never trained, and options that do not apply."""
+    if not (Path(model) / "manifest.json").is_file():
+        if checkpoint is not None:
+            raise TargetError(f"--checkpoint picks a checkpoint of a training artifact, and {model} is not "
+                              "one: drop --checkpoint")
+        return None
+    manifest = read_manifest(Path(model))
+    if manifest.mode != "training":
+        raise TargetError(f"{model} is a compiled artifact, not a model: export its source model "
+                          f"{(manifest.source or {}).get('model', '')!s}".rstrip() + " instead")
+    try:
+        recipe = json.loads((Path(model) / "training" / "train.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        recipe = {}
+    trainable = [str(n) for n in recipe.get("trainable", [])] if isinstance(recipe, dict) else []
+    if any(n.endswith((".lora_A", ".lora_B")) for n in trainable):
+        raise TargetError(f"{model} is a LoRA training artifact: export its source model "
+                          f"{(manifest.source or {}).get('model', '')!s} with --lora-adapter naming the "
+                          "adapter (a training run's checkpoint folder holds it in adapter/)")
+    if isinstance(recipe, dict) and recipe.get("qat_state"):
+        raise TargetError(f"{model} was trained with QAT: compile it (`ernie-ir compile {model} --target T` "
+                          "converts it to int8 weights with its learned scales); export writes float "
+                          "checkpoints")
+    if lora_adapter is not None:
+        raise TargetError(f"{model} is a full-parameter training artifact: it holds its trained weights; "
+                          "--lora-adapter merges an adapter into a model: drop it")
+    if not training_checkpoints(manifest):
+        raise TargetError(f"{model} has no training checkpoint under {CHECKPOINTS}/ (it was never trained): "
+                          f"run `ernie-ir train {model} --steps N` first, then export it")
+    return manifest.tokenizer or ""
 
 
 def check_export_out(out: str | os.PathLike[str], force: bool) -> Path:
