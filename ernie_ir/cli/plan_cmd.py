@@ -19,6 +19,9 @@ PlanDevicesOpt = Annotated[int | None, typer.Option(
     "--devices", help="Training: lay out this many devices (max(tp, ep) x dp), smallest model-parallel "
     "group that fits first, dp filling the rest.")]
 
+MomentDtypeOpt = Annotated[str | None, typer.Option(
+    "--moment-dtype", help="AdamW moments: float32 (fp32, default) or bf16 (an artifact: as it records).")]
+
 
 def plan(
     model: ModelArg,
@@ -64,7 +67,7 @@ def plan(
     device_memory: Annotated[str | None, typer.Option(
         "--device-memory", help="Per device: 80GiB, 80G or 80GB (all binary). Without --tp/--ep: "
         "search the smallest device count that fits.")] = None,
-    moment_dtype: Annotated[str, typer.Option("--moment-dtype", help="AdamW moments: fp32, bf16.")] = "fp32",
+    moment_dtype: MomentDtypeOpt = None,
     kv_cache_dtype: Annotated[
         str | None, typer.Option("--kv-cache-dtype", help="bf16, f16, fp8 or int8 (default: bf16).")
     ] = None,
@@ -93,7 +96,7 @@ def plan(
     check_replica_flags(mode, dp, stage, devices)
     options = CompileOptions(mode=mode, quant=quant, lora_rank=lora_rank, cuda_arch=cuda_arch, tp=tp, ep=ep,
                              dp=dp, sharding=stage, sp=sp or None, pp=pp, micro_batches=micro_batches)
-    request = PlanRequest(seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer,
+    request = PlanRequest(seq_len=seq_len, batch=batch, offload_optimizer=offload_optimizer or None,
                           recompute=recompute, device_memory=device_memory, moment_dtype=moment_dtype,
                           kv_cache_dtype=kv_cache_dtype, reserve=reserve, engine=engine,
                           max_model_len=max_model_len, max_num_seqs=max_num_seqs,

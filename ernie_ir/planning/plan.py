@@ -85,7 +85,9 @@ FASTDEPLOY_MAX_BLOCKS = 40000
 SHARDED = {"none": (), "stage1": ("optimizer_moments", "master_weights"),
            "stage2": ("optimizer_moments", "master_weights", "gradients")}
 """The categories each ZeRO stage (`request.SHARDING`) divides by dp."""
-_MOMENT = {"fp32": DType.F32, "f32": DType.F32, "bf16": DType.BF16}
+_MOMENT = {"fp32": DType.F32, "f32": DType.F32, "float32": DType.F32, "bf16": DType.BF16,
+           "bfloat16": DType.BF16}
+"""--moment-dtype spellings (compile's too: ernie_ir.training.precision.MOMENT_DTYPES)."""
 _KV = {"bf16": DType.BF16, "f16": DType.F16, "fp16": DType.F16, "fp8": DType.F8E4M3,
        "f8e4m3": DType.F8E4M3, "int8": DType.I8, "i8": DType.I8}
 _ENGINE_FLAGS = {"--max-model-len": "max_model_len", "--max-num-seqs": "max_num_seqs",
@@ -563,7 +565,7 @@ class _Options(BaseModel):
                             "saved activations)")
         moment = _MOMENT.get(req.moment_dtype.strip().lower())
         if moment is None:
-            raise PlanError(f"--moment-dtype {req.moment_dtype!r}: choose fp32 or bf16")
+            raise PlanError(f"--moment-dtype {req.moment_dtype!r}: choose float32 (fp32) or bf16")
         kv_text = req.kv_cache_dtype if req.kv_cache_dtype is not None else o.kv_cache_dtype
         kv = None
         if kv_text is not None:
@@ -769,6 +771,8 @@ def _plan_artifact(model: str, target: str, opts: _Options, memory: int, req: Pl
                         "--sharding or give those (or plan its source model)")
     if recorded > 1:
         opts = opts.model_copy(update={"sharding": stage})
+    if opts.mode == "training":
+        opts = _recorded_precision(model, opts, req)
     if devices is not None and devices % mapping.world_size:
         raise PlanError(f"{model} has {mapping.world_size} model-parallel rank(s): --devices {devices} is "
                         "not a multiple of that (devices = ranks x dp)")
@@ -781,6 +785,35 @@ def _plan_artifact(model: str, target: str, opts: _Options, memory: int, req: Pl
                 lora_rank=None)
     return _assemble(head, ranks, manifest.pipeline or "", [], mapping.tp, mapping.ep, opts,
                      memory, req.given("device_memory"), dp=replicas)
+
+
+def _recorded_precision(model: str, opts: _Options, req: PlanRequest) -> _Options:
+    """`opts` with a training artifact's recorded moment dtype and offload (train.json's
+    `precision`, or the manifest's `training_precision` for a graph-only artifact:
+    ernie_ir.training.precision); PlanError (one line) where --moment-dtype or
+    --offload-optimizer is given and differs. An artifact without the record: `opts` as given."""
+    import json
+
+    from ernie_ir.training.precision import Precision
+
+    recorded = None
+    for path, key in ((Path(model) / "training" / "train.json", "precision"),
+                      (Path(model) / "manifest.json", "training_precision")):
+        try:
+            recorded = recorded or Precision.from_recipe({"precision": json.loads(
+                path.read_text(encoding="utf-8")).get(key)})
+        except (OSError, ValueError, AttributeError):
+            continue
+    if recorded is None:
+        return opts
+    moment = _MOMENT[recorded.moments]
+    if req.given("moment_dtype") and opts.moment != moment:
+        raise PlanError(f"--moment-dtype {req.moment_dtype}: {model} records AdamW moments in {moment} "
+                        f"(compile --moment-dtype): drop --moment-dtype (or plan its source model)")
+    if req.given("offload_optimizer") and opts.offload_optimizer != recorded.offload_optimizer:
+        raise PlanError(f"--offload-optimizer: {model} was compiled without it (its optimizer states stay "
+                        "on the device): drop it, or compile with --offload-optimizer")
+    return opts.model_copy(update={"moment": moment, "offload_optimizer": recorded.offload_optimizer})
 
 
 def _assemble(head: dict[str, Any], ranks: list[Graph], pipeline: str, notes: list[str], tp: int, ep: int,

@@ -112,12 +112,15 @@ class EmitSettings:
     (`--emit`: one that cannot be made is an error; a default one that does not apply, e.g.
     fastdeploy for GPT, is left out with a warning where the model nearly qualified), the mode,
     the ONNX numerics and the element type of the ONNX decoder's KV cache (None: the
-    attention's key dtype)."""
+    attention's key dtype); training: AdamW's moment dtype (None: f32) and the optimizer offload
+    the recipe records (ernie_ir.training.precision)."""
 
     explicit: bool
     mode: str
     onnx_numerics: str
     kv_cache_dtype: str | None = None
+    moment_dtype: str | None = None
+    offload_optimizer: bool = False
 
 
 def select_emitters(emit: Sequence[str], settings: EmitSettings, *, target: HardwareTarget, model: str,
@@ -136,7 +139,7 @@ def select_emitters(emit: Sequence[str], settings: EmitSettings, *, target: Hard
     if "paddle-inference" in emit:
         emitters[backend_of("paddle-inference")] = _paddle_inference_emitter()
     elif "paddle" in emit:
-        emitters["paddle"] = _paddle_emitter(target, mode, mapping)
+        emitters["paddle"] = _paddle_emitter(target, mode, mapping, settings)
     if "fastdeploy" in emit:
         # the target's part is decided here; the backend gets plain values
         found = (fastdeploy_emitters(mode, model, ranks, mapping, arch, warnings, explicit=explicit)
@@ -208,12 +211,18 @@ def _paddle_inference_emitter() -> Emitter:
     return lambda g, exe: emit_paddle_inference(g, exe / "paddle")
 
 
-def _paddle_emitter(target: HardwareTarget, mode: str, mapping: Mapping) -> Emitter:
-    """Training: the recipe. Inference: nothing to write; `run --backend paddle` and the launch
-    recipe build each rank's Layer from `rank{r}/` (the bytes already in the artifact)."""
+def _paddle_emitter(target: HardwareTarget, mode: str, mapping: Mapping,
+                    settings: EmitSettings | None = None) -> Emitter:
+    """Training: the recipe (with its mixed precision). Inference: nothing to write; `run --backend
+    paddle` and the launch recipe build each rank's Layer from `rank{r}/` (the bytes already in
+    the artifact)."""
     if mode == "training":
+        from ernie_ir.training.precision import precision_of
         from ernie_ir.training.recipe import emit_paddle_training
 
         layout = None if mapping.processes == 1 else mapping  # dp replicas of one rank: a layout too
-        return lambda g, exe: emit_paddle_training(g, exe, target, layout)
+        moments = None if settings is None else settings.moment_dtype
+        offload = settings is not None and settings.offload_optimizer
+        return lambda g, exe: emit_paddle_training(g, exe, target, layout,
+                                                   precision_of(g, moments, offload))
     return lambda g, exe: None

@@ -93,6 +93,9 @@ class TrainResult:
     """Per process (rank order), measured at the end of the run: `optimizer_state_bytes` (the
     optimizer's state tensors held), `gradient_bytes` (the gradients held at the last step,
     after the data-parallel reduce), `peak_rss_bytes`, `dp_index`, `mp_rank`."""
+    precision: str = ""
+    """One line: the run's dtypes (a CPU run: f32) and those the recipe keeps on a device
+    (training.precision.Precision.cpu_line); "" for an artifact that records no recipe."""
 
 
 @dataclass(frozen=True)
