@@ -50,7 +50,8 @@ PIPELINE_STAGE = "pipeline"
 """Graph metadata of a pipeline stage graph: {stage, pp, layers: [first, stop), stages,
 needs_grad: the inputs whose gradient the previous stage needs, outputs_need_grad: the outputs
 whose gradient this stage needs from the next, grad_edges: whether any gradient crosses each
-edge, rank_varying_inputs: the inputs that differ between tensor-parallel ranks}. Written by
+edge, rank_varying_inputs: the inputs that differ between tensor-parallel ranks, tied: the
+trainable params the first and the last stage both hold (a tied embedding; empty elsewhere)}. Written by
 the pipeline cut (passes/parallel/pipeline_stages.py); read by the runtimes."""
 
 
@@ -278,8 +279,9 @@ def pipeline_group_ranks(stages: int, world: int) -> list[GroupRanks]:
     """The groups of `stages` pipeline stages of `world` model-parallel ranks (process g: stage
     g // world, rank g % world): ("mp", s) the ranks of stage s (world > 1 only), ("edge", s, q)
     the 2-rank group of rank q's edge from stage s to s + 1 (Paddle's gloo p2p tags count per
-    group, so each edge gets its own), ("ring", q) rank q's stages (more than 2 stages only: with
-    2 the edge is the ring)."""
+    group, so each edge gets its own), ("ring", q) rank q's stages and ("ends", q) its first and
+    last stage (a tied embedding's gradient sum) (more than 2 stages only: with 2 the edge is
+    both)."""
     wanted: list[GroupRanks] = []
     if world > 1:
         wanted += [(("mp", s), list(range(s * world, (s + 1) * world))) for s in range(stages)]
@@ -287,6 +289,7 @@ def pipeline_group_ranks(stages: int, world: int) -> list[GroupRanks]:
                for s in range(stages - 1) for q in range(world)]
     if stages > 2:
         wanted += [(("ring", q), [s * world + q for s in range(stages)]) for q in range(world)]
+        wanted += [(("ends", q), [q, (stages - 1) * world + q]) for q in range(world)]
     return wanted
 
 

@@ -122,12 +122,16 @@ class GradientNorm:
     summed over ranks, replicated params once, shared slices divided by how many ranks hold
     them (`terms`, `norm`). `group`: the model-parallel group (None: the default group);
     `stages`: the group of the pipeline stages of this model-parallel rank (their squared norms
-    add up; None: no pipeline)."""
+    add up; None: no pipeline); `tied`: the weights this stage shares with the other end of the
+    pipeline (pipeline.TiedWeights: their gradients summed over the two ends first, and counted
+    in the norm by one of them)."""
 
-    def __init__(self, paddle: Any, layer: Any, graph: Any, group: Any = None, stages: Any = None) -> None:
+    def __init__(self, paddle: Any, layer: Any, graph: Any, group: Any = None, stages: Any = None,
+                 tied: Any = None) -> None:
         from ernie_ir.ir.mapping import SHARD
 
-        self.paddle, self.layer, self.group, self.stages = paddle, layer, group, stages
+        self.paddle, self.layer, self.group, self.stages, self.tied = paddle, layer, group, stages, tied
+        self.uncounted: set[str] = set() if tied is None else tied.uncounted(layer)
         self.world = int(getattr(layer, "world_size", 1))
         self.kinds: dict[str, str] = {}  # Paddle param name -> "replicated" | "sharded" | "shared"
         self.shared: dict[str, tuple[list[int], Any, Any]] = {}  # name -> (global shape, index, count)
@@ -155,8 +159,11 @@ class GradientNorm:
             dist.all_reduce(t, group=self.group)
 
     def sum_shared(self, grads: dict[str, Any]) -> None:
-        """Replace each shared slice's gradient (by Paddle name) with the sum of every holder's part."""
+        """Replace each shared slice's gradient (by Paddle name) with the sum of every holder's
+        part (a tied weight's: first with the other pipeline end's)."""
         paddle = self.paddle
+        if self.tied is not None:
+            self.tied.sum(paddle, self.layer, grads)
         for pname, (shape, index, _) in self.shared.items():  # setup order: the same on every rank
             g = grads.get(pname)
             whole = np.zeros(shape, np.float32)
@@ -167,9 +174,10 @@ class GradientNorm:
             grads[pname] = paddle.to_tensor(buf.numpy()[index])
 
     def counted(self, pname: str) -> bool:
-        """Whether this rank's gradient of `pname` enters the norm (a replicated one: rank 0's)."""
+        """Whether this rank's gradient of `pname` enters the norm (a replicated one: rank 0's; a
+        tied weight: the first pipeline stage's)."""
         replicated = self.kinds.get(pname, "replicated") == "replicated"
-        return not (replicated and getattr(self.layer, "rank", 0) != 0)
+        return pname not in self.uncounted and not (replicated and getattr(self.layer, "rank", 0) != 0)
 
     def term(self, pname: str, g: Any) -> Any:
         """The sum of squares `pname`'s gradient adds to the squared norm."""

@@ -149,7 +149,8 @@ def test_process_groups_are_made_by_one_helper_in_one_order_each_with_a_barrier(
         (("mp", 0), [0, 1]), (("mp", 1), [2, 3]), (("mp", 2), [4, 5]),
         (("edge", 0, 0), [0, 2]), (("edge", 0, 1), [1, 3]),
         (("edge", 1, 0), [2, 4]), (("edge", 1, 1), [3, 5]),
-        (("ring", 0), [0, 2, 4]), (("ring", 1), [1, 3, 5])]
+        (("ring", 0), [0, 2, 4]), (("ring", 1), [1, 3, 5]),
+        (("ends", 0), [0, 4]), (("ends", 1), [1, 5])]  # the tied embedding's first and last stage
     assert pipeline_group_ranks(2, 1) == [(("edge", 0, 0), [0, 1])]  # two stages: the edge is the ring
 
     calls: list[tuple[str, ...] | tuple[str, list[int]]] = []
@@ -175,6 +176,8 @@ def test_process_groups_are_made_by_one_helper_in_one_order_each_with_a_barrier(
     calls.clear()
     assert new_groups(0, 1, 2) == (None, None) and calls == []  # one replica: no group at all
     g = pipeline_groups(3, 3, 2)  # stage 1 of tensor rank 1
-    assert (g.stage, g.mp_rank, g.mp, g.prev, g.next, g.ring) == (1, 1, (2, 3), (1, 3), (3, 5), (1, 3, 5))
-    g = pipeline_groups(1, 2, 1)  # the last of two stages: its ring is its edge
-    assert (g.stage, g.mp, g.prev, g.next, g.ring) == (1, None, (0, 1), None, (0, 1))
+    assert (g.stage, g.mp_rank, g.mp, g.prev, g.next, g.ring, g.ends) == (1, 1, (2, 3), (1, 3), (3, 5),
+                                                                          (1, 3, 5), None)
+    assert pipeline_groups(5, 3, 2).ends == (1, 5)  # the last stage of tensor rank 1
+    g = pipeline_groups(1, 2, 1)  # the last of two stages: its ring and its ends are its edge
+    assert (g.stage, g.mp, g.prev, g.next, g.ring, g.ends) == (1, None, (0, 1), None, (0, 1), (0, 1))

@@ -37,5 +37,6 @@ def test_the_layout_lists_its_process_groups_in_creation_order() -> None:
     groups = dict(pp.process_groups())
     assert groups[("mp", 2)] == [4, 5] and groups[("edge", 1, 0)] == [2, 4]
     assert groups[("ring", 1)] == [1, 3, 5]  # more than 2 stages: each rank's ring
+    assert groups[("ends", 1)] == [1, 5]  # and its first and last stage (a tied embedding)
     every = sorted(r for ranks in groups.values() for r in ranks)
     assert set(every) == set(range(pp.rank_graphs))

@@ -3,12 +3,14 @@
 - Cutting a whole @tiny graph (dense, MoE, GPT) into stages: the stage graphs, chained in the
   reference interpreter (stage s's outputs fed as stage s+1's inputs), give exactly the whole
   graph's logits; each verifies; stage s's outputs are stage s+1's inputs by name; every param
-  is held by some stage and only a frozen tied embedding by two; the stage metadata is right.
+  is held by some stage and only a tied embedding by two; the stage metadata is right.
 - Cutting tensor-parallel rank graphs (tp 2, with and without sp): `run_pipeline_spmd` over the
   stage graphs gives exactly `run_spmd`'s logits over the uncut rank graphs; with sp the second
   stage records its token-shard input as rank-varying.
 - `min_max_partition` against a brute force over every contiguous partition.
 - `stage_bounds` on the 300B @meta graph matches ERNIEKit's published segments.
+- A trainable tied embedding: held by the first and last stage, both record it (`tied`: the
+  runtime sums its gradients); a trainable param read by other stages is refused.
 - Refusals (StageError naming the fix) and the pipelined `Mapping` (counts, dump, validation).
 """
 
@@ -114,6 +116,7 @@ def _check_cut(graph: Graph, pp: int) -> None:
         assert info["stages"] == [list(b) for b in bounds]
         assert len(info["grad_edges"]) == pp - 1
         assert info["rank_varying_inputs"] == []
+        assert info["tied"] == []  # frozen
     assert stage_info(graph.metadata) is None  # the whole graph is left as it was
 
 
@@ -238,18 +241,30 @@ def test_check_pipeline_refuses_more_stages_than_layers() -> None:
         stage_bounds(graph, 0)
 
 
-def test_cut_refuses_a_trainable_tied_embedding() -> None:
-    graph = load_input("ernie-4.5-0.3b@tiny")
+def test_cut_records_a_trainable_tied_embedding_on_both_ends() -> None:
+    graph = load_input("ernie-4.5-21b-a3b@tiny")  # 3 layers
     (name,) = _tied(graph)
     copy = clone_graph(graph)
     copy.params[name].trainable = True
-    bounds = stage_bounds(copy, 2)
-    with pytest.raises(StageError, match=re.escape(name)) as err:
-        cut_stages(copy, bounds)
-    msg = str(err.value)
-    assert "--pp 1" in msg and "frozen" in msg and "\n" not in msg
+    for pp in (2, 3):
+        stages = cut_stages(copy, stage_bounds(copy, pp))
+        assert [stage_info(g.metadata)["tied"] for g in stages] == [[name], *[[]] * (pp - 2), [name]]
+        assert [name in g.params and g.params[name].trainable for g in stages] == [True, *[False] * (pp - 2),
+                                                                                   True]
     assert not graph.params[name].trainable
-    assert len(cut_stages(graph, bounds)) == 2  # the frozen original still cuts
+
+
+def test_cut_refuses_a_trainable_param_read_by_other_stages() -> None:
+    graph = clone_graph(load_input("ernie-4.5-21b-a3b@tiny"))
+    shared = "ernie.layers.0.input_layernorm.weight"
+    node = next(n for n in graph if decoder_layer(n) == 1 and n.scope.endswith("input_layernorm"))
+    i = next(i for i, v in enumerate(node.inputs) if v is not None and v.name in graph.params)
+    node.set_input(i, graph.params[shared])  # layer 1 reads layer 0's norm: stages 0 and 1 of 3
+    graph.params[shared].trainable = True
+    with pytest.raises(StageError, match=re.escape(shared)) as err:
+        cut_stages(graph, stage_bounds(graph, 3))
+    msg = str(err.value)
+    assert "stages [0, 1]" in msg and "--pp 1" in msg and "frozen" in msg and "\n" not in msg
 
 
 def test_mapping_with_pipeline() -> None:

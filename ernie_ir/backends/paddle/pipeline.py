@@ -4,8 +4,9 @@ Process g of `pp x world` runs rank graph g: stage `g // world` of model-paralle
 `g % world` (ernie_ir.ir.mapping). `pipeline_groups` makes the groups (with the one helper of
 ernie_ir.backends.paddle.groups): the tensor-parallel group of each stage (the stage graph's
 collectives), one 2-rank group per pipeline edge and model-parallel rank (Paddle's gloo p2p tags
-count per group, so each edge gets its own), and the group of each model-parallel rank's stages
-(the loss and the gradient norm).
+count per group, so each edge gets its own), the group of each model-parallel rank's stages
+(the loss and the gradient norm) and of its first and last stage (`TiedWeights`: a trained tied
+embedding, held by both ends, has its two gradients summed before each optimizer step).
 
 `PipelineStage.run` executes one batch under a schedule (ernie_ir.backends.paddle.pipeline_schedule):
 the batch's rows cut into micro-batches; forwards on the stage's Paddle Layer; activations sent
@@ -57,6 +58,9 @@ class PipelineGroups:
     """The edge group to the next stage (None on the last)."""
     ring: Any = None
     """This model-parallel rank's stages (the loss broadcast, the gradient norm's sum)."""
+    ends: Any = None
+    """This model-parallel rank's first and last stage (a tied embedding's gradient sum); None
+    on the stages between."""
 
     def process(self, stage: int) -> int:
         """The global rank of `stage`'s process at this model-parallel rank."""
@@ -72,10 +76,51 @@ def pipeline_groups(process: int, stages: int, world: int) -> PipelineGroups:
     mine = create_groups(process, pipeline_group_ranks(stages, world))
     out = PipelineGroups(stage, stages, mp_rank, world, mp=mine.get(("mp", stage)),
                          prev=mine.get(("edge", stage - 1, mp_rank)), next=mine.get(("edge", stage, mp_rank)),
-                         ring=mine.get(("ring", mp_rank)))
+                         ring=mine.get(("ring", mp_rank)), ends=mine.get(("ends", mp_rank)))
     if stages == 2:
-        out.ring = out.next if stage == 0 else out.prev
+        out.ring = out.ends = out.next if stage == 0 else out.prev
     return out
+
+
+@dataclass(frozen=True)
+class TiedWeights:
+    """The trainable weights this stage shares with the other end of the pipeline (a tied
+    embedding: the embedding reads it on the first stage, lm_head on the last). Megatron's
+    shared-weight all-reduce: after the backward, before the clip and the optimizer step, each
+    end's gradient is summed over `group` (the two stages of this model-parallel rank), so both
+    copies take the one-rank gradient and the same update; the global norm counts the weight on
+    the first stage only (`counted`)."""
+
+    names: tuple[str, ...]
+    """IR names, sorted (the order of the all-reduces on both ends)."""
+    group: Any
+    counted: bool
+
+    def sum(self, paddle: Any, layer: Any, grads: dict[str, Any]) -> None:
+        """Replace each tied weight's gradient in `grads` (by Paddle name) with the sum over the
+        two ends (zeros for a missing one: both ends join every all-reduce)."""
+        import paddle.distributed as dist
+
+        for name in self.names:
+            t = layer.tensor(name)
+            g = grads.get(t.name)
+            total = paddle.zeros(t.shape, "float32") if g is None else g.astype("float32").clone()
+            dist.all_reduce(total, group=self.group)
+            grads[t.name] = total if g is None else total.astype(g.dtype)
+
+    def uncounted(self, layer: Any) -> set[str]:
+        """Paddle names of the weights whose norm term the other end counts."""
+        return set() if self.counted else {layer.tensor(n).name for n in self.names}
+
+
+def tied_weights(graph: Graph, groups: PipelineGroups) -> TiedWeights | None:
+    """The tied weights of this stage's graph (the trainable params the cut found on the first
+    and the last stage: `tied`); None when there are none (or the stage is a middle one)."""
+    info = stage_info(graph.metadata) or {}
+    names = tuple(sorted(info.get("tied", [])))
+    if not names or groups.ends is None:
+        return None
+    return TiedWeights(names, groups.ends, counted=groups.stage == 0)
 
 
 @dataclass

@@ -163,8 +163,10 @@ def cut_stages(graph: Graph, bounds: Sequence[tuple[int, int]], *,
                tensor_parallel: bool = False) -> list[Graph]:
     """The stage graphs of `graph` for the layer ranges `bounds` (`stage_bounds`). Params are
     shared (each stage graph holds the params its nodes read, with the same sources, no byte
-    copied); a frozen param two stages read (a tied embedding) is in both; a trainable one is
-    refused (StageError: its two gradients would need summing across the stages).
+    copied); a param two stages read (a tied embedding) is in both. A trainable one must be read
+    by the first and the last stage alone (StageError otherwise): both record it (`tied`), and
+    the runtime sums its two gradients over those stages before each step (Megatron's
+    shared-weight all-reduce: ernie_ir.backends.paddle.pipeline.TiedWeights).
     `tensor_parallel`: `graph` is one of several rank graphs; the inputs of a stage that differ
     between its ranks (`rank_varying`, the analysis that decides where gradients are summed over
     the ranks) are recorded (`rank_varying_inputs`), since a stage cannot see that its input
@@ -193,12 +195,12 @@ def cut_stages(graph: Graph, bounds: Sequence[tuple[int, int]], *,
         for v in node.inputs:
             if isinstance(v, Param) and v.trainable:
                 readers.setdefault(v.name, set()).add(node_stage[id(node)])
-    shared = sorted(n for n, st in readers.items() if len(st) > 1)
-    if shared:
-        raise StageError(f"{graph.name}: trainable param {shared[0]} is read by stages "
-                         f"{sorted(readers[shared[0]])} (a tied embedding trained on the first and last "
-                         "stage): its gradient would need Megatron's shared-weight all-reduce, which "
-                         "ernie-ir's pipeline does not do; train it with --pp 1 or keep it frozen")
+    tied = sorted(n for n, st in readers.items() if len(st) > 1)
+    odd = next((n for n in tied if readers[n] != {0, pp - 1}), None)
+    if odd is not None:
+        raise StageError(f"{graph.name}: trainable param {odd} is read by stages {sorted(readers[odd])}: "
+                         "the pipeline sums a shared weight's gradients between the first and the last "
+                         "stage only (a tied embedding); train it with --pp 1 or keep it frozen")
     stages: list[Graph] = []
     for s in range(pp):
         g = Graph(graph.name)
@@ -236,7 +238,8 @@ def cut_stages(graph: Graph, bounds: Sequence[tuple[int, int]], *,
             "outputs_need_grad": [] if s == pp - 1 else [str(names[id(v)]) for v in boundary[s]
                                                          if id(v) in grad],
             "grad_edges": [any(id(v) in grad for v in cross) for cross in boundary],
-            "rank_varying_inputs": [str(names[id(v)]) for v in ins if id(v) in varying]}
+            "rank_varying_inputs": [str(names[id(v)]) for v in ins if id(v) in varying],
+            "tied": tied if s in (0, pp - 1) else []}
         stages.append(g)
     return stages
 
