@@ -74,6 +74,12 @@ def compile(
     freeze: Annotated[list[str] | None, typer.Option(
         "--freeze", help="--mode training without LoRA or QAT trains every float param; keep params whose "
         "name or module a REGEX fully matches fixed, e.g. '.*embed_tokens' (repeatable).")] = None,
+    moment_dtype: Annotated[str | None, typer.Option(
+        "--moment-dtype", help="--mode training: AdamW's moments, float32 (default) or bf16; the params "
+        "train in bf16 with f32 master weights (recorded in training/train.json).")] = None,
+    offload_optimizer: Annotated[bool, typer.Option(
+        "--offload-optimizer", help="--mode training: keep the optimizer states (moments, f32 masters) in "
+        "host memory (recorded in training/train.json; `plan` sizes it).")] = False,
     onnx_numerics: Annotated[
         str | None, typer.Option("--onnx-numerics", help="With --emit onnx: weight-only (default: "
                           "float32 activations, weights dequantized in float32), exact (equal to the "
@@ -111,7 +117,7 @@ def compile(
         sharding=sharding, cuda_arch=cuda_arch, emit=emit, onnx_numerics=onnx_numerics,
         kv_cache_dtype=kv_cache_dtype, out=out_dir, force=force, trust_pickle=trust_pickle, meta=meta,
         disabled_passes=split_names(disable_pass), stop_after=stop_after, checkpoint=checkpoint,
-        freeze=tuple(freeze or ()))
+        freeze=tuple(freeze or ()), moment_dtype=moment_dtype, offload_optimizer=offload_optimizer)
     # Progress goes to stderr, so --json output stays one clean object on stdout.
     with progress_bar(transient=json_out) as progress:
         report = compile_model(model, target, options, progress=progress)
@@ -130,14 +136,24 @@ def export_cmd(
                                           "export wrote with --force).")],
     lora_adapter: LoraAdapterOpt = None,
     pipeline: PipelineOpt = None,
+    layout: Annotated[str, typer.Option(
+        "--layout", help="paddle (default): the published -Paddle layout (ernie. keys, fused qkv and "
+        "up_gate, [in, out]) that FastDeploy serves and paddleformers loads; pt: the -PT layout "
+        "transformers loads (model. keys, separate q/k/v and gate/up projections, [out, in]; ERNIE 4.5 "
+        "only). Both keep the model's dtype.")] = "paddle",
+    checkpoint: Annotated[str | None, typer.Option(
+        "--checkpoint", help="MODEL a full-parameter training artifact: export this checkpoint of it: "
+        "latest (the default), a run name (run-002-step-30) or its path.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a checkpoint folder export wrote.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     trust_pickle: TrustOpt = False,
 ) -> None:
     """Write a model as a published float checkpoint folder (config.json + model.safetensors in
-    ERNIE 4.5's Paddle layout, tokenizer files), its LoRA adapter merged (W + scale * A @ B,
-    rounded once to the weight's dtype): what FastDeploy serves, paddleformers loads and
-    `ernie-ir compile` reads (written atomically)."""
+    ERNIE 4.5's Paddle layout, or with --layout pt the -PT layout, tokenizer files), its LoRA
+    adapter merged (W + scale * A @ B, rounded once to the weight's dtype): what FastDeploy
+    serves, paddleformers / transformers load and `ernie-ir compile` reads (written atomically).
+    MODEL may be a full-parameter training artifact: its trained weights (newest checkpoint, or
+    --checkpoint), rounded once to the model's dtype."""
     import json
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -153,13 +169,18 @@ def export_cmd(
             bar.update(task, completed=done, total=total, description=stage)
 
         report = export_checkpoint(model, out_dir, lora_adapter=lora_adapter, pipeline=pipeline,
-                                   force=force, trust_pickle=trust_pickle, progress=progress)
+                                   layout=layout, checkpoint=checkpoint, force=force,
+                                   trust_pickle=trust_pickle, progress=progress)
     if json_out:
         print(json.dumps(report.as_dict(), default=str))
         return
     merged = (f", {report.merged} adapted layer(s) of {report.lora_adapter} merged" if report.lora_adapter
               else f", {report.merged} adapted layer(s) merged" if report.merged else "")
-    out.print(f"exported {model} -> {report.out} ({report.tensors} tensors{merged})", markup=False)
+    layout_note = ", -PT layout" if report.layout == "pt" else ""
+    out.print(f"exported {model} -> {report.out} ({report.tensors} tensors{merged}{layout_note})",
+              markup=False)
+    if report.checkpoint:
+        out.print(f"trained weights: {report.checkpoint}", markup=False)
     if report.pipeline:
         out.print(f"pipeline: {report.pipeline}", markup=False)
     sizes = ", ".join(f"{d} {v['count']} / {v['bytes']:,} B" for d, v in report.params.items())

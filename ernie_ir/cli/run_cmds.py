@@ -44,6 +44,7 @@ from .train_opts import (
     ClipNormOpt,
     ConfigOpt,
     DataOpt,
+    EpochsOpt,
     EpsOpt,
     EvalDataOpt,
     EvalStepsOpt,
@@ -62,6 +63,7 @@ from .train_opts import (
     SaveTotalLimitOpt,
     ScheduleOpt,
     SeedOpt,
+    SplitOpt,
     StepsOpt,
     TrainJsonOpt,
     WarmupStepsOpt,
@@ -365,10 +367,12 @@ def _save_logits(path: Path, logits: Any) -> None:
 
 def train(
     artifact: ArtifactArg,
-    steps: StepsOpt,
+    steps: StepsOpt = None,
     data: DataOpt = None,
     eval_data: EvalDataOpt = None,
     max_seq_len: MaxSeqLenOpt = None,
+    num_train_epochs: EpochsOpt = None,
+    split: SplitOpt = None,
     packing: PackingOpt = False,
     config: ConfigOpt = None,
     lr: LrOpt = None,
@@ -411,9 +415,12 @@ def train(
     --master; the artifact at the same path on each, shared for checkpoints) node 0 prints the
     losses and writes the checkpoints, every other node one line."""
     from ernie_ir.backends.paddle.launch import NodeFinished, parse_nodes
-    from ernie_ir.finetune import fine_tune
+    from ernie_ir.finetune import PACKING_REFUSED, FineTuneError, fine_tune, train_length
     from ernie_ir.training.hooks import TrainHooks
 
+    if packing:
+        raise FineTuneError(f"--packing: {PACKING_REFUSED}")
+    length = train_length(steps, num_train_epochs)
     options, start = _train_options(config, flag_options(locals()), resume, resume_from)
     nodes = parse_nodes(nnodes, node_rank, master, master_timeout)
     processes = 1 if nodes is None else _node_processes(artifact, nodes, options)
@@ -421,13 +428,13 @@ def train(
     try:
         with (_rank_log_on_error(), _nodes_launch(nodes, processes),
               _train_progress(draw, steps) as on_progress):
-            result = fine_tune(artifact, steps, data, eval_data=eval_data, max_seq_len=max_seq_len,
-                               packing=packing, options=options, hooks=TrainHooks(on_progress=on_progress),
-                               timeout_s=timeout, resume=start)
+            result = fine_tune(artifact, length, data, eval_data=eval_data, max_seq_len=max_seq_len,
+                               options=options, hooks=TrainHooks(on_progress=on_progress),
+                               timeout_s=timeout, resume=start, split=split)
     except NodeFinished as done:
         _node_done(done, json_out)
         return
-    _print_trained(artifact, steps, result, options, json_out)
+    _print_trained(artifact, result.first_step + len(result.losses) - 1, result, options, json_out)
 
 
 def _train_options(config: Path | None, flags: dict[str, Any], resume: bool,
@@ -475,8 +482,11 @@ def _print_trained(artifact: Path, steps: int, result: Any, options: dict[str, A
         used = resolve_options(read_training_artifact(artifact)[1], options).model_dump()
         print(json.dumps({"artifact": str(artifact), "steps": steps, "first_step": result.first_step,
                           "losses": result.losses, "eval_losses": [list(e) for e in result.eval_losses],
-                          "checkpoints": [str(p) for p in result.checkpoints], "options": used}))
+                          "checkpoints": [str(p) for p in result.checkpoints], "options": used,
+                          "precision": result.precision}))
         return
+    if result.precision:  # one line on stderr: stdout stays the losses and checkpoints
+        err.print(result.precision, markup=False)
     evals = dict(result.eval_losses)
     for i, loss in enumerate(result.losses, result.first_step):
         out.print(f"step {i:4d}  loss {loss:.6f}", markup=False)
@@ -487,7 +497,7 @@ def _print_trained(artifact: Path, steps: int, result: Any, options: dict[str, A
 
 
 @contextmanager
-def _train_progress(draw: bool, steps: int) -> Iterator[object]:
+def _train_progress(draw: bool, steps: int | None) -> Iterator[object]:
     """A rich progress bar on stderr (loss, tokens/s, ETA) fed by train_artifact's on_progress."""
     if not draw:
         yield None
@@ -502,7 +512,7 @@ def _train_progress(draw: bool, steps: int) -> Iterator[object]:
     task = bar.add_task("train", total=steps, status="")
 
     def on_progress(p: StepProgress) -> None:
-        bar.update(task, completed=p.step,
+        bar.update(task, completed=p.step, total=p.steps,
                    status=f"loss {p.loss:.4f}  lr {p.lr:.2e}  {p.tokens_per_s:,.0f} tok/s  "
                           f"eta {p.eta_s:.0f}s")
 

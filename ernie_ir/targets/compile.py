@@ -375,6 +375,10 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
     written = [n for n in emit_names if backend_of(n) in emitters]
     after = params_by_dtype(ranks[0]) if len(ranks) == 1 else _rank_params(ranks)
     extra = _manifest_extra(before, after, written, numerics, o)
+    if o.mode == "training":  # the mixed-precision recipe train.json records, for `plan` and readers
+        from ernie_ir.training.precision import precision_of
+
+        extra["training_precision"] = precision_of(ranks[0], o.moment_dtype, o.offload_optimizer).record()
     tokenizer = (_tokenizer_writer(_tokenizer_source(model, trained), "onnxruntime" in emitters,
                                    "fastdeploy" in written, warnings) if emit_names else None)
     recipe = launch_recipe(tgt, o.mode, mapping.processes)  # dp replicas: dp x world processes
@@ -393,19 +397,11 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
 
 
 def _check_full_param(graph: Graph, o: CompileOptions) -> None:
-    """Refuse, before any pass runs, --freeze patterns the model does not fit and, with --pp, a
-    tied embedding that would train on the first and last stage (the cut refuses it too, later)."""
-    from ernie_ir.passes.finetune.full_param import FullParamError, select, tied_params
+    """Refuse, before any pass runs, --freeze patterns the model does not fit (a tied embedding
+    trained with --pp is fine: the pipeline sums its two stages' gradients)."""
+    from ernie_ir.passes.finetune.full_param import select
 
-    chosen = select(graph, o.freeze)
-    tied = [n for n in tied_params(graph) if n in chosen.trainable]
-    if tied and o.layout.pp > 1:
-        module = tied[0].rpartition(".")[0] or tied[0]
-        raise FullParamError(f"{tied[0]} is a tied embedding (the embedding and lm_head read it), so it "
-                             "would train on the first and the last stage, and its gradient needs a "
-                             "shared-weight all-reduce that ernie-ir's pipeline does not do", flag="--pp",
-                             value=o.layout.pp,
-                             fix=f"keep it fixed (--freeze '{module}') or train with --pp 1")
+    select(graph, o.freeze)
 
 
 def _serve_line(path: Path, tp: int) -> str:
@@ -492,7 +488,8 @@ def _emitters(model: str, ranks: list[Graph], mapping: Mapping, tgt: HardwareTar
                                       explicit=emit_names if o.emit is not None else (), warnings=warnings))
     settings = EmitSettings(explicit=o.emit is not None, mode=o.mode,
                             onnx_numerics=o.onnx_numerics or DEFAULT_ONNX_NUMERICS,
-                            kv_cache_dtype=o.kv_cache_dtype)
+                            kv_cache_dtype=o.kv_cache_dtype, moment_dtype=o.moment_dtype,
+                            offload_optimizer=o.offload_optimizer)
     emitters = select_emitters(emit_names, settings, target=tgt, model=model, ranks=ranks, mapping=mapping,
                                arch=arch, warnings=warnings)
     return emitters, emit_names

@@ -129,6 +129,10 @@ class CompileOptions(BaseModel):
     freeze: tuple[str, ...] = ()
     """Full-parameter training (--mode training without LoRA or QAT): regexes (full match) or
     `glob:` patterns of params kept fixed, matched as --lora-targets are (`full-param{freeze}`)."""
+    moment_dtype: str | None = None
+    """Training: AdamW's moment dtype, float32 (None: the default) or bf16 (ernie_ir.training.precision)."""
+    offload_optimizer: bool = False
+    """Training: the optimizer states (moments, f32 masters) in host memory; recorded in the recipe."""
 
     @model_validator(mode="before")
     @classmethod
@@ -188,7 +192,20 @@ class CompileOptions(BaseModel):
             raise QuantFlagError(f"--merge-lora folds the adapter into the base weights, leaving nothing to "
                                  f"train: --mode {self.mode} keeps the adapter apart (drop --merge-lora)")
         self._check_full_param()
+        self._check_precision()
         return self
+
+    def _check_precision(self) -> None:
+        """--moment-dtype / --offload-optimizer: a known dtype, training only (one line each)."""
+        from ernie_ir.training.precision import moment_dtype
+
+        flag = (f"--moment-dtype {self.moment_dtype}" if self.moment_dtype is not None
+                else "--offload-optimizer" if self.offload_optimizer else None)
+        if flag is not None and self.mode != "training":
+            raise TargetError(f"{flag} sets a training artifact's optimizer states, and --mode {self.mode} "
+                              "keeps none: add --mode training (or drop it)")
+        if self.moment_dtype is not None:
+            moment_dtype(self.moment_dtype)
 
     def _check_full_param(self) -> None:
         """Refuse --freeze where no full-parameter training runs (one line each)."""

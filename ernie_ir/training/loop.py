@@ -511,11 +511,24 @@ def training_batches(recipe: dict[str, Any], graph: Any, data: Data, seed: int |
     return [(ids.astype(np.int64), ids.astype(np.int64))]
 
 
-def make_optimizer(paddle: Any, params: list[Any], options: TrainOptions, grad_clip: Any) -> Any:
-    """AdamW over `params` with the run's settings (the learning rate is set per step)."""
+NO_DECAY = ("bias", "norm")
+"""Params whose IR name holds one of these take no weight decay: the Trainers of PaddleNLP (and so
+ERNIEKit) and transformers decay every weight but biases and normalization weights."""
+
+
+def make_optimizer(paddle: Any, params: list[Any], options: TrainOptions, grad_clip: Any,
+                   precision: Any = None, *, names: Sequence[str] | None = None) -> Any:
+    """AdamW over `params` with the run's settings (the learning rate is set per step);
+    `precision` (a training.precision.Precision, the recipe's): on a device, multi_precision (f32
+    master weights of bf16 params) and the recorded moment dtype; on a CPU, plain f32 AdamW.
+    `names`: the params' IR names, in order: biases and norm weights (`NO_DECAY`) are not decayed."""
+    extra = {} if precision is None else precision.adamw_kwargs(paddle)
+    if names is not None and options.weight_decay:
+        decayed = {t.name for t, n in zip(params, names, strict=True) if not any(s in n for s in NO_DECAY)}
+        extra["apply_decay_param_fun"] = decayed.__contains__
     return paddle.optimizer.AdamW(
         learning_rate=float(options.lr), parameters=params, beta1=options.beta1, beta2=options.beta2,
-        epsilon=options.eps, weight_decay=options.weight_decay, grad_clip=grad_clip)
+        epsilon=options.eps, weight_decay=options.weight_decay, grad_clip=grad_clip, **extra)
 
 
 Batches = list[tuple[np.ndarray, np.ndarray]]
@@ -816,20 +829,27 @@ def train_artifact(path: Path, steps: int, data: Data = None, *, save: bool = Tr
     options' `dp` and `sharding`: the artifact's layout unless given) runs dp x ranks processes
     (ernie_ir.training.data_parallel).
     """
+    from dataclasses import replace
+
+    from ernie_ir.training.precision import Precision
+
     paddle = require_paddle()
     hooks = TrainHooks() if hooks is None else hooks
     plan = plan_run(Path(path), steps, data, options=options, save=save, eval_data=eval_data,
                     eval_sequences=eval_sequences, resume=resume)
     report = _progress_reporter(plan, hooks)
+    recorded = Precision.from_recipe(plan.recipe)  # this machine's run is CPU: f32, says what a device keeps
     if plan.processes > 1:
         from ernie_ir.training.launch import TRAIN_TIMEOUT_S, train_distributed
 
         ranks_hooks = TrainHooks(on_step=report, on_checkpoint=hooks.on_checkpoint)
-        return train_distributed(plan.root, plan.processes, steps, plan.batches, options=plan.options,
-                                 save=save, hooks=ranks_hooks, eval_batches=plan.eval_batches,
-                                 resume=plan.point,
-                                 timeout_s=TRAIN_TIMEOUT_S if timeout_s is None else timeout_s)
-    return _train_one_rank(paddle, plan, save, report, hooks.on_checkpoint)
+        result = train_distributed(plan.root, plan.processes, steps, plan.batches, options=plan.options,
+                                   save=save, hooks=ranks_hooks, eval_batches=plan.eval_batches,
+                                   resume=plan.point,
+                                   timeout_s=TRAIN_TIMEOUT_S if timeout_s is None else timeout_s)
+    else:
+        result = _train_one_rank(paddle, plan, save, report, hooks.on_checkpoint)
+    return replace(result, precision="" if recorded is None else recorded.cpu_line())
 
 
 def _train_one_rank(paddle: Any, plan: RunPlan, save: bool, report: Callable[[int, float], Any],
@@ -851,7 +871,8 @@ def _train_one_rank(paddle: Any, plan: RunPlan, save: bool, report: Callable[[in
     if not params:
         raise ErnieIRError(f"{plan.root}: the graph has no trainable params")
     clip = opts.clip()
-    optimizer = make_optimizer(paddle, params, opts, paddle.nn.ClipGradByGlobalNorm(clip) if clip else None)
+    optimizer = make_optimizer(paddle, params, opts, paddle.nn.ClipGradByGlobalNorm(clip) if clip else None,
+                               names=layer.trainable_names)
     checkpoint = _one_rank_checkpoints(plan, paddle, layer, optimizer, on_checkpoint) if save else None
     if plan.point is not None:
         restore_rank(paddle, layer, optimizer, plan.point, plan.names, RankPlace())

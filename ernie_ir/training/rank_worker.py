@@ -65,7 +65,7 @@ def _cut_index(shard: dict[str, Any]) -> tuple[list[int], tuple[np.ndarray, ...]
 
 
 def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float | None,
-                         group: Any = None, stages: Any = None) -> Any:
+                         group: Any = None, stages: Any = None, tied: Any = None) -> Any:
     """A Paddle gradient clip (AdamW's `grad_clip`) that makes the rank's gradients the whole
     model's and clips them by the global norm over the whole model.
 
@@ -74,13 +74,14 @@ def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float
     element once: sharded slices summed over ranks, replicated params once, shared slices
     divided by how many ranks hold them (`data_parallel.GradientNorm`, over `group`: the
     model-parallel group, None for the default one; `stages`: the pipeline stages' group, whose
-    squared norms add up). `clip_norm` None: no clipping, the sums only.
+    squared norms add up; `tied`: a pipeline end's tied embedding, whose gradient is summed
+    with the other end's and counted once). `clip_norm` None: no clipping, the sums only.
     """
     from paddle.nn.clip import ClipGradBase
 
     from ernie_ir.training.data_parallel import GradientNorm, clip_scale
 
-    norm_of = GradientNorm(paddle, layer, graph, group, stages)
+    norm_of = GradientNorm(paddle, layer, graph, group, stages, tied)
 
     class TensorParallelClip(ClipGradBase):  # type: ignore[misc, name-defined]
         last_norm: float | None = None
@@ -291,6 +292,8 @@ def _rank_trainee(paddle: Any, layer: Any, run: _RankRun) -> tuple[Trainee, Any]
     pipeline stage (its groups, the tensor-parallel clip over its stages), a data-parallel
     replica (its groups, the DataParallelOptimizer, sharded or not) or a model-parallel rank
     (the tensor-parallel clip; one rank: Paddle's global-norm clip)."""
+    from functools import partial
+
     from ernie_ir.backends.paddle.layer import set_model_parallel_group
     from ernie_ir.training.data_parallel import (
         DataParallelOptimizer,
@@ -299,19 +302,24 @@ def _rank_trainee(paddle: Any, layer: Any, run: _RankRun) -> tuple[Trainee, Any]
         new_groups,
         partition,
     )
-    from ernie_ir.training.loop import Trainee, logits_loss_sum, make_optimizer
+    from ernie_ir.training.loop import Trainee, logits_loss_sum
+    from ernie_ir.training.loop import make_optimizer as adamw
+    from ernie_ir.training.precision import Precision
 
     opts, graph, world, process = run.options, run.graph, run.mapping.world_size, run.place.process
+    # on a device: AdamW(multi_precision=True) and the recorded moment dtype; on a CPU: f32 AdamW
+    make_optimizer = partial(adamw, precision=Precision.from_recipe(run.recipe))
     params = layer.trainable_parameters()
     clip = opts.clip()
     if run.mapping.pp > 1:
-        from ernie_ir.backends.paddle.pipeline import PipelineStage, pipeline_groups
+        from ernie_ir.backends.paddle.pipeline import PipelineStage, pipeline_groups, tied_weights
 
         groups = pipeline_groups(process, run.mapping.pp, world)
         if world > 1:
             set_model_parallel_group(groups.mp)
-        grad_clip = tensor_parallel_clip(paddle, layer, graph, clip, group=groups.mp, stages=groups.ring)
-        optimizer = make_optimizer(paddle, params, opts, grad_clip)
+        grad_clip = tensor_parallel_clip(paddle, layer, graph, clip, group=groups.mp, stages=groups.ring,
+                                         tied=tied_weights(graph, groups))
+        optimizer = make_optimizer(paddle, params, opts, grad_clip, names=layer.trainable_names)
         pipeline = PipelineStage(paddle, layer, graph, groups,
                                  micro_batches=opts.micro_batches or run.mapping.micro_batches,
                                  kind=opts.pipeline_schedule, ignore_index=opts.ignore_index,
@@ -324,9 +332,10 @@ def _rank_trainee(paddle: Any, layer: Any, run: _RankRun) -> tuple[Trainee, Any]
         owners = None
         if opts.sharding is not None:
             owners = partition({n: int(layer.tensor(n).size) for n in layer.trainable_names}, opts.dp)
-        mine = [layer.tensor(n) for n in layer.trainable_names
-                if owners is None or owners[n] == replica.index]
-        inner = make_optimizer(paddle, mine, opts, None) if mine else None  # more replicas than params
+        mine_names = [n for n in layer.trainable_names if owners is None or owners[n] == replica.index]
+        mine = [layer.tensor(n) for n in mine_names]
+        inner = (make_optimizer(paddle, mine, opts, None, names=mine_names)
+                 if mine else None)  # more replicas than params
         optimizer = DataParallelOptimizer(paddle, layer, inner, GradientNorm(paddle, layer, graph, mp_group),
                                           clip_norm=clip, replica=replica, world_rank=process, world=world,
                                           sharding=opts.sharding, owners=owners)
@@ -335,7 +344,8 @@ def _rank_trainee(paddle: Any, layer: Any, run: _RankRun) -> tuple[Trainee, Any]
         grad_clip = tensor_parallel_clip(paddle, layer, graph, clip)
     else:
         grad_clip = paddle.nn.ClipGradByGlobalNorm(clip) if clip else None
-    return Trainee(paddle, layer, make_optimizer(paddle, params, opts, grad_clip)), grad_clip
+    return Trainee(paddle, layer, make_optimizer(paddle, params, opts, grad_clip,
+                                                 names=layer.trainable_names)), grad_clip
 
 
 def _rank_checkpoints(run: _RankRun, model: Trainee, event: Callable[[dict[str, Any]], None]

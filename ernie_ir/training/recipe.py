@@ -2,7 +2,8 @@
 
 `training_recipe(graph, target, mapping)`: the trainable params, the QAT state params, the
 run's defaults (optimizer, schedule, batch, padding: TrainOptions' defaults, written by
-`training.loop.recipe_sections`) and the launch command on the target's
+`training.loop.recipe_sections`), the mixed-precision recipe (`precision`:
+ernie_ir.training.precision) and the launch command on the target's
 devices (several ranks: the training rank worker, `python -m ernie_ir.training.rank_worker`,
 once per device). The target reaches it as data (`DeviceLaunch`: the facts a launch line
 needs, which every `HardwareTarget` has), so training never imports a target.
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.mapping import Mapping
 from ernie_ir.training.launch import WORKER
+from ernie_ir.training.precision import Precision, precision_of
 
 TRAIN_RECIPE = "train.json"
 
@@ -49,8 +51,10 @@ def check_trainable(graph: Graph) -> list[str]:
     return names
 
 
-def training_recipe(graph: Graph, target: DeviceLaunch, mapping: Mapping | None = None) -> dict[str, Any]:
-    """`train.json` of `graph` for `target`'s devices (one rank graph; `mapping`: the layout)."""
+def training_recipe(graph: Graph, target: DeviceLaunch, mapping: Mapping | None = None, *,
+                    precision: Precision | None = None) -> dict[str, Any]:
+    """`train.json` of `graph` for `target`'s devices (one rank graph; `mapping`: the layout;
+    `precision`: the mixed-precision recipe, None: `precision_of(graph)`, f32 moments, no offload)."""
     from ernie_ir.training.loop import recipe_sections
 
     trainable = check_trainable(graph)
@@ -98,6 +102,7 @@ def training_recipe(graph: Graph, target: DeviceLaunch, mapping: Mapping | None 
                  "target tokens of the step (labels equal to padding.ignore_index neither counted nor "
                  "averaged over; accumulated batches weighted by their token counts)"),
         **recipe_sections(),  # optimizer, schedule, batch, padding: TrainOptions' defaults
+        "precision": (precision or precision_of(graph)).section(),
         "vocab_size": vocab,
         "data": 'jsonl, one {"input_ids": [...]} per line',
         "checkpoints": checkpoints,
@@ -111,9 +116,9 @@ def training_recipe(graph: Graph, target: DeviceLaunch, mapping: Mapping | None 
     }
 
 
-def emit_paddle_training(graph: Graph, folder: Path, target: DeviceLaunch,
-                         mapping: Mapping | None = None) -> dict[str, Any]:
-    recipe = training_recipe(graph, target, mapping)
+def emit_paddle_training(graph: Graph, folder: Path, target: DeviceLaunch, mapping: Mapping | None = None,
+                         precision: Precision | None = None) -> dict[str, Any]:
+    recipe = training_recipe(graph, target, mapping, precision=precision)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / TRAIN_RECIPE).write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
     return {"format": "paddle-training", "recipe": f"training/{TRAIN_RECIPE}",

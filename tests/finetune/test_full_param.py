@@ -14,7 +14,9 @@ Checked, on a dense ERNIE 4.5, a MoE ERNIE 4.5 and GPT (the built-in tiny models
 - tensor parallelism (gloo): the losses equal one rank's;
 - bad input, one line each (exit 2, nothing written): a pattern that matches nothing, freezing
   everything, --freeze without --mode training or with LoRA/QAT, full training of a weight-only
-  quantized graph, --pp with a trainable tied embedding.
+  quantized graph;
+- --pp 2 compiles with the tied embedding trainable (both ends hold it and record it: the
+  pipeline sums its two gradients; tests/distributed/test_gloo_full_param.py trains it) or frozen.
 """
 
 from __future__ import annotations
@@ -199,8 +201,6 @@ def test_tensor_parallel_losses_are_one_ranks(tmp_path: Path, capsys: pytest.Cap
      "error: full-parameter training cannot update quantized weights (--quant wint8 leaves integer or "
      "FP8 weights): use LoRA (--lora-rank R), or train the float model first and quantize the "
      "trained artifact"),
-    ([MOE, "--mode", "training", "--pp", "2"],
-     "error: --pp 2: ernie.embed_tokens.weight is a tied embedding"),
     ([GPT, "--mode", "training", "--pipeline", "lora{rank=2}", "--freeze", ".*embed.*"],
      "--pipeline has lora, which chooses the trainable params itself: drop --freeze"),
 ])
@@ -212,11 +212,18 @@ def test_bad_full_param_input_is_one_line(argv: list[str], says: str, tmp_path: 
     assert not out.exists()
 
 
-def test_pp_trains_with_the_tied_embedding_frozen(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("freeze", [[], ["--freeze", "ernie.embed_tokens"]])
+def test_pp_trains_the_tied_embedding_or_keeps_it_frozen(freeze: list[str], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "art"
     code, _, err = cli(capsys, "compile", MOE, "--target", "cuda", "--mode", "training", "--pp", "2",
-                       "--freeze", "ernie.embed_tokens", "--out", str(out))
+                       *freeze, "--out", str(out))
     assert code == 0, err
     recipe = json.loads((out / "training" / "train.json").read_text())
-    assert "ernie.embed_tokens.weight" not in recipe["trainable"]
+    tied = "ernie.embed_tokens.weight"
+    assert (tied in recipe["trainable"]) == (not freeze)
     assert "ernie.layers.1.mlp.gate.weight" in recipe["trainable"]
+    stages = [load_graph(out / f"rank{s}") for s in (0, 1)]
+    for g in stages:  # both ends hold it, and record it when it trains (their gradients are summed)
+        assert tied in g.params and g.params[tied].trainable == (not freeze)
+        assert g.metadata["pipeline"]["tied"] == ([] if freeze else [tied])

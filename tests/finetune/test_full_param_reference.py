@@ -67,6 +67,7 @@ LOSS_RTOL = 1e-5  # measured: <= 1.1e-7 (one changed setting: 1.8e-5 .. 1e-4)
 NORM_TOL = 2e-3  # ||w_ours - w_ref|| / ||w_ref - w_init||; measured <= 1.0e-4 (a changed setting: >= 1.8e-2)
 ELEM_TOL = 0.25  # max |w_ours - w_ref| / lr; measured <= 0.026 (a changed setting: >= 1.2)
 BIAS = "e_score_correction_bias"
+NO_DECAY = ["bias", "norm"]  # the Trainers' exemption, as training.loop.NO_DECAY
 
 
 def _batches() -> list[dict[str, list[list[int]]]]:
@@ -126,7 +127,7 @@ def _ref(out: Path, config: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("full-dense")
-    spec = {"vocab_size": VOCAB, "batches": BATCHES, **OPTIM}
+    spec = {"vocab_size": VOCAB, "batches": BATCHES, **OPTIM, "no_decay": NO_DECAY}
     pf = run_reference("pf", "pf_full_train.py", spec, root / "pf")
     hf = run_reference("hf", "hf_full_train.py", {**spec, "load_from": str(pf / "ckpt")}, root / "hf")
     config = json.loads((pf / "ckpt" / "config.json").read_text())
@@ -139,7 +140,7 @@ def dense(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def moe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("full-moe")
     hf = run_reference("hf", "hf_full_train.py", {"model": "moe", "vocab_size": VOCAB, "batches": BATCHES,
-                                                  **OPTIM}, root / "hf")
+                                                  **OPTIM, "no_decay": NO_DECAY}, root / "hf")
     config = json.loads((hf / "ckpt" / "config.json").read_text())
     return {"init": _canonical(read_tensors(hf / "ckpt"), config), "transformers": _ref(hf, config),
             "ernie-ir": _ours(hf / "ckpt", root / "ours"),

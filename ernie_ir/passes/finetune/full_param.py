@@ -188,12 +188,3 @@ class FullParam(Pass):
         ctx.count("frozen", len(chosen.frozen))
         return changed
 
-
-def tied_params(graph: Graph) -> list[str]:
-    """Params an embedding reads that another op reads too (a tied embedding: lm_head)."""
-    readers: dict[str, set[str]] = {}
-    for node in graph:
-        for v in node.inputs:
-            if isinstance(v, Param):
-                readers.setdefault(v.name, set()).add(node.op)
-    return [n for n, ops in readers.items() if "embedding" in ops and len(ops) > 1]
