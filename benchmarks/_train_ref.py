@@ -1,4 +1,5 @@
-"""Reference side of benchmarks/train_throughput.py: paddleformers `LoRAModel` + AdamW steps.
+"""Reference side of benchmarks/train_throughput.py: paddleformers `LoRAModel` + AdamW steps, or
+(SPEC "full": true) full-parameter AdamW steps.
 
 Runs inside the `pf` reference environment ($ERNIE_IR_REFENVS/pf, tests/reference/README.md) as a
 subprocess of benchmarks/train_throughput.py, and never imports ernie_ir:
@@ -10,12 +11,16 @@ subprocess of benchmarks/train_throughput.py, and never imports ernie_ir:
   fused kernel is GPU-only), in train mode;
 - the adapters: `LoRAModel(model, LoRAConfig(target_modules=..., r=..., lora_alpha=...,
   dtype="float32"))`, ERNIEKit's four target patterns; paddleformers freezes the base;
+- full-parameter ("full": true): no adapters; every param of the model trains (paddleformers
+  leaves them all trainable; a tied embedding is one param), as ERNIEKit's `fine_tuning: Full`;
 - the optimizer: `paddle.optimizer.AdamW(learning_rate, parameters=the trainable ones, beta1,
   beta2, epsilon, weight_decay, grad_clip=ClipGradByGlobalNorm(clip))` (ours: the same call);
+  with weight decay, `apply_decay_param_fun` skips the params whose structured name holds "bias"
+  or "norm" (PaddleNLP's Trainer; ernie-ir's NO_DECAY);
 - the loss: the mean cross-entropy of logits[:, :-1] against labels[:, 1:] over the labels that
   are not -100 (what ernie-ir's training loop computes), `backward`, `step`, `clear_grad`.
 
-SPEC: {"steps", "threads", "r", "lora_alpha", "targets", "lr", "beta1", "beta2", "eps",
+SPEC: {"steps", "threads", "full", "r", "lora_alpha", "targets", "lr", "beta1", "beta2", "eps",
 "weight_decay", "clip"}. BATCHES.npz holds ids0, labels0, ids1, labels1, ... (cycled). OUT_JSON:
 {"step_s": [wall seconds of each step], "losses": [...], "versions": {...}, "load_s": ...}.
 """
@@ -44,13 +49,19 @@ def main() -> None:
     cfg = Ernie4_5Config.from_pretrained(folder)
     cfg.fuse_rms_norm = False
     model = Ernie4_5ForCausalLM.from_pretrained(folder, config=cfg, dtype="float32")
-    lora = LoRAModel(model, LoRAConfig(target_modules=list(spec["targets"]), r=int(spec["r"]),
-                                       lora_alpha=spec["lora_alpha"], dtype="float32"))
+    if spec.get("full"):
+        lora = model
+    else:
+        lora = LoRAModel(model, LoRAConfig(target_modules=list(spec["targets"]), r=int(spec["r"]),
+                                           lora_alpha=spec["lora_alpha"], dtype="float32"))
     lora.train()
-    params = [p for p in lora.parameters() if not p.stop_gradient]
+    named = [(n, p) for n, p in lora.named_parameters() if not p.stop_gradient]
+    params = [p for _, p in named]
+    decayed = {p.name for n, p in named if not any(s in n for s in ("bias", "norm"))}
     opt = paddle.optimizer.AdamW(
         learning_rate=float(spec["lr"]), parameters=params, beta1=spec["beta1"], beta2=spec["beta2"],
         epsilon=spec["eps"], weight_decay=spec["weight_decay"],
+        apply_decay_param_fun=decayed.__contains__ if spec["weight_decay"] else None,
         grad_clip=paddle.nn.ClipGradByGlobalNorm(spec["clip"]) if spec["clip"] else None)
     data = np.load(batches_path)
     batches = [(data[f"ids{i}"], data[f"labels{i}"]) for i in range(len(data.files) // 2)]
@@ -76,6 +87,7 @@ def main() -> None:
         step_s.append(time.perf_counter() - t)
     Path(out_path).write_text(json.dumps({
         "step_s": step_s, "losses": losses, "load_s": load_s, "trainable": int(sum(p.size for p in params)),
+        "decayed": len(decayed), "undecayed": len(params) - len(decayed),
         "versions": {"paddle": paddle.__version__, "paddleformers": paddleformers.__version__}}))
 
 
