@@ -424,7 +424,7 @@ def _fastdeploy_first(graph: Graph, o: CompileOptions, emit_names: tuple[str, ..
     lora = o.lora is not None and (o.lora.rank is not None
                                    or (o.lora.adapter is not None and not o.lora.merge))
     cell = LoadableCell(o.quant.preset if o.quant is not None else None, False, o.layout.tp, o.layout.ep,
-                        o.layout.pp, lora)
+                        lora)
     why = fastdeploy_refusal_for(graph, cell)
     if why is None:
         return emit_names

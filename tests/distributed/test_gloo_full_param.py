@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _dist_testkit import compile_art, leftover_processes
+from _trained_weights import compare_trained
 from safetensors.numpy import load_file
 
 from ernie_ir.load import load_input
@@ -86,24 +87,6 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[
     return get
 
 
-def _compare(label: str, got: dict[str, np.ndarray], want: dict[str, np.ndarray],
-             init: dict[str, np.ndarray]) -> tuple[float, float]:
-    """(worst |diff| / |update|, worst element / lr) over every trained tensor; asserts the bounds."""
-    assert sorted(got) == sorted(want)
-    worst_norm = worst_elem = 0.0
-    for name in sorted(want):
-        o, r, w0 = (np.asarray(x, np.float64) for x in (got[name], want[name], init[name]))
-        assert o.shape == r.shape == w0.shape, name
-        step = float(np.linalg.norm(r - w0))
-        assert step > 0.5 * LR * np.sqrt(r.size), f"{label}: {name} hardly trained ({step:.3g})"
-        rel = float(np.linalg.norm(o - r)) / step
-        elem = float(np.max(np.abs(o - r))) / LR
-        assert rel < NORM_TOL, f"{label}: {name} differs by {rel:.3g} of its update norm"
-        assert elem < ELEM_TOL, f"{label}: {name} differs by {elem:.3g} lr in one element"
-        worst_norm, worst_elem = max(worst_norm, rel), max(worst_elem, elem)
-    return worst_norm, worst_elem
-
-
 @pytest.mark.parametrize("fam,layout", CASES, ids=[f"{f}-{lay}" for f, lay in CASES])
 def test_full_param_layout_equals_one_rank(one_rank: Callable[[str], tuple[Path, Any]], tmp_path: Path,
                                            fam: str, layout: str) -> None:
@@ -124,7 +107,9 @@ def test_full_param_layout_equals_one_rank(one_rank: Callable[[str], tuple[Path,
     got = load_file(str(run.checkpoints[-1] / "params.safetensors"))
     graph = load_input(MODELS[fam])
     init = {n: graph.params[n].read() for n in want}
-    norm, elem = _compare(f"{fam} {layout}", got, want, init)
+    assert sorted(got) == sorted(want)
+    norm, elem = compare_trained(f"{fam} {layout}", got, want, init, lr=LR, norm_tol=NORM_TOL,
+                                 elem_tol=ELEM_TOL)
     print(f"[distributed] full-param {MODELS[fam]} {layout} ({took:.1f} s) vs 1 rank: losses max rel "
           f"{loss_rel:.1e}, params worst |diff|/|update| {norm:.1e}, worst element {elem:.2g} lr")
     if "pp" in kw:  # the two ends' copies of the tied weight (each tensor-parallel rank's) are one

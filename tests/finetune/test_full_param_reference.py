@@ -54,6 +54,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "frontends"))
 from _fe_testkit import hf_to_paddle, read_tensors, run_reference
+from _trained_weights import compare_trained
 
 from ernie_ir.ir.weights import SafetensorsFile
 from ernie_ir.targets.compile import CompileOptions, compile_model
@@ -149,20 +150,8 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _compare(label: str, ours: dict[str, np.ndarray], ref: dict[str, np.ndarray],
              init: dict[str, np.ndarray]) -> None:
-    """Every tensor of `ours` within NORM_TOL / ELEM_TOL of `ref`, and both moved from `init`."""
-    assert ours and set(ours) <= set(ref), sorted(set(ours) - set(ref))
-    lr = OPTIM["lr"]
-    worst_norm, worst_elem = 0.0, 0.0
-    for name in sorted(ours):
-        o, r, w0 = (np.asarray(x, dtype=np.float64) for x in (ours[name], ref[name], init[name]))
-        assert o.shape == r.shape == w0.shape, (name, o.shape, r.shape, w0.shape)
-        step = float(np.linalg.norm(r - w0))
-        assert step > 0.5 * lr * np.sqrt(r.size), f"{label}: {name} hardly trained ({step:.3g})"
-        rel = float(np.linalg.norm(o - r)) / step
-        elem = float(np.max(np.abs(o - r))) / lr
-        assert rel < NORM_TOL, f"{label}: {name} differs by {rel:.3g} of its update norm"
-        assert elem < ELEM_TOL, f"{label}: {name} differs by {elem:.3g} lr in one element"
-        worst_norm, worst_elem = max(worst_norm, rel), max(worst_elem, elem)
+    worst_norm, worst_elem = compare_trained(label, ours, ref, init, lr=OPTIM["lr"], norm_tol=NORM_TOL,
+                                             elem_tol=ELEM_TOL)
     print(f"\n[full-param] {label}: {len(ours)} tensors, worst |diff| / |update| {worst_norm:.2e}, "
           f"worst element {worst_elem:.2e} lr")
 

@@ -2,14 +2,16 @@
 
 ``safetensors.numpy`` cannot read bfloat16 (numpy has no such dtype), and the checkpoints
 ``ernie-ir export`` writes keep the model's bf16. Used by pf_load_export.py and
-hf_load_export.py to compare what a library loaded with the file's own values.
+hf_load_export.py to compare what a library loaded with the file's own values (`check_resaved`).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,3 +50,21 @@ def read_folder_f32(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, str]
         tensors.update(t)
         stored.update(s)
     return tensors, stored
+
+
+def check_resaved(model: Any, folder: Path, files: dict[str, np.ndarray], scratch: Path,
+                  library: str) -> None:
+    """Exit (one line) unless `model.save_pretrained` writes back exactly `files`, the tensors of
+    `folder` it was loaded from: a tensor the library re-initialised or holds differently fails."""
+    resaved = Path(scratch) / "resaved"
+    if resaved.exists():
+        shutil.rmtree(resaved)
+    model.save_pretrained(str(resaved))
+    back, _ = read_folder_f32(resaved)
+    shutil.rmtree(resaved)
+    if set(back) != set(files):
+        raise SystemExit(f"{folder}: {library} holds {sorted(set(back) ^ set(files))[:4]} differently "
+                         "from the file")
+    for k in sorted(files):
+        if back[k].shape != files[k].shape or not np.array_equal(back[k], files[k]):
+            raise SystemExit(f"{folder}: after loading, {k} differs from the file's tensor")

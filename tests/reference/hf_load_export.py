@@ -26,12 +26,11 @@ Writes: ``input_ids.npy``, ``logits.npy`` (float32 [batch, seq, vocab]), ``meta.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import _refcommon as rc
 import numpy as np
-from _st_f32 import read_folder_f32
+from _st_f32 import check_resaved, read_folder_f32
 
 
 def main() -> None:
@@ -49,18 +48,7 @@ def main() -> None:
     model = model.float()
     timer.lap("load")
     files, stored = read_folder_f32(folder)
-    resaved = out / "resaved"
-    if resaved.exists():
-        shutil.rmtree(resaved)
-    model.save_pretrained(str(resaved))
-    back, _ = read_folder_f32(resaved)
-    shutil.rmtree(resaved)
-    if set(back) != set(files):
-        raise SystemExit(f"{folder}: transformers holds {sorted(set(back) ^ set(files))[:4]} differently "
-                         "from the file")
-    for k in sorted(files):
-        if back[k].shape != files[k].shape or not np.array_equal(back[k], files[k]):
-            raise SystemExit(f"{folder}: after loading, {k} differs from the file's tensor")
+    check_resaved(model, folder, files, out, "transformers")
     timer.lap("state check")
     ids = rc.token_ids(spec, model.config.vocab_size, int(spec.get("seed", 0)))
     with torch.no_grad():

@@ -183,22 +183,11 @@ def load_checkpoint(folder: Path, out: Path) -> tuple[Any, dict[str, Any]]:
     return model, meta
 
 
-def main() -> None:
-    rc.quiet_env()
-    spec, out = rc.parse_args()
-    if spec.get("load_from"):
-        return main_loaded(spec, out)
-    p = {**DEFAULTS, **{k: v for k, v in spec.items() if k in DEFAULTS}}
-    timer = rc.Timer()
-
-    import paddle
-    import paddleformers
+def build_model(p: dict[str, Any]) -> Any:
+    """paddleformers' dense ERNIE 4.5 of the spec `p` (DEFAULTS' keys), float32, eval mode, every
+    param drawn by `rc.random_param` in name order from a generator seeded with `p["seed"]`."""
     from paddleformers.transformers import Ernie4_5Config, Ernie4_5ForCausalLM
-    from safetensors.numpy import load_file, save_file
 
-    timer.lap("import")
-    paddle.set_device("cpu")
-    paddle.seed(p["seed"])
     cfg = Ernie4_5Config(
         vocab_size=p["vocab_size"],
         hidden_size=p["hidden_size"],
@@ -219,8 +208,26 @@ def main() -> None:
     rng = np.random.default_rng(p["seed"])
     state = model.state_dict()
     for name in sorted(state):
-        t = state[name]
-        t.set_value(rc.random_param(rng, name, tuple(t.shape)))
+        state[name].set_value(rc.random_param(rng, name, tuple(state[name].shape)))
+    return model
+
+
+def main() -> None:
+    rc.quiet_env()
+    spec, out = rc.parse_args()
+    if spec.get("load_from"):
+        return main_loaded(spec, out)
+    p = {**DEFAULTS, **{k: v for k, v in spec.items() if k in DEFAULTS}}
+    timer = rc.Timer()
+
+    import paddle
+    import paddleformers
+    from safetensors.numpy import load_file, save_file
+
+    timer.lap("import")
+    paddle.set_device("cpu")
+    paddle.seed(p["seed"])
+    model = build_model(p)
     timer.lap("build")
 
     ids = rc.token_ids(spec, p["vocab_size"], p["seed"])

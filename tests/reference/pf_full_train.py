@@ -40,7 +40,7 @@ from typing import Any
 
 import _refcommon as rc
 import numpy as np
-from pf_ernie_dense import DEFAULTS
+from pf_ernie_dense import DEFAULTS, build_model
 
 
 def main() -> None:
@@ -53,34 +53,13 @@ def main() -> None:
 
     import paddle
     import paddleformers
-    from paddleformers.transformers import Ernie4_5Config, Ernie4_5ForCausalLM
     from safetensors.numpy import load_file
 
     timer.lap("import")
     paddle.set_device("cpu")
     paddle.base.core.set_num_threads(1)  # the summation order of every reduction stays put
     paddle.seed(p["seed"])
-    cfg = Ernie4_5Config(
-        vocab_size=p["vocab_size"],
-        hidden_size=p["hidden_size"],
-        intermediate_size=p["intermediate_size"],
-        num_hidden_layers=p["num_hidden_layers"],
-        num_attention_heads=p["num_attention_heads"],
-        num_key_value_heads=p["num_key_value_heads"],
-        head_dim=p["head_dim"],
-        tie_word_embeddings=p["tie_word_embeddings"],
-        rope_theta=float(p["rope_theta"]),
-        rms_norm_eps=p["rms_norm_eps"],
-        max_position_embeddings=4096,
-        fuse_rms_norm=False,
-        dtype="float32",
-    )
-    model = Ernie4_5ForCausalLM(cfg)
-    model.eval()
-    rng = np.random.default_rng(p["seed"])
-    state = model.state_dict()
-    for name in sorted(state):
-        state[name].set_value(rc.random_param(rng, name, tuple(state[name].shape)))
+    model = build_model(p)
     ids = rc.token_ids(spec, p["vocab_size"], p["seed"])
     with paddle.no_grad():
         logits = model(paddle.to_tensor(ids)).logits.astype("float32").numpy()

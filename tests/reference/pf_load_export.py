@@ -43,7 +43,7 @@ from typing import Any
 
 import _refcommon as rc
 import numpy as np
-from _st_f32 import read_folder_f32
+from _st_f32 import check_resaved, read_folder_f32
 
 
 def check_paddle_state(model: Any, files: dict[str, np.ndarray], cfg: Any, folder: Path) -> None:
@@ -105,18 +105,7 @@ def main() -> None:
         how = "AutoModelForCausalLM.from_pretrained(dir, config=cfg(fuse_rms_norm=False), dtype='float32')"
         model = AutoModelForCausalLM.from_pretrained(str(ckpt), config=cfg, dtype="float32")
         timer.lap("load")
-        resaved = out / "resaved"
-        if resaved.exists():
-            shutil.rmtree(resaved)
-        model.save_pretrained(str(resaved))
-        back, _ = read_folder_f32(resaved)
-        shutil.rmtree(resaved)
-        if set(back) != set(files):
-            raise SystemExit(f"{folder}: paddleformers holds {sorted(set(back) ^ set(files))[:4]} "
-                             "differently from the file")
-        for k in sorted(files):
-            if back[k].shape != files[k].shape or not np.array_equal(back[k], files[k]):
-                raise SystemExit(f"{folder}: after loading, {k} differs from the file's tensor")
+        check_resaved(model, folder, files, out, "paddleformers")
     timer.lap("state check")
     model.eval()
     ids = rc.token_ids(spec, cfg.vocab_size, int(spec.get("seed", 0)))

@@ -48,7 +48,7 @@ def fastdeploy_refusal_for(graph: Graph, cell: LoadableCell) -> str | None:
     if not is_ernie45(graph):
         return None
     moe = int((graph.metadata.get("config") or {}).get("moe_num_experts") or 0) > 0
-    return fastdeploy_refusal(LoadableCell(cell.preset, moe, cell.tp, cell.ep, cell.pp, cell.lora_unmerged))
+    return fastdeploy_refusal(LoadableCell(cell.preset, moe, cell.tp, cell.ep, cell.lora_unmerged))
 
 
 Emitter = Callable[[Graph, Path], Any]

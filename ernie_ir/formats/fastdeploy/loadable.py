@@ -20,12 +20,14 @@ SERVE = "python -m fastdeploy.entrypoints.openai.api_server --model {folder} --t
 
 @dataclass(frozen=True)
 class LoadableCell:
+    """A compile's FastDeploy-relevant choices (pipeline stages never reach here: the compile
+    options refuse `--pp` with `--emit fastdeploy`, and a pipelined default leaves it out)."""
+
     preset: str | None
     """The canonical --quant preset (None: not quantized)."""
     moe: bool
     tp: int = 1
     ep: int = 1
-    pp: int = 1
     lora_unmerged: bool = False
 
 
@@ -45,9 +47,6 @@ def fastdeploy_refusal(cell: LoadableCell) -> str | None:
     if cell.ep > 1:
         return (f"expert parallelism (--ep {cell.ep}): FastDeploy's pre-sharded loader reads tensor-parallel "
                 "rank folders only (model_executor/load_weight_utils.py, load_pre_sharded_checkpoint); "
-                "compile with --tp N alone")
-    if cell.pp > 1:
-        return (f"pipeline stages (--pp {cell.pp}): FastDeploy's checkpoints are tensor-parallel only; "
                 "compile with --tp N alone")
     if cell.lora_unmerged:
         return ("LoRA adapters: FastDeploy loads no adapter tensors (models/ernie4_5_moe.py); merge them "
