@@ -29,7 +29,8 @@ The protocol (what git does for its refs, what pip/uv do for installs):
 the writer sleeps `ERNIE_IR_TEST_PAUSE_S` seconds (default 30) at that named point, so the
 reliability tests can kill a real compile there (tests/reliability/). Stages: "temp" (temp folder
 made), "weights" (rank weights written), "manifest" (manifest written, before the move), "swap"
-(new artifact in place, old one not yet removed).
+(new artifact in place, old one not yet removed), "checkpoint" (a training checkpoint listed,
+its adapter not yet written: ernie_ir.training.checkpoints.save_checkpoint).
 """
 
 from __future__ import annotations

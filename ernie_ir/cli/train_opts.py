@@ -21,9 +21,17 @@ import typer
 
 # -- the run: what to train on, from where, and what to show -----------------------------------------
 
-ArtifactArg = Annotated[Path, typer.Argument(help="An artifact compiled with --mode training.")]
+ArtifactArg = Annotated[Path, typer.Argument(
+    help="An artifact compiled with --mode training, or an ERNIEKit config (CONFIG.yaml): its model is "
+    "compiled into its output_dir, then trained there, as erniekit train does.")]
+OverridesArg = Annotated[list[str] | None, typer.Argument(
+    help="After CONFIG.yaml: key=value overrides of its keys, read as erniekit's command line reads them "
+    "(model_name_or_path=/path/to/folder max_steps=100).", show_default=False)]
+ForceTrainOpt = Annotated[bool, typer.Option(
+    "--force", help="With CONFIG.yaml: replace an existing output_dir (as overwrite_output_dir=True).")]
 StepsOpt = Annotated[int | None, typer.Option(
-    "--steps", "--max-steps", min=1, help="Optimizer steps (or give --num-train-epochs; not both).")]
+    "--steps", "--max-steps", min=1, help="Optimizer steps (or give --num-train-epochs; not both; a config's "
+    "max_steps or num_train_epochs stands in for both).")]
 EpochsOpt = Annotated[float | None, typer.Option(
     "--num-train-epochs", help="Train for this many passes over --data instead of --steps (ERNIEKit's "
     "num_train_epochs; not both): steps = max(1, int(E x max(1, ceil(N / batch-size) // grad-accum))), "
@@ -55,7 +63,9 @@ ConfigOpt = Annotated[
                  "learning_rate, per_device_train_batch_size, gradient_accumulation_steps, "
                  "max_grad_norm, weight_decay, adam_beta1/2, adam_epsilon, warmup_steps, "
                  "lr_scheduler_type, seed, save_steps, save_total_limit, eval_steps, "
-                 "resume_from_checkpoint); flags given override it."),
+                 "resume_from_checkpoint; without a flag: min_lr, vocab_parallel_loss, also "
+                 "use_sparse_head_and_loss_fn; an ERNIEKit config whole: max_steps, "
+                 "train_dataset_path, ..., its compile keys the artifact's own); flags given override it."),
 ]
 ResumeOpt = Annotated[bool, typer.Option(
     "--resume", help="Continue from the artifact's newest checkpoint (optimizer, RNG, data position); "
@@ -119,7 +129,7 @@ TRAIN_OPTION_FLAGS: dict[str, str] = {
 """`train`'s parameter -> the TrainOptions field its flag sets (the flag: `--` + the field name with
 dashes, then the ERNIEKit alias)."""
 
-CONFIG_ONLY_OPTIONS = frozenset({"vocab_parallel_loss"})
+CONFIG_ONLY_OPTIONS = frozenset({"vocab_parallel_loss", "min_lr"})
 """TrainOptions fields no flag sets: a --config key (or the API's `options`) only."""
 
 

@@ -308,14 +308,16 @@ def stage_rank_state(stage: Path, paddle: Any, layer: Any, optimizer: Any, names
 
 def trainer_state_base(*, steps: int, world: int, fingerprint: str, options: dict[str, Any],
                        batches: list[tuple[np.ndarray, np.ndarray]],
-                       resumed_from: str | None) -> dict[str, Any]:
+                       resumed_from: str | None, synthetic: bool = False) -> dict[str, Any]:
     """The part of trainer_state.json that every checkpoint of a run shares (the data-parallel
-    layout from `options`: dp, sharding)."""
+    layout from `options`: dp, sharding; `synthetic`: the run trained on the recipe's synthetic
+    batch, no --data, which `data.synthetic` records)."""
+    data: dict[str, Any] = {"batches": len(batches), "fingerprint": batches_fingerprint(batches)}
+    if synthetic:
+        data["synthetic"] = True
     return {"format": STATE_FORMAT, "version": STATE_VERSION, "steps": steps, "run_id": uuid.uuid4().hex,
             "world_size": world, "dp": int(options.get("dp", 1)), "sharding": options.get("sharding"),
-            "artifact": fingerprint, "options": options,
-            "data": {"batches": len(batches), "fingerprint": batches_fingerprint(batches)},
-            "resumed_from": resumed_from}
+            "artifact": fingerprint, "options": options, "data": data, "resumed_from": resumed_from}
 
 
 def write_trainer_state(stage: Path, base: dict[str, Any], step: int, loss: float,
@@ -371,10 +373,15 @@ def publish_checkpoint(root: Path, stage: Path, step: int, run: CheckpointRun,
 
 
 def save_checkpoint(root: Path, write: Callable[[Path], None], step: int, run: CheckpointRun,
-                    expected: dict[str, Any] | None) -> Path:
+                    expected: dict[str, Any] | None, then: Callable[[Path], Any] | None = None) -> Path:
     """A checkpoint written by this process alone: `write(stage)` fills a fresh temp folder in
-    training/checkpoints/, which is then published (`publish_checkpoint`)."""
+    training/checkpoints/, which is then published (`publish_checkpoint`) and handed to
+    `then(folder)` (a LoRA run's adapter, the pruning of older ones) with SIGINT and SIGTERM held
+    back (`interrupts.deferred_signals`): an interrupt while it is written removes the temp
+    folder, one while it is published waits until the checkpoint is whole."""
     from ernie_ir.artifacts import temp_name
+    from ernie_ir.artifacts.publish import test_pause
+    from ernie_ir.training.interrupts import deferred_signals
 
     folder = root / CHECKPOINTS
     folder.mkdir(parents=True, exist_ok=True)
@@ -385,7 +392,33 @@ def save_checkpoint(root: Path, write: Callable[[Path], None], step: int, run: C
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    return publish_checkpoint(root, stage, step, run, expected)
+    with deferred_signals():
+        out = publish_checkpoint(root, stage, step, run, expected)
+        test_pause("checkpoint")  # tests/finetune/test_train_live_output.py signals the run here
+        if then is not None:
+            then(out)
+    return out
+
+
+def drop_unlisted_checkpoints(root: Path) -> list[Path]:
+    """Remove the `run-K-step-N` folders of training/checkpoints that the manifest does not list
+    (a rank killed between renaming its checkpoint and listing it), under the artifact's lock so
+    that no publish is half done meanwhile; returns what was removed."""
+    from ernie_ir.artifacts import artifact_lock, read_manifest
+    from ernie_ir.artifacts.publish import CHECKPOINT_WAIT_S
+
+    folder = Path(root) / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    removed = []
+    with artifact_lock(Path(root), wait_s=CHECKPOINT_WAIT_S, what="artifact"):
+        listed = {Path(rel).parts[2] for rel in read_manifest(Path(root)).files
+                  if rel.startswith(CHECKPOINTS.as_posix() + "/") and len(Path(rel).parts) > 3}
+        for path in folder.iterdir():
+            if path.is_dir() and checkpoint_order(path.name) is not None and path.name not in listed:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
 
 
 # -- resuming -------------------------------------------------------------------------------------

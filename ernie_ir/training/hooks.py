@@ -44,9 +44,14 @@ class StepProgress:
 class TrainHooks:
     """What a run calls as it goes, in the caller's process (each None: nothing called)."""
 
+    on_start: Callable[[int, int], Any] | None = None
+    """(the step the run starts after, the run's total steps) once every check has passed, before
+    the first step (a multi-rank run: before its processes start)."""
     on_step: Callable[[int, float], Any] | None = None
     """(step, loss) after each optimizer step."""
     on_progress: Callable[[StepProgress], Any] | None = None
     """A StepProgress after each optimizer step (after on_step)."""
+    on_eval: Callable[[int, float], Any] | None = None
+    """(step, evaluation loss) after each evaluation (every eval_steps steps and at the end)."""
     on_checkpoint: Callable[[Path], Any] | None = None
     """The folder of each checkpoint, once it is published (before older ones are removed)."""

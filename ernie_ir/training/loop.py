@@ -29,7 +29,11 @@ Evaluation: with evaluation data (`eval_data` / `eval_sequences`), the mean next
 over all of it (no gradients, eval mode: dropout off) every `eval_steps` steps and at the end.
 
 Progress: the hooks (`TrainHooks`): `on_progress(StepProgress)` after each step (step, loss, lr,
-tokens, elapsed); the library never prints, the CLI draws the bar.
+tokens, elapsed), `on_eval` after each evaluation, `on_checkpoint` after each checkpoint, as they
+happen (a multi-rank run: as rank 0 reports them); the library never prints, the CLI prints a
+line per step. A checkpoint is published with SIGINT and SIGTERM held back
+(ernie_ir.training.interrupts), so an interrupted run leaves whole checkpoints only; a run
+without data records `"synthetic": true` in its checkpoints' trainer_state.json `data`.
 
 Results (`TrainResult`: losses, eval losses, checkpoints): `rank0/` is never modified. With
 `save=True` each checkpoint is a folder `training/checkpoints/run-K-step-N/` (the trained
@@ -230,6 +234,9 @@ class TrainOptions(BaseModel):
     eps: float = Field(1e-8, gt=0, le=1.0, allow_inf_nan=False,
                        validation_alias=_alias("eps", "epsilon", "adam_epsilon"))
     warmup_steps: int = Field(0, ge=0, le=10_000_000, validation_alias=_alias("warmup_steps"))
+    min_lr: float = Field(0.0, ge=0, le=MAX_LR, allow_inf_nan=False, validation_alias=_alias("min_lr"))
+    """The cosine schedule's floor (ERNIEKit's min_lr): it decays to min_lr, not 0; the other
+    schedules ignore it, as PaddleFormers' do."""
     schedule: Schedule = Field("constant", validation_alias=_alias("schedule", "lr_scheduler_type"))
     seed: int = Field(0, ge=0, lt=2**32, validation_alias=_alias("seed"))
     pad_id: int = Field(0, ge=0, lt=2**31, validation_alias=_alias("pad_id", "pad_token_id"))
@@ -281,8 +288,8 @@ class TrainOptions(BaseModel):
 
     def lr_at(self, step: int, steps: int) -> float:
         """The learning rate of optimizer step `step` (0-based) of `steps`: linear warmup from 0
-        over `warmup_steps`, then constant, linear decay to 0 or cosine decay to 0 at `steps`
-        (the formulas of PaddleNLP / ERNIEKit `get_*_schedule_with_warmup`)."""
+        over `warmup_steps`, then constant, linear decay to 0 or cosine decay to `min_lr` at
+        `steps` (the formulas of PaddleNLP / ERNIEKit `get_*_schedule_with_warmup`)."""
         if step < self.warmup_steps:
             return self.lr * step / max(1, self.warmup_steps)
         if self.schedule == "constant":
@@ -290,7 +297,8 @@ class TrainOptions(BaseModel):
         progress = (step - self.warmup_steps) / max(1, steps - self.warmup_steps)
         if self.schedule == "linear":
             return self.lr * max(0.0, 1.0 - progress)
-        return self.lr * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+        ratio = max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+        return self.min_lr + (self.lr - self.min_lr) * ratio
 
     def clip(self) -> float | None:
         """The global-norm clip; None (no clipping) for 0, as ERNIEKit's max_grad_norm."""
@@ -354,7 +362,7 @@ def resolve_options(recipe: dict[str, Any], overrides: dict[str, Any] | None = N
             continue
         field = OPTION_ALIASES.get(key)
         if field is None:
-            known = ", ".join(sorted(OPTION_ALIASES))
+            known = ", ".join(sorted([*OPTION_ALIASES, *RUN_KEYS]))  # every key a --config may hold
             raise ErnieIRError(f"unknown training option {key!r}; known: {known}")
         given[field] = value
     values = {**_recipe_values(recipe), **given}
@@ -727,6 +735,8 @@ class RunPlan:
     fingerprint: str
     point: ResumePoint | None
     """The checkpoint the run continues (None: a fresh run)."""
+    synthetic: bool = False
+    """No data was given: the run trains on the recipe's synthetic batch."""
 
     @property
     def start(self) -> int:
@@ -739,10 +749,17 @@ class RunPlan:
         return list(self.recipe.get("trainable", [])) + list(self.recipe.get("qat_state", []))
 
 
-def _progress_reporter(plan: RunPlan, hooks: TrainHooks) -> Callable[[int, float], None]:
-    """The `report(step, loss)` of a run: hooks.on_step, then hooks.on_progress with a StepProgress."""
-    began = time.monotonic()
+def _progress_reporter(plan: RunPlan, hooks: TrainHooks) -> tuple[Callable[[int, float], None],
+                                                                   Callable[..., None]]:
+    """(`report(step, loss)`: hooks.on_step, then hooks.on_progress with a StepProgress;
+    `restart()`: the clock of StepProgress.elapsed_s starts again, as a multi-rank run's first
+    step begins after its processes have started)."""
+    began = [time.monotonic()]
     seen = [0]
+
+    def restart(*_: Any) -> None:
+        began[0] = time.monotonic()
+
     options, batches, steps = plan.options, plan.batches, plan.steps
 
     def report(step: int, loss: float) -> None:
@@ -754,10 +771,10 @@ def _progress_reporter(plan: RunPlan, hooks: TrainHooks) -> Callable[[int, float
                      for _, lab in step_batches(batches, step - 1, options.grad_accum))
         seen[0] += tokens
         hooks.on_progress(StepProgress(step=step, steps=steps, loss=loss, lr=options.lr_at(step - 1, steps),
-                                       tokens=tokens, elapsed_s=time.monotonic() - began,
+                                       tokens=tokens, elapsed_s=time.monotonic() - began[0],
                                        total_tokens=seen[0], start_step=plan.start))
 
-    return report
+    return report, restart
 
 
 def plan_run(root: Path, steps: int, data: Data = None, *,
@@ -800,7 +817,7 @@ def plan_run(root: Path, steps: int, data: Data = None, *,
     point = resume_point(root, resume, world=world, fingerprint=fingerprint, steps=steps,
                          options=opts.model_dump(), batches=batches)
     return RunPlan(root, steps, manifest, recipe, world, processes, opts, graph, batches, evals, fingerprint,
-                   point)
+                   point, synthetic=data is None)
 
 
 def train_artifact(path: Path, steps: int, data: Data = None, *, save: bool = True,
@@ -821,7 +838,8 @@ def train_artifact(path: Path, steps: int, data: Data = None, *, save: bool = Tr
     its name: continue that run from its step with its optimizer, RNG state and data position, as
     a new run (new run-K); `steps` is the total. `options` may carry ERNIEKit's
     `resume_from_checkpoint` instead.
-    `hooks` (TrainHooks): `on_step(step, loss)` and `on_progress(StepProgress)` after each step,
+    `hooks` (TrainHooks): `on_start(start, steps)` once the run is checked, `on_step(step, loss)`
+    and `on_progress(StepProgress)` after each step, `on_eval(step, loss)` after each evaluation,
     `on_checkpoint(folder)` in this process after each checkpoint is published (before older
     ones are removed).
     A multi-rank artifact runs on one paddle.distributed process per rank (gloo on this CPU,
@@ -837,23 +855,27 @@ def train_artifact(path: Path, steps: int, data: Data = None, *, save: bool = Tr
     hooks = TrainHooks() if hooks is None else hooks
     plan = plan_run(Path(path), steps, data, options=options, save=save, eval_data=eval_data,
                     eval_sequences=eval_sequences, resume=resume)
-    report = _progress_reporter(plan, hooks)
+    report, restart = _progress_reporter(plan, hooks)
+    if hooks.on_start is not None:
+        hooks.on_start(plan.start, plan.steps)
     recorded = Precision.from_recipe(plan.recipe)  # this machine's run is CPU: f32, says what a device keeps
     if plan.processes > 1:
         from ernie_ir.training.launch import TRAIN_TIMEOUT_S, train_distributed
+        from ernie_ir.training.rank_data import RankData
 
-        ranks_hooks = TrainHooks(on_step=report, on_checkpoint=hooks.on_checkpoint)
-        result = train_distributed(plan.root, plan.processes, steps, plan.batches, options=plan.options,
-                                   save=save, hooks=ranks_hooks, eval_batches=plan.eval_batches,
-                                   resume=plan.point,
+        ranks_hooks = TrainHooks(on_start=restart, on_step=report, on_eval=hooks.on_eval,
+                                 on_checkpoint=hooks.on_checkpoint)
+        data = RankData(batches=plan.batches, eval_batches=plan.eval_batches, synthetic=plan.synthetic)
+        result = train_distributed(plan.root, plan.processes, steps, data, options=plan.options,
+                                   save=save, hooks=ranks_hooks, resume=plan.point,
                                    timeout_s=TRAIN_TIMEOUT_S if timeout_s is None else timeout_s)
     else:
-        result = _train_one_rank(paddle, plan, save, report, hooks.on_checkpoint)
+        result = _train_one_rank(paddle, plan, save, report, hooks, restart)
     return replace(result, precision="" if recorded is None else recorded.cpu_line())
 
 
 def _train_one_rank(paddle: Any, plan: RunPlan, save: bool, report: Callable[[int, float], Any],
-                    on_checkpoint: Callable[[Path], Any] | None) -> TrainResult:
+                    hooks: TrainHooks, begin: Callable[[], Any]) -> TrainResult:
     """The run of `plan` in this process: its Layer, AdamW (a global-norm clip), checkpoints and
     `train_session`; the result with this process's `rank_stats`."""
     from dataclasses import replace
@@ -873,12 +895,13 @@ def _train_one_rank(paddle: Any, plan: RunPlan, save: bool, report: Callable[[in
     clip = opts.clip()
     optimizer = make_optimizer(paddle, params, opts, paddle.nn.ClipGradByGlobalNorm(clip) if clip else None,
                                names=layer.trainable_names)
-    checkpoint = _one_rank_checkpoints(plan, paddle, layer, optimizer, on_checkpoint) if save else None
+    checkpoint = _one_rank_checkpoints(plan, paddle, layer, optimizer, hooks.on_checkpoint) if save else None
     if plan.point is not None:
         restore_rank(paddle, layer, optimizer, plan.point, plan.names, RankPlace())
+    begin()  # tokens/s counts the steps, not building the Layer
     result = train_session(Trainee(paddle, layer, optimizer), plan.batches, plan.steps, options=opts,
                            start=plan.start, report=report, eval_batches=plan.eval_batches,
-                           checkpoint=checkpoint)
+                           on_eval=hooks.on_eval, checkpoint=checkpoint)
     return replace(result, rank_stats=[rank_stats(layer, optimizer, 0, 0)])
 
 
@@ -887,7 +910,8 @@ def _one_rank_checkpoints(plan: RunPlan, paddle: Any, layer: Any, optimizer: Any
                           ) -> Callable[[int, float, float | None], Path]:
     """The `checkpoint` of a one-rank train_session: each call writes the folder (params at
     global names, optimizer.rank0, trainer_state.json), publishes it as run-K-step-N (K chosen
-    by the first one), calls `on_checkpoint`, then keeps the newest save_total_limit."""
+    by the first one), calls `on_checkpoint`, then keeps the newest save_total_limit (SIGINT and
+    SIGTERM held back from the publish to the pruning: training.interrupts)."""
     from ernie_ir.training.checkpoints import (
         CheckpointContext,
         RankPlace,
@@ -902,20 +926,23 @@ def _one_rank_checkpoints(plan: RunPlan, paddle: Any, layer: Any, optimizer: Any
     opts = plan.options
     base = trainer_state_base(steps=plan.steps, world=1, fingerprint=plan.fingerprint,
                               options=opts.model_dump(), batches=plan.batches,
-                              resumed_from=None if plan.point is None else plan.point.name)
+                              resumed_from=None if plan.point is None else plan.point.name,
+                              synthetic=plan.synthetic)
     ctx = CheckpointContext(plan.root, plan.names, base, expected=checkpoint_expected(plan.manifest))
+
+    def published(out: Path) -> None:
+        if on_checkpoint is not None:
+            on_checkpoint(out)
+        if opts.save_total_limit is not None:
+            prune_checkpoints(ctx.root, opts.save_total_limit)
 
     def checkpoint(step: int, loss: float, eval_loss: float | None) -> Path:
         def write(stage: Path) -> None:
             stage_rank_state(stage, paddle, layer, optimizer, ctx.names, RankPlace(), step)
             write_trainer_state(stage, ctx.base, step, loss, eval_loss)
 
-        out = save_checkpoint(ctx.root, write, step, ctx.run, ctx.expected)
-        if on_checkpoint is not None:
-            on_checkpoint(out)
-        if opts.save_total_limit is not None:
-            prune_checkpoints(ctx.root, opts.save_total_limit)
-        return out
+        # a signal waits until the checkpoint, its adapter and the pruning are done
+        return save_checkpoint(ctx.root, write, step, ctx.run, ctx.expected, then=published)
 
     return checkpoint
 

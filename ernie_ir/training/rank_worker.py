@@ -50,6 +50,7 @@ from ernie_ir.backends.paddle.rank_worker import (
 from ernie_ir.ir import Graph
 from ernie_ir.ir.mapping import SHARD, Mapping
 from ernie_ir.training.checkpoints import CheckpointContext, RankPlace, ResumePoint
+from ernie_ir.training.rank_data import Batches, RankData
 
 if TYPE_CHECKING:
     from ernie_ir.training.loop import Trainee, TrainOptions
@@ -105,29 +106,15 @@ def tensor_parallel_clip(paddle: Any, layer: Any, graph: Graph, clip_norm: float
     return TensorParallelClip()
 
 
-Batches = list[tuple[np.ndarray, np.ndarray]]
-
-
-@dataclass(frozen=True)
-class RankData:
-    """A rank's training and evaluation data: batches the launcher cut (`batches`,
-    `eval_batches`: every rank the same), else JSON lines files cut here (`data`, `eval_data`);
-    no training data at all: the recipe's synthetic batch."""
-
-    batches: Batches | None = None
-    data: Path | None = None
-    eval_batches: Batches | None = None
-    eval_data: Path | None = None
-
-
 @dataclass(frozen=True)
 class RankFiles:
     """Where a rank reports: `losses`, to which rank 0 appends each step's loss, each evaluation
     and each published checkpoint (launch_files.EVENT_*); `stats`, what this process held at the
-    end (JSON, data_parallel.rank_stats)."""
+    end (JSON, data_parallel.rank_stats); `started`, a file rank 0 makes as its first step begins."""
 
     losses: Path | None = None
     stats: Path | None = None
+    started: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +136,8 @@ class _RankRun:
     fingerprint: str
     point: ResumePoint | None
     """The checkpoint the run continues (None: a fresh run)."""
+    synthetic: bool = False
+    """No data: the run trains on the recipe's synthetic batch (trainer_state.json says so)."""
 
     @property
     def mp_rank(self) -> int:
@@ -209,6 +198,8 @@ def train_rank(root: Path, steps: int, data: RankData | None = None, *, options:
     checkpoint = _rank_checkpoints(run, model, event) if save else None
     if run.point is not None:
         restore_rank(paddle, layer, model.optimizer, run.point, run.names, run.place)
+    if run.place.process == 0 and files.started is not None:
+        files.started.touch()  # the launcher's clock for tokens/s starts here, not at the launch
     result = train_session(model, run.batches, steps, options=run.options, start=run.start, report=report,
                            eval_batches=run.eval_batches, checkpoint=checkpoint,
                            on_eval=lambda step, loss: event({"event": EVENT_EVAL, "step": step,
@@ -261,8 +252,9 @@ def _plan_rank(root: Path, steps: int, data: RankData, options: dict[str, Any],
     fingerprint = artifact_fingerprint(manifest, graphs)
     point = resume_point(root, resume, world=graphs, fingerprint=fingerprint, steps=steps,
                          options=opts.model_dump(), batches=batches)
+    synthetic = data.synthetic or (data.batches is None and data.data is None)
     return _RankRun(root, steps, manifest, recipe, opts, mapping, graph, place, batches, eval_batches,
-                    fingerprint, point)
+                    fingerprint, point, synthetic)
 
 
 def _rank_layer(paddle: Any, run: _RankRun, device: str) -> Any:
@@ -363,7 +355,8 @@ def _rank_checkpoints(run: _RankRun, model: Trainee, event: Callable[[dict[str, 
     opts = run.options
     base = trainer_state_base(steps=run.steps, world=run.place.world, fingerprint=run.fingerprint,
                               options=opts.model_dump(), batches=run.batches,
-                              resumed_from=None if run.point is None else run.point.name)
+                              resumed_from=None if run.point is None else run.point.name,
+                              synthetic=run.synthetic)
     ctx = CheckpointContext(run.root, run.names, base, expected=checkpoint_expected(run.manifest))
 
     def checkpoint(step: int, loss: float, eval_loss: float | None) -> Path | None:
@@ -520,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dp", type=int, default=None,
                         help="data-parallel replicas (default: the artifact's); dp x ranks processes")
     parser.add_argument("--sharding", default=None, help="stage1, stage2 or none (default: the artifact's)")
+    parser.add_argument("--started", type=Path, default=None,
+                        help="rank 0 makes this file as its first step begins")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="the --batches are the recipe's synthetic batch (recorded in the checkpoints)")
     parser.add_argument("--stats", default=None,
                         help="each rank writes what it held at the end (JSON) here; {rank} is its rank")
     add_device_flag(parser)
@@ -535,15 +532,16 @@ def main(argv: list[str] | None = None) -> int:
 
         options: dict[str, Any] = {}
         if args.options is not None:
+            from ernie_ir.training.erniekit_config import training_values
             from ernie_ir.training.loop import read_config
 
-            options = read_config(args.options)
+            options = training_values(read_config(args.options))  # `train --config`'s keys, the run's alone
         flags = {k: getattr(args, k) for k in _OPTION_FLAGS}
         options = {**options, **{k: v for k, v in flags.items() if v is not None}}  # a flag over the file
-        data = RankData(batches, args.data, eval_batches, args.eval_data)
+        data = RankData(batches, args.data, eval_batches, args.eval_data, args.synthetic)
         stats = None if args.stats is None else Path(str(args.stats).format(rank=rank))
         train_rank(args.artifact, args.steps, data, options=options, save=args.save, resume=args.resume,
-                   device=args.device, on_step=report, files=RankFiles(args.losses, stats))
+                   device=args.device, on_step=report, files=RankFiles(args.losses, stats, args.started))
 
     return rank_main(body)
 

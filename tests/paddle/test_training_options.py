@@ -260,7 +260,7 @@ def test_bad_values_are_one_line_exit_2(art: Path, capsys, argv: list[str]) -> N
 
 
 def test_bad_config_files(art: Path, tmp_path: Path, capsys) -> None:
-    cases = {"unknown.yaml": ("output_dir: x\n", "unknown training option 'output_dir'"),
+    cases = {"unknown.yaml": ("output_dirr: x\n", "unknown training option 'output_dirr'"),
              "list.yaml": ("- 1\n", "a mapping"), "broken.json": ("{", "not valid JSON"),
              "inf.json": ('{"learning_rate": Infinity}', "--lr (learning_rate)")}
     for name, (text, message) in cases.items():

@@ -285,7 +285,7 @@ def test_cli_resume_save_steps_and_config(art: Path, seqs, tmp_path: Path, capsy
     assert code == 0, stdout
     lines = stdout.splitlines()
     assert [line.split()[:2] for line in lines[:2]] == [["step", "3"], ["step", "4"]]
-    assert float(lines[0].split()[-1]) == pytest.approx(full[2], abs=1e-6)
+    assert float(lines[0].split()[3]) == pytest.approx(full[2], abs=1e-6)
     assert lines[-1] == f"checkpoint {art / 'training/checkpoints/run-003-step-4'}"
     # ERNIEKit's resume_from_checkpoint in --config; --resume: the newest (run-003-step-4)
     config = tmp_path / "c.yaml"

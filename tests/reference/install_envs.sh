@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates the reference virtual environments used by tests/reference/*.py.
 #
-#   bash tests/reference/install_envs.sh [pf] [hf] [nlp] [fd]    (default: all four)
+#   bash tests/reference/install_envs.sh [pf] [hf] [nlp] [fd] [erniekit]    (default: all five)
 #
 # Root: $ERNIE_IR_REFENVS (default /work/refenvs). Each env is $ROOT/<name>,
 # made with `python3.11 -m venv`. Idempotent: an env whose smoke import passes
@@ -93,14 +93,41 @@ build_fd() {
   fi
 }
 
+# erniekit: erniekit 1.3.0's argument parser (tests/finetune/test_erniekit_config.py) with the
+# paddleformers 0.3.1 it pins, both unpacked from their wheels (no dependencies) into $ROOT/erniekit
+# and run by the pf env's Python (paddle, omegaconf) with PYTHONPATH=$ROOT/erniekit; needs pf.
+smoke_erniekit='from erniekit.hparams.parser import get_train_args
+import paddleformers; assert paddleformers.__version__ == "0.3.1", paddleformers.__version__'
+
+build_erniekit() {
+  local t0 py="$ROOT/pf/bin/python" dir="$ROOT/erniekit" wheel
+  t0=$(date +%s)
+  works pf || build pf || return 1
+  if (cd "$ROOT" && PYTHONPATH="$dir" PYTHONWARNINGS=ignore "$py" -c "$smoke_erniekit") >/dev/null 2>&1; then
+    echo "env erniekit: ok (already works) $dir"
+    return 0
+  fi
+  rm -rf "${dir:?}" && mkdir -p "$dir/wheels"
+  "$py" -m pip download --quiet --disable-pip-version-check --no-deps -d "$dir/wheels" \
+    "erniekit==1.3.0" "paddleformers==0.3.1"
+  for wheel in "$dir"/wheels/*.whl; do "$py" -m zipfile -e "$wheel" "$dir"; done
+  if (cd "$ROOT" && PYTHONPATH="$dir" PYTHONWARNINGS=ignore "$py" -c "$smoke_erniekit") >/dev/null 2>&1; then
+    echo "env erniekit: installed in $(( $(date +%s) - t0 ))s $dir"
+  else
+    echo "env erniekit: FAILED smoke import after $(( $(date +%s) - t0 ))s" >&2
+    return 1
+  fi
+}
+
 names=("$@")
-[ ${#names[@]} -eq 0 ] && names=(pf hf nlp fd)
+[ ${#names[@]} -eq 0 ] && names=(pf hf nlp fd erniekit)
 status=0
 for n in "${names[@]}"; do
   case "$n" in
     pf|hf|nlp) build "$n" || status=1 ;;
     fd) build_fd || status=1 ;;
-    *) echo "unknown env: $n (choose pf, hf, nlp, fd)" >&2; status=2 ;;
+    erniekit) build_erniekit || status=1 ;;
+    *) echo "unknown env: $n (choose pf, hf, nlp, fd, erniekit)" >&2; status=2 ;;
   esac
 done
 exit $status
