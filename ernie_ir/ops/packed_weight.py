@@ -25,7 +25,7 @@ from ernie_ir.ir import DType, Input, OpAttrs, OpDef, OpError, TensorType, regis
 from ._checks import need, need_float, need_rank, same_dim
 from .cuda_layout import unpack
 from .quant_numerics import weight_dequantize
-from .weight_only_linear import check_quantized_weight
+from .weight_only_linear import DequantizedLinear, check_quantized_weight
 
 _ARCHS = (70, 75, 80, 86, 89, 90)
 
@@ -77,7 +77,7 @@ class PackedLinearAttrs(PackedAttrs):
 
 
 @register_op
-class WeightOnlyLinearPacked(OpDef):
+class WeightOnlyLinearPacked(DequantizedLinear):
     """y = x @ dequant(unpack(packed), scale) + bias     (Paddle `weight_only_linear`, arch layout)
 
     packed: i8, Paddle's bytes for `arch` ([N, K] int8 or [N/2, K] int4);
@@ -102,14 +102,9 @@ class WeightOnlyLinearPacked(OpDef):
             same_dim(bias.shape[0], w.shape[1], self.name, "bias size and out_features")
         return [TensorType(x.dtype, (*x.shape[:-1], w.shape[1]))]
 
-    def kernel(self, args: Sequence[np.ndarray | None], attrs: PackedLinearAttrs) -> list[np.ndarray]:
-        x, p, s = args[0], args[1], args[2]
-        assert x is not None and p is not None and s is not None
-        bias = args[3] if len(args) > 3 else None
-        y = np.matmul(x, weight_dequantize(_unpack(p, attrs), s, attrs.group_size))
-        if bias is not None:
-            y = y + bias
-        return [y]
+    def float_weight(self, q: np.ndarray, scale: np.ndarray, attrs: OpAttrs) -> np.ndarray:
+        assert isinstance(attrs, PackedLinearAttrs)
+        return weight_dequantize(_unpack(q, attrs), scale, attrs.group_size)
 
 
 class UnpackAttrs(PackedAttrs):

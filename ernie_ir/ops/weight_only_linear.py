@@ -1,4 +1,9 @@
-"""weight_only_linear: a linear layer whose weight is stored as int8 / int4 plus scales."""
+"""weight_only_linear: a linear layer whose weight is stored as int8 / int4 plus scales.
+
+`DequantizedLinear` is what every such linear shares: its kernel is `apply(x, float_weight(q,
+scale))`, split in two so that an executor holding the weight as params (the interpreter) can
+dequantize it once and reuse the float32 weight on every call, with the same numbers.
+"""
 
 from __future__ import annotations
 
@@ -47,8 +52,29 @@ def check_quantized_weight(op: str, weight: TensorType, scale: TensorType, group
         same_dim(scale.shape[i], weight.shape[i], op, f"scale and weight dim {i}")
 
 
+class DequantizedLinear(OpDef):
+    """A linear y = x @ float_weight(weight, scale) + bias over inputs (x, weight, scale, bias?)."""
+
+    def float_weight(self, q: np.ndarray, scale: np.ndarray, attrs: OpAttrs) -> np.ndarray:
+        """The float32 weight [K, N] the kernel multiplies by (exact dequantization)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def apply(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> list[np.ndarray]:
+        """The kernel's arithmetic given the float32 weight `w`."""
+        y = np.matmul(x, w)
+        if bias is not None:
+            y = y + bias
+        return [y]
+
+    def kernel(self, args: Sequence[np.ndarray | None], attrs: OpAttrs) -> list[np.ndarray]:
+        x, q, s = args[0], args[1], args[2]
+        assert x is not None and q is not None and s is not None
+        return self.apply(x, self.float_weight(q, s, attrs), args[3] if len(args) > 3 else None)
+
+
 @register_op
-class WeightOnlyLinear(OpDef):
+class WeightOnlyLinear(DequantizedLinear):
     """y = x @ dequant(weight, scale) + bias     (Paddle `weight_only_linear`, logical layout)
 
     x: float [..., K]; weight: i8 or i4 [K, N] holding the quantized integers
@@ -78,11 +104,6 @@ class WeightOnlyLinear(OpDef):
             same_dim(bias.shape[0], w.shape[1], self.name, "bias size and out_features")
         return [TensorType(x.dtype, (*x.shape[:-1], w.shape[1]))]
 
-    def kernel(self, args: Sequence[np.ndarray | None], attrs: WeightOnlyAttrs) -> list[np.ndarray]:
-        x, q, s = args[0], args[1], args[2]
-        assert x is not None and q is not None and s is not None
-        bias = args[3] if len(args) > 3 else None
-        y = np.matmul(x, weight_dequantize(q, s, attrs.group_size))
-        if bias is not None:
-            y = y + bias
-        return [y]
+    def float_weight(self, q: np.ndarray, scale: np.ndarray, attrs: OpAttrs) -> np.ndarray:
+        assert isinstance(attrs, WeightOnlyAttrs)
+        return weight_dequantize(q, scale, attrs.group_size)

@@ -6,6 +6,16 @@ With `emulate=bf16` (or f16) every float result whose declared type is that
 dtype is rounded to it after its node, which mimics a model that keeps
 activations in bf16. Integer tensors keep their dtype. A value's array is
 dropped after its last use, so peak memory follows the live set, not the graph.
+
+Weights derived from params are computed once per `Interpreter`, like the params themselves:
+the results of nodes that read only params (`dequantize`, `unpack_weight`, ...) and the float32
+weight a weight-only linear dequantizes (`DequantizedLinear.float_weight`) are kept between
+runs, up to `weight_cache_bytes` (default `WEIGHT_CACHE_BYTES`); past it they are computed on
+every run as before. The numbers are the same either way (the same kernels on the same
+inputs); once every derived weight is kept, the quantized params only they read are let go,
+so a quantized model holds about what its float model would, and the nodes that only fed the
+kept ones (an `unpack_weight` before its `dequantize`) are skipped: an observer no longer sees
+them.
 """
 
 from __future__ import annotations
@@ -17,11 +27,15 @@ import numpy as np
 
 from ernie_ir.ir import DType, ErnieIRError, Graph, Node, Param, TensorType, Value
 from ernie_ir.ir.types import Dim
+from ernie_ir.ops.weight_only_linear import DequantizedLinear
 
 _EMULATABLE = (DType.BF16, DType.F16)
 COLLECTIVES = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_gather_sequence",
                          "scatter_sequence"})
 """Ops that need every rank's input (`OpDef.collective`)."""
+WEIGHT_CACHE_BYTES = 16 << 30
+"""Bytes of weights derived from params (float32 dequantized weights) one Interpreter keeps
+between runs: 16 GiB, the float32 weights of a 4B-parameter model."""
 
 
 def _widen(array: np.ndarray, dtype: DType) -> np.ndarray:
@@ -32,10 +46,11 @@ def _widen(array: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 class Interpreter:
-    """Runs one graph repeatedly; params are read once and cached (as float32 for floats)."""
+    """Runs one graph repeatedly; params are read once and cached (as float32 for floats), and
+    so are the weights derived from them (see the module docstring)."""
 
     def __init__(self, graph: Graph, *, emulate: DType | None = None,
-                 check_shapes: bool = True) -> None:
+                 check_shapes: bool = True, weight_cache_bytes: int = WEIGHT_CACHE_BYTES) -> None:
         if emulate is not None and emulate not in _EMULATABLE:
             raise ValueError(f"can only emulate {', '.join(map(str, _EMULATABLE))}, not {emulate}")
         self.graph = graph
@@ -43,6 +58,7 @@ class Interpreter:
         self.check_shapes = check_shapes
         self._params: dict[str, np.ndarray] = {}
         self._plan = self._last_uses()
+        self._weights = _DerivedWeights(graph, weight_cache_bytes)
 
     def _last_uses(self) -> dict[Node, list[Value]]:
         """For each node, the values whose last reader it is (to free them after it)."""
@@ -114,10 +130,27 @@ class Interpreter:
             self._bind(v, arr, symbols, f"input {v.name}")
             env[v] = _widen(arr, v.type.dtype) if v.type.dtype.is_float else \
                 arr.astype(v.type.dtype.numpy)
+        weights = self._weights
         for node in g:
-            args = [None if v is None else (self.param(v) if isinstance(v, Param) else env[v])
-                    for v in node.inputs]
-            if node.op in COLLECTIVES:
+            if weights.skip(node):  # feeds only derived weights that are all kept
+                continue
+            kept = weights.kept.get(node)
+            if kept is None:
+                args = [None if v is None else (self.param(v) if isinstance(v, Param) else env[v])
+                        for v in node.inputs]
+            if kept is not None and node in weights.linears:  # x @ the kept float32 weight
+                bias = node.inputs[3] if len(node.inputs) > 3 else None
+                results = DequantizedLinear.apply(
+                    env[node.inputs[0]], kept[0], None if bias is None else self._arg(bias, env))
+            elif kept is not None:
+                results = kept
+            elif node in weights.linears:
+                opdef = node.opdef
+                assert isinstance(opdef, DequantizedLinear)
+                w = opdef.float_weight(args[1], args[2], node.attrs)
+                weights.keep(node, [w], self._params)
+                results = opdef.apply(args[0], w, args[3] if len(args) > 3 else None)
+            elif node.op in COLLECTIVES:
                 results = yield node, args
             else:
                 results = node.opdef.kernel(args, node.attrs)
@@ -126,6 +159,8 @@ class Interpreter:
                 if self.check_shapes:
                     self._bind(v, arr, symbols, f"{node.op} at {node.scope or '<root>'}")
                 env[v] = arr
+            if kept is None and node in weights.frontier:
+                weights.keep(node, [env[v] for v in node.outputs], self._params)
             if observer is not None:
                 observer(node, [env[v] for v in node.outputs])
             for v in self._plan.get(node, ()):
@@ -135,6 +170,9 @@ class Interpreter:
             out[name] = self.param(v) if isinstance(v, Param) else env[v]
         return out
 
+    def _arg(self, v: Value, env: dict[Value, np.ndarray]) -> np.ndarray:
+        return self.param(v) if isinstance(v, Param) else env[v]
+
     def _normalise(self, t: TensorType, arr: np.ndarray) -> np.ndarray:
         arr = np.asarray(arr)
         if t.dtype.is_float:
@@ -142,6 +180,60 @@ class Interpreter:
                 return arr.astype(self.emulate.numpy).astype(np.float32)
             return arr.astype(np.float32, copy=False)
         return arr.astype(t.dtype.numpy, copy=False)
+
+
+class _DerivedWeights:
+    """Which nodes of a graph derive weights from params alone, and those kept between runs.
+
+    `frontier`: nodes computed from params only whose results a non-derived node reads (e.g.
+    `dequantize(q, scale)` before a matmul); `linears`: weight-only linears whose weight and
+    scale are params (their float32 weight is kept). Nodes that only feed the frontier (an
+    `unpack_weight` before a `dequantize`) are skipped once every kept result is in.
+    """
+
+    def __init__(self, graph: Graph, budget: int) -> None:
+        derived: set[Node] = set()
+        made: set[Value] = set()
+        readers: dict[Value, list[tuple[Node, int]]] = {}
+        for node in graph:
+            ins = [v for v in node.inputs if v is not None]
+            for i, v in enumerate(node.inputs):
+                if v is not None:
+                    readers.setdefault(v, []).append((node, i))
+            if ins and node.op not in COLLECTIVES and all(isinstance(v, Param) or v in made for v in ins):
+                derived.add(node)
+                made.update(node.outputs)
+        outputs = set(graph.outputs)
+        self.frontier = {n for n in derived
+                         if any(v in outputs or any(r not in derived for r, _ in readers.get(v, ()))
+                                for v in n.outputs)}
+        self.inner = derived - self.frontier
+        self.linears = {n for n in graph if isinstance(n.opdef, DequantizedLinear)
+                        and len(n.inputs) > 2 and isinstance(n.inputs[1], Param)
+                        and isinstance(n.inputs[2], Param)} - derived
+        # params read only to make kept weights (a linear's weight and scale, not its bias): not
+        # needed once every result is kept
+        self._only_derived = [p.name for p, rs in readers.items() if isinstance(p, Param) and all(
+            r in derived or (r in self.linears and i in (1, 2)) for r, i in rs)]
+        self.kept: dict[Node, list[np.ndarray]] = {}
+        self._budget = budget
+        self._complete = not (self.frontier or self.linears)
+
+    def skip(self, node: Node) -> bool:
+        return self._complete and node in self.inner
+
+    def keep(self, node: Node, results: list[np.ndarray], params: dict[str, np.ndarray]) -> None:
+        """Keep `node`'s results if they fit the budget; once all are kept, drop the params only
+        they were made from."""
+        size = sum(int(a.nbytes) for a in results)
+        if size > self._budget:
+            return
+        self._budget -= size
+        self.kept[node] = results
+        if len(self.kept) == len(self.frontier) + len(self.linears):
+            self._complete = True
+            for name in self._only_derived:
+                params.pop(name, None)
 
 
 def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray], *,

@@ -23,13 +23,16 @@ class SpmdError(ErnieIRError):
     """The rank graphs did not meet at the same collective."""
 
 
-def run_spmd(graphs: Sequence[Graph], inputs: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
+def run_spmd(graphs: Sequence[Graph | Interpreter],
+             inputs: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
              *, emulate: DType | None = None) -> list[dict[str, np.ndarray]]:
-    """Outputs of every rank (rank order). `inputs`: one feed for all ranks, or one per rank."""
+    """Outputs of every rank (rank order). `inputs`: one feed for all ranks, or one per rank.
+    A rank given as an `Interpreter` keeps its params and derived weights between calls."""
     feeds = [inputs] * len(graphs) if isinstance(inputs, Mapping) else list(inputs)
     if len(feeds) != len(graphs):
         raise SpmdError(f"{len(feeds)} feeds for {len(graphs)} rank graphs")
-    runs = [Interpreter(g, emulate=emulate).steps(f) for g, f in zip(graphs, feeds, strict=True)]
+    runs = [(g if isinstance(g, Interpreter) else Interpreter(g, emulate=emulate)).steps(f)
+            for g, f in zip(graphs, feeds, strict=True)]
     outputs: list[dict[str, np.ndarray] | None] = [None] * len(runs)
     pending = []
     for r, run in enumerate(runs):

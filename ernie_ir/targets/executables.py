@@ -12,16 +12,22 @@ bytes where they are or needs a layout of its own:
   (MatMulNBits blocks; bf16/f16 weights as they are, widened in the graph): a KV-cache decoder
   (the `kv-cache` pass on a copy of the rank graph), with `genai_config.json` for
   onnxruntime-genai beside it (the tokenizer files belong there too).
-- `paddle-inference` (one rank, inference): `inference/paddle/model.json` + `.pdiparams`, the
-  traced program with a float32 copy of the weights (`paddle.jit.save`).
+- `paddle-inference` (one rank, inference): `inference/paddle/model.json` + `.pdiparams` +
+  `decoder.json`, the traced KV-cache decoder (the `kv-cache` pass on a copy of the rank graph,
+  the ONNX decoder's inputs and outputs) with a float32 copy of the weights (`paddle.jit.save`);
+  its prefill gives the whole-sequence logits, so there is no second, logits-only program. The
+  artifact offers the `paddle` backend beside it (the Layer from `rank{r}/`, as without it).
 
 The defaults (`default_emit`, the target's `HardwareTarget.default_emit`) are the executables
-that share the rank bytes, so an artifact holds each weight once: `paddle` everywhere, plus
-`fastdeploy` for a cuda inference artifact of ERNIE 4.5. A target lists the executables its
-artifacts may carry (`HardwareTarget.executables`; only cuda's include `fastdeploy`). `onnx`
-and `paddle-inference` are written when asked for, and each adds its own copy
-in its own layout (ONNX cannot read Paddle's arch-permuted layout; `paddle.jit.save` writes its
-own params file).
+that share the rank bytes: `paddle` everywhere, plus `fastdeploy` for a cuda inference artifact
+of ERNIE 4.5. A target lists the executables its artifacts may carry
+(`HardwareTarget.executables`; only cuda's include `fastdeploy`). `onnx` and `paddle-inference`
+each add their own copy of the weights in their own layout (ONNX cannot read Paddle's
+arch-permuted layout; `paddle.jit.save` writes its own params file). `paddle-inference` is
+written when asked for; `onnx`, the fastest backend on a CPU (benchmarks/default_backend.py), is
+also written without `--emit` for a one-rank inference artifact whose rank weights are at most
+`ONNX_DEFAULT_MAX_BYTES` (2 GiB: the copy costs at most that much disk) and whose graph ONNX can
+express (`with_default_onnx`); above the size, compile says how to add it.
 """
 
 from __future__ import annotations
@@ -43,11 +49,11 @@ EXECUTABLES: dict[str, str] = {
                   "(cuda inference, ERNIE 4.5)",
     "onnx": "inference/onnx/model.onnx for onnxruntime, a KV-cache decoder with genai_config.json (one "
             "rank, inference; its own weight layout)",
-    "paddle-inference": "inference/paddle/model.json + .pdiparams for paddle.inference (one rank, "
-                        "inference; a float32 copy of the weights)",
+    "paddle-inference": "inference/paddle/model.json + .pdiparams for paddle.inference, a KV-cache "
+                        "decoder (one rank, inference; a float32 copy of the weights)",
 }
 Emitter = Callable[[Graph, Path], Any]
-_BACKENDS = {"onnx": "onnxruntime", "paddle-inference": "paddle"}
+_BACKENDS = {"onnx": "onnxruntime"}
 
 
 def backend_of(name: str) -> str:
@@ -67,6 +73,29 @@ def parse_emit(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
         if n not in EXECUTABLES:
             raise TargetError(f"unknown executable {n!r} in --emit: choose from {', '.join(EXECUTABLES)}")
     return names
+
+
+ONNX_DEFAULT_MAX_BYTES = 2 << 30
+"""Rank weights (bytes as stored) up to which an inference artifact carries ONNX without `--emit`."""
+
+
+def with_default_onnx(emit: tuple[str, ...], ranks: Sequence[Graph], target: HardwareTarget, mode: str,
+                      warnings: list[str]) -> tuple[str, ...]:
+    """`emit` (the default executables) plus `onnx` where it applies: one rank graph, inference,
+    a target that has it, every op lowerable to ONNX, rank weights within ONNX_DEFAULT_MAX_BYTES.
+    Over the size, a warning gives the flag that adds it."""
+    from ernie_ir.backends.onnx.lower import first_refusal, unsupported_ops
+
+    if (mode != "inference" or len(ranks) != 1 or "onnx" in emit or "onnx" not in target.executables
+            or unsupported_ops(ranks[0]) or first_refusal(ranks[0]) is not None):
+        return emit
+    size = sum(p.type.nbytes() for p in ranks[0].params.values() if p.type.is_static)
+    if size > ONNX_DEFAULT_MAX_BYTES:
+        warnings.append(f"no ONNX decoder by default: its copy of the weights would add "
+                        f"{size / 2**30:.1f} GiB (over {ONNX_DEFAULT_MAX_BYTES / 2**30:g} GiB); add it "
+                        f"with --emit {','.join((*emit, 'onnx'))} for --backend onnxruntime, the fastest")
+        return emit
+    return (*emit, "onnx")
 
 
 def default_emit(target: str | HardwareTarget, mode: str) -> tuple[str, ...]:
@@ -121,6 +150,9 @@ class EmitSettings:
     kv_cache_dtype: str | None = None
     moment_dtype: str | None = None
     offload_optimizer: bool = False
+    implied: tuple[str, ...] = ()
+    """Executables added by default (`with_default_onnx`): left out, quietly, where the graph
+    cannot become one (e.g. no KV-cache decoder)."""
 
 
 def select_emitters(emit: Sequence[str], settings: EmitSettings, *, target: HardwareTarget, model: str,
@@ -135,11 +167,17 @@ def select_emitters(emit: Sequence[str], settings: EmitSettings, *, target: Hard
     first = ranks[0]
     emitters: dict[str, Emitter] = {}
     if "onnx" in emit:
-        emitters[backend_of("onnx")] = _onnx_emitter(first, onnx_numerics, kv_cache_dtype, warnings)
-    if "paddle-inference" in emit:
-        emitters[backend_of("paddle-inference")] = _paddle_inference_emitter()
-    elif "paddle" in emit:
+        implied = "onnx" in settings.implied  # not asked for: its notes (genai_config) are noise
+        try:
+            emitters[backend_of("onnx")] = _onnx_emitter(first, onnx_numerics, kv_cache_dtype,
+                                                         [] if implied else warnings)
+        except TargetError:
+            if not implied:
+                raise
+    if "paddle" in emit or "paddle-inference" in emit:  # the Layer from rank0/ runs beside the program
         emitters["paddle"] = _paddle_emitter(target, mode, mapping, settings)
+    if "paddle-inference" in emit:
+        emitters[backend_of("paddle-inference")] = _paddle_inference_emitter(first, kv_cache_dtype)
     if "fastdeploy" in emit:
         # the target's part is decided here; the backend gets plain values
         found = (fastdeploy_emitters(mode, model, ranks, mapping, arch, warnings, explicit=explicit)
@@ -205,10 +243,32 @@ def _onnx_emitter(graph: Graph, numerics: str, kv_cache_dtype: str | None = None
     return emit
 
 
-def _paddle_inference_emitter() -> Emitter:
-    from ernie_ir.backends.paddle.emit import emit_paddle_inference
+def _paddle_inference_emitter(graph: Graph, kv_cache_dtype: str | None) -> Emitter:
+    """The Paddle Inference decoder (`inference/paddle/`): the `kv-cache` pass on a copy of the
+    rank graph, made here so that a graph that cannot decode is refused before any file is
+    written."""
+    from ernie_ir.backends.paddle.decoder import emit_paddle_decoder
+    from ernie_ir.ir.storage import clone_graph
+    from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
 
-    return lambda g, exe: emit_paddle_inference(g, exe / "paddle")
+    decoder = clone_graph(graph)
+    try:
+        add_kv_cache(decoder, kv_cache_dtype)
+    except (KvCacheError, ValueError) as e:
+        raise TargetError(f"--emit paddle-inference: the Paddle Inference model is a KV-cache decoder, "
+                          f"and {e}") from None
+
+    def emit(g: Graph, exe: Path) -> list[Path]:
+        dec = decoder
+        if g is graph:  # the weights may have moved (the rank files written meanwhile): read them there
+            for name, p in dec.params.items():
+                p.source = g.params[name].source
+        else:
+            dec = clone_graph(g)
+            add_kv_cache(dec, kv_cache_dtype)
+        return emit_paddle_decoder(dec, exe / "paddle")
+
+    return emit
 
 
 def _paddle_emitter(target: HardwareTarget, mode: str, mapping: Mapping,

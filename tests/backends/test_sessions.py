@@ -20,13 +20,13 @@ IDS = np.array([[1, 5, 9, 2, 7], [3, 3, 8, 1, 4]], dtype=np.int64)
 @pytest.fixture(scope="module")
 def art(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sessions") / "art"
-    compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(out=out, emit="onnx,paddle",
+    compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(out=out, emit="onnx,paddle,paddle-inference",
                   onnx_numerics="exact"))
     return out
 
 
 def test_the_one_ordered_list() -> None:
-    assert BACKENDS == ("interpreter", "onnxruntime", "paddle")
+    assert BACKENDS == ("interpreter", "onnxruntime", "paddle", "paddle-inference")
     assert list(sessions_module.SESSIONS) == list(BACKENDS)
     assert all(issubclass(cls, BackendSession) and cls.name == name
                for name, cls in sessions_module.SESSIONS.items())
@@ -47,7 +47,7 @@ def test_refusals_are_one_line(art: Path, tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(BackendError, match="does not offer backend 'tensorrt'"):
         open_backend(art, "tensorrt")
     plain = tmp_path / "plain"
-    compile_model("ernie-4.5-0.3b@tiny", "ascend", CompileOptions(out=plain))
+    compile_model("ernie-4.5-0.3b@tiny", "ascend", CompileOptions(out=plain, emit="paddle"))
     with pytest.raises(BackendError, match="does not offer backend 'onnxruntime'; it offers interpreter"):
         open_backend(plain, "onnxruntime")
     line = user_error(capsys, "run", str(art), "--tokens", "1,2", "--backend", "tpu")

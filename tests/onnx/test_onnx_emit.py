@@ -60,6 +60,12 @@ def test_onnx_agrees_with_interpreter(artifacts: dict, model: str, quant: str | 
         _check(run_artifact(art, ids, "interpreter"), run_artifact(art, ids, "onnxruntime"))
 
 
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes of `graph` and of its subgraphs (If branches), depth first."""
+    return [*graph.node, *(n for nd in graph.node for a in nd.attribute
+                           if a.type == onnx.AttributeProto.GRAPH for n in _all_nodes(a.g))]
+
+
 def test_quantized_onnx_keeps_int_weights(artifacts: dict) -> None:
     model = onnx.load(str(artifacts[("ernie-4.5-21b-a3b@tiny", "wint8mix")] / "inference/onnx/model.onnx"),
                       load_external_data=False)
@@ -68,7 +74,7 @@ def test_quantized_onnx_keeps_int_weights(artifacts: dict) -> None:
     assert types & {onnx.TensorProto.INT4, onnx.TensorProto.UINT8} and onnx.TensorProto.INT8 in types
     ops = {n.op_type for n in model.graph.node}
     assert "DequantizeLinear" in ops  # the experts' stacks; the linears are MatMulNBits (exact level 1)
-    levels = {a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+    levels = {a.i for n in _all_nodes(model.graph) if n.op_type == "MatMulNBits" for a in n.attribute
               if a.name == "accuracy_level"}
     assert levels == {1}
     assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer
@@ -80,7 +86,7 @@ def test_matmulnbits_form_is_exact(artifacts: dict, tmp_path: Path, case: tuple[
     graph = load_artifact(artifacts[case])
     path, _ = emit_onnx(graph, tmp_path, form="matmulnbits", numerics="exact")
     model = onnx.load(str(path), load_external_data=False)
-    assert any(n.op_type == "MatMulNBits" and n.domain == "com.microsoft" for n in model.graph.node)
+    assert any(n.op_type == "MatMulNBits" and n.domain == "com.microsoft" for n in _all_nodes(model.graph))
     from ernie_ir.backends.onnx.session import run_onnx
     from ernie_ir.runtime import run_graph
 
@@ -107,12 +113,16 @@ def test_unknown_form_and_backend(artifacts: dict, tmp_path: Path) -> None:
         run_artifact(art, _ids(1, 3), "tensorrt")
 
 
-def test_default_artifacts_have_no_onnx(tmp_path: Path) -> None:
+def test_small_default_artifacts_carry_onnx_and_emit_paddle_does_not(tmp_path: Path) -> None:
     for target in ("cuda", "ascend"):
         art = Path(compile_model("ernie-4.5-0.3b@tiny", target, CompileOptions(quant="wint8",
                                  out=tmp_path / target)).out)
-        assert "onnxruntime" not in read_manifest(art).backends
-        assert not (art / "inference/onnx").exists()
+        assert "onnxruntime" in read_manifest(art).backends  # below ONNX_DEFAULT_MAX_BYTES
+        assert (art / "inference/onnx/model.onnx").is_file()
+    art = Path(compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(quant="wint8", emit="paddle",
+                             out=tmp_path / "named")).out)
+    assert "onnxruntime" not in read_manifest(art).backends
+    assert not (art / "inference/onnx").exists()
 
 
 def test_emit_onnx_on_ascend_agrees_with_interpreter(tmp_path: Path) -> None:

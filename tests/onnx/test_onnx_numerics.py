@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import ml_dtypes
@@ -119,6 +120,24 @@ def _decode_nbits(node: onnx.NodeProto, inits: dict[str, np.ndarray]) -> np.ndar
     return w.reshape(n, -1)[:, :k].T
 
 
+def _decoded_weights(nodes: Iterable[onnx.NodeProto], inits: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """param -> the float64 weight [K, N] the MatMulNBits among `nodes` read (an int8 linear's two
+    4-bit planes summed). An If whose branches both hold MatMulNBits (an int8 linear's two forms,
+    chosen by the number of rows) counts once, and its branches must decode to the same weights."""
+    decoded: dict[str, np.ndarray] = {}
+    for nd in nodes:
+        if nd.op_type == "MatMulNBits":
+            param = nd.input[1].split("::")[0].removesuffix(".quant_weight") + ".weight"
+            decoded[param] = decoded.get(param, 0) + _decode_nbits(nd, inits)
+        elif nd.op_type == "If":
+            then_w, else_w = (_decoded_weights(a.g.node, inits) for a in nd.attribute)
+            if then_w and else_w:
+                assert then_w.keys() == else_w.keys()
+                assert all(np.array_equal(then_w[p], else_w[p]) for p in then_w), sorted(then_w)
+            decoded.update(then_w or else_w)
+    return decoded
+
+
 @pytest.fixture(scope="module")
 def exact(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, int], Path]:
     root = tmp_path_factory.mktemp("numerics")
@@ -137,7 +156,7 @@ def test_exact_artifact_in_a_bare_default_session(exact: dict, case: tuple[str, 
     assert read_manifest(art).onnx_numerics == "exact"
     model = onnx.load(str(path), load_external_data=False)
     assert {p.key: p.value for p in model.metadata_props}["ernie_ir.onnx_numerics"] == "exact"
-    levels = [a.i for nd in model.graph.node if nd.op_type == "MatMulNBits" for a in nd.attribute
+    levels = [a.i for nd in _all_nodes(model.graph) if nd.op_type == "MatMulNBits" for a in nd.attribute
               if a.name == "accuracy_level"]
     assert levels and set(levels) == {1}
     assert _dq_feeding_matmul(model.graph) == 0
@@ -160,11 +179,7 @@ def test_exact_weights_equal_an_independent_quantize_dequantize(exact: dict,
     model = onnx.load(str(path))
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     source = load_input(case[0])
-    decoded: dict[str, np.ndarray] = {}
-    for nd in model.graph.node:
-        if nd.op_type == "MatMulNBits":
-            param = nd.input[1].split("::")[0].removesuffix(".quant_weight") + ".weight"
-            decoded[param] = decoded.get(param, 0) + _decode_nbits(nd, inits)
+    decoded = _decoded_weights(model.graph.node, inits)
     assert decoded
     bits = 4 if case[1] == "wint4" else 8  # wint8mix: int8 linears (int4 only for routed experts)
     for param, w in decoded.items():
@@ -181,7 +196,7 @@ def test_fast_artifact_reports_its_error(tmp_path: Path, model: str) -> None:
     assert manifest["onnx_numerics"] == "fast"
     onnx_model = onnx.load(str(path), load_external_data=False)
     assert {p.key: p.value for p in onnx_model.metadata_props}["ernie_ir.onnx_numerics"] == "fast"
-    assert {a.i for nd in onnx_model.graph.node if nd.op_type == "MatMulNBits" for a in nd.attribute
+    assert {a.i for nd in _all_nodes(onnx_model.graph) if nd.op_type == "MatMulNBits" for a in nd.attribute
             if a.name == "accuracy_level"} == {4}
     ref = _reference(art)
     got = _bare(path)
@@ -206,7 +221,8 @@ def test_bad_numerics_are_one_line_errors(tmp_path: Path) -> None:
 
 
 def test_non_onnx_artifacts_record_no_numerics(tmp_path: Path) -> None:
-    report = compile_model("ernie-4.5-0.3b@tiny", "ascend", CompileOptions(quant="wint8", out=tmp_path / "a"))
+    report = compile_model("ernie-4.5-0.3b@tiny", "ascend", CompileOptions(quant="wint8", out=tmp_path / "a",
+                                                                           emit="paddle"))
     assert report.onnx_numerics is None and "onnx_numerics" not in read_manifest(tmp_path / "a")
 
 

@@ -32,7 +32,9 @@ def logits_of(path: Path) -> np.ndarray:
 
 
 def expert_branches(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    return [n for n in model.graph.node if n.op_type == "If"]
+    """The experts' Ifs (not the int8 linears' Ifs on the number of rows)."""
+    return [n for n in model.graph.node if n.op_type == "If"
+            and any(a.g.name.startswith("moe_expert") for a in n.attribute)]
 
 
 def branch_ops(node: onnx.NodeProto, which: str = "then_branch") -> list[str]:

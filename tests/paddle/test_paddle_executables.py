@@ -169,7 +169,7 @@ def test_missing_paddle_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
         paddle_layer.build_layer(graph)
     # The default Paddle executable is built from rank0/ at load: compile needs no Paddle ...
     report = compile_model("ernie-4.5-0.3b@tiny", "kunlun", CompileOptions(out=tmp_path / "a"))
-    assert report.emit == ["paddle"] and "paddle" in verify_artifact(tmp_path / "a").backends
+    assert "paddle" in report.emit and "paddle" in verify_artifact(tmp_path / "a").backends
     with pytest.raises(ErnieIRError, match="paddlepaddle-gpu"):  # ... running it does
         run_paddle(tmp_path / "a", IDS)
     # a traced Paddle Inference program does, before anything is written

@@ -149,7 +149,7 @@ def test_trained_qat_artifact_compiles_to_int8_weights_with_the_learned_scales(
 
     # (b) the same logits as the fake-quant graph, on every backend the artifact offers
     ref = Interpreter(fq).run({"input_ids": IDS})["logits"]
-    assert manifest.backends == ["interpreter", "paddle"]
+    assert {"interpreter", "paddle"} <= set(manifest.backends)  # (and onnxruntime, small: by default)
     np.testing.assert_array_equal(run_artifact(out, IDS, "interpreter"), ref)
     got = run_artifact(out, IDS, "paddle")
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4 + 2e-6 * float(np.abs(ref).max()))

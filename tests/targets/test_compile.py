@@ -78,12 +78,19 @@ def test_compile_load_run_within_budget(tmp_path: Path, model: str, quant: str, 
     assert base <= set(manifest.files)
     # a FastDeploy checkpoint (ERNIE 4.5 where every weight packs for sm80): config.json + links
     # (one rank: the top-level model.safetensors too, where FastDeploy reads a one-rank folder)
-    fastdeploy = ({"config.json", "rank0/model.safetensors", "model.safetensors"} if manifest.formats
-                  else set())
-    # the default executables read the rank bytes: no file of their own
-    assert set(manifest.files) - base - fastdeploy == set()
-    assert manifest.backends == ["interpreter", "paddle"]
-    assert report.emit == manifest.emit == (["paddle", "fastdeploy"] if fastdeploy else ["paddle"])
+    # and serve.sh, FastDeploy's launch line
+    fastdeploy = ({"config.json", "rank0/model.safetensors", "model.safetensors", "serve.sh"}
+                  if manifest.formats else set())
+    # the ONNX decoder, written by default for one small rank (ONNX_DEFAULT_MAX_BYTES) where every
+    # op lowers (not kunlun's quantized XPU layout), with the tokenizer beside it
+    with_onnx = not (target == "kunlun" and quant != "none")
+    onnx = {f for f in manifest.files if f.startswith(("inference/onnx/", "tokenizer/"))}
+    # the other default executables read the rank bytes: no file of their own
+    assert set(manifest.files) - base - fastdeploy - onnx == set()
+    assert ({"inference/onnx/model.onnx", "inference/onnx/model.onnx.data"} <= onnx) == with_onnx
+    assert manifest.backends == ["interpreter", *(["onnxruntime"] if with_onnx else []), "paddle"]
+    assert report.emit == manifest.emit == ["paddle", *(["fastdeploy"] if fastdeploy else []),
+                                            *(["onnx"] if with_onnx else [])]
     recipe = json.loads((out / "inference/launch.json").read_text())
     tgt = get_target(target)
     assert recipe["flag"] == tgt.launch_flag and tgt.visible_devices_env in recipe["env"]

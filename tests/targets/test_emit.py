@@ -43,23 +43,50 @@ def test_bad_names(text: str, message: str) -> None:
 
 def test_default_artifact_stores_each_weight_once(tmp_path: Path) -> None:
     """cuda sm70 packs every tiny weight, so the FastDeploy checkpoint is written too: it links
-    (a dense model: weight-only MoE experts would need the bf16 copy, written only when asked for)."""
+    (a dense model: weight-only MoE experts would need the bf16 copy, written only when asked for).
+    The one other copy is the ONNX decoder's, written by default below ONNX_DEFAULT_MAX_BYTES."""
     out = tmp_path / "a"
     report = compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(quant="wint8mix", cuda_arch=70,
                            out=out))
-    assert report.emit == ["paddle", "fastdeploy"]
+    assert report.emit == ["paddle", "fastdeploy", "onnx"]
     manifest = verify_artifact(out)
-    assert manifest.emit == ["paddle", "fastdeploy"] and manifest.formats == ["fastdeploy"]
+    assert manifest.emit == ["paddle", "fastdeploy", "onnx"] and manifest.formats == ["fastdeploy"]
+    assert manifest.backends == ["interpreter", "onnxruntime", "paddle"]
     stored = _stored_bytes(out)
     weights = stored["rank0/weights.safetensors"]
-    # nothing but the rank weights holds weight bytes: the rest is text (IR, manifest, recipes)
+    # nothing but the rank weights and ONNX's own copy holds weight bytes: the rest is text (IR,
+    # manifest, recipes, the tokenizer beside the ONNX model)
     assert {n for n, size in stored.items() if size > 0.05 * weights} <= {
-        "rank0/weights.safetensors", "graph.ir", "rank0/graph.ir"}
+        "rank0/weights.safetensors", "inference/onnx/model.onnx", "inference/onnx/model.onnx.data",
+        "inference/onnx/tokenizer.json", "graph.ir", "rank0/graph.ir"}
     assert os.readlink(out / "rank0/model.safetensors") == "weights.safetensors"
     # the default paddle executable builds its Layer from rank0/ and equals the interpreter
     ref = run_artifact(out, IDS, "interpreter")
     got = run_artifact(out, IDS, "paddle")
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+
+
+def test_onnx_numerics_without_emit_asks_for_the_onnx_decoder(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from ernie_ir.targets import executables
+
+    monkeypatch.setattr(executables, "ONNX_DEFAULT_MAX_BYTES", 1024)  # not there by size alone
+    report = compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(out=tmp_path / "a", quant="wint8",
+                                                                         onnx_numerics="fast"))
+    assert "onnx" in report.emit and report.onnx_numerics == "fast"
+
+
+def test_onnx_is_left_out_by_default_above_the_size_with_the_flag_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ernie_ir.targets import executables
+
+    monkeypatch.setattr(executables, "ONNX_DEFAULT_MAX_BYTES", 1024)
+    report = compile_model("ernie-4.5-0.3b@tiny", "cuda", CompileOptions(out=tmp_path / "a", quant="wint8",
+                                                                         cuda_arch=70))
+    assert report.emit == ["paddle", "fastdeploy"]
+    assert verify_artifact(tmp_path / "a").backends == ["interpreter", "paddle"]
+    note = [w for w in report.warnings if "ONNX" in w]
+    assert len(note) == 1 and "add it with --emit paddle,fastdeploy,onnx" in note[0], report.warnings
 
 
 def test_each_asked_executable_is_written(tmp_path: Path) -> None:
@@ -68,11 +95,11 @@ def test_each_asked_executable_is_written(tmp_path: Path) -> None:
                            emit="onnx,paddle-inference"))
     manifest = verify_artifact(out)
     assert report.emit == manifest.emit == ["onnx", "paddle-inference"]
-    assert manifest.backends == ["interpreter", "onnxruntime", "paddle"]
+    assert manifest.backends == ["interpreter", "onnxruntime", "paddle", "paddle-inference"]
     assert {"inference/onnx/model.onnx", "inference/paddle/model.pdiparams"} <= set(manifest.files)
     assert manifest.onnx_numerics == "weight-only"  # the default
     ref = run_artifact(out, IDS, "interpreter")
-    for backend in ("onnxruntime", "paddle"):
+    for backend in ("onnxruntime", "paddle", "paddle-inference"):
         np.testing.assert_allclose(run_artifact(out, IDS, backend), ref, rtol=1e-5,
                                    atol=2e-5 * float(np.abs(ref).max()))
 
@@ -87,8 +114,8 @@ def test_each_asked_executable_is_written(tmp_path: Path) -> None:
     ({"emit": "fastdeploy", "quant": "wint8mix"},
      r"--emit fastdeploy: .* is not in Paddle's packed cuda layout"),
     ({"emit": "fastdeploy"}, "--emit fastdeploy: the model is not quantized"),
-    ({"onnx_numerics": "fast"}, "--onnx-numerics fast applies to the ONNX model, which this compile "
-                                "does not write: add onnx to --emit"),
+    ({"onnx_numerics": "fast", "emit": "paddle"}, "--onnx-numerics fast applies to the ONNX model, "
+                                                  "which this compile does not write: add onnx to --emit"),
 ])
 def test_executables_that_cannot_be_made_are_refused(tmp_path: Path, kwargs: dict, message: str) -> None:
     args = {"model": "ernie-4.5-21b-a3b@tiny", "target": "cuda", **kwargs}

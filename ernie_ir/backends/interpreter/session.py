@@ -36,19 +36,22 @@ class InterpreterSession(BackendSession):
 
 
 def interpreter_step(graphs: list[Graph]) -> StepFn:
-    """One decoder step over `graphs` (one rank, or several in lockstep)."""
-    if len(graphs) == 1:
-        from ernie_ir.runtime import Interpreter
+    """One decoder step over `graphs` (one rank, or several in lockstep), each rank's interpreter
+    kept across steps (its params and dequantized weights are read once)."""
+    from ernie_ir.runtime import Interpreter
 
+    if len(graphs) == 1:
         return Interpreter(graphs[0]).run
     from ernie_ir.runtime.spmd import run_spmd
+
+    ranks = [Interpreter(g) for g in graphs]
 
     def step(feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
         # Each rank keeps its own cache (its own KV heads): the loop carries them stacked on a
         # leading rank axis, and a first step's empty past serves every rank.
         per_rank = [{k: (v[r] if k.startswith("past_key_values.") and v.ndim == 5 else v)
                      for k, v in feeds.items()} for r in range(len(graphs))]
-        outs = run_spmd(graphs, per_rank)
+        outs = run_spmd(ranks, per_rank)
         result = dict(outs[0])
         for k in result:
             if k.startswith("present."):

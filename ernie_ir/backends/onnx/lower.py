@@ -98,6 +98,12 @@ NUMERICS = ("weight-only", "exact", "fast")
 DEFAULT_NUMERICS = "weight-only"
 ACCURACY_LEVEL = {"weight-only": 1, "exact": 1, "fast": 4}
 """MatMulNBits accuracy_level per numerics: 1 = float32 compute, 4 = int8 activations."""
+PREFILL_ROWS = 384
+"""From this many rows (tokens) on, an int8 linear at accuracy_level 1 runs as one 8-bit
+MatMulNBits instead of two 4-bit planes. The 8-bit kernel widens its whole weight on every call
+(a fixed cost) and then runs one float GEMM; the planes run two GEMMs' worth of work per row. On
+two cores (ERNIE-4.5-0.3B widths) they cost the same near 350-380 rows; at 1,024 rows the 8-bit
+form takes about 0.75x the planes' time; at one row (decode) it is over 10x slower."""
 META_NUMERICS = "ernie_ir.onnx_numerics"
 META_FORM = "ernie_ir.onnx_form"
 MODEL_FILE = "model.onnx"
@@ -129,6 +135,9 @@ def _dims(shape: tuple[Any, ...]) -> list[Any]:
 _CACHED_BYTES = 1 << 20  # params up to this size stay cached while emitting (scales, norms)
 _NARROW_MIN = 4096  # bf16/f16 params of at least this many elements stay bf16/f16 in the file
 
+
+LOWEST = float(np.finfo(np.float32).min)
+"""What a bool or causal mask adds to a hidden attention score (see `op_attention`)."""
 
 HALF_BELOW = np.nextafter(np.float32(0.5), np.float32(0))
 """0.49999997, the float32 below 0.5: quant_numerics.round_half_away adds it (copysigned)."""
@@ -401,10 +410,11 @@ class _Emitter:
         return self.op("DequantizeLinear", [qn, sname], axis=q.ndim - 2, block_size=block)
 
     def matmul_nbits(self, x: str, q: np.ndarray, qname: str, scale: np.ndarray, group_size: int,
-                     bits: int) -> str:
+                     bits: int, by_rows: bool = True) -> str:
         """com.microsoft.MatMulNBits over logical q [K, N] with scales [N] (per channel) or
         [groups, N], accuracy_level per `self.numerics` (weight-only, exact: float32 compute, int8
-        as two 4-bit planes; fast: int8 activations)."""
+        as two 4-bit planes, and with `by_rows` one 8-bit MatMulNBits for calls of at least
+        `PREFILL_ROWS` rows, chosen by an `If`; fast: int8 activations)."""
         k, n = q.shape
         s = np.asarray(scale).astype(np.float32)
         block = _nbits_block(k, group_size)
@@ -419,12 +429,35 @@ class _Emitter:
             q32 = q.astype(np.int32)
             hi, lo = q32 >> 4, q32 & 15  # q = 16 * hi + lo, hi in [-8, 7], lo in [0, 15]
             zeros = np.zeros(n * math.ceil(nblocks / 2), np.uint8)  # 4-bit zero points 0, packed
-            y_hi = self._nbits(x, hi, 8, 4, block, nblocks, scales * np.float32(16), f"{qname}::nbits4_hi",
-                               level)
-            y_lo = self._nbits(x, lo, 0, 4, block, nblocks, scales, f"{qname}::nbits4_lo", level, zeros)
-            return self.op("Add", [y_hi, y_lo])
+
+            def planes() -> str:
+                y_hi = self._nbits(x, hi, 8, 4, block, nblocks, scales * np.float32(16),
+                                   f"{qname}::nbits4_hi", level)
+                y_lo = self._nbits(x, lo, 0, 4, block, nblocks, scales, f"{qname}::nbits4_lo", level, zeros)
+                return self.op("Add", [y_hi, y_lo])
+
+            if not by_rows:
+                return planes()
+            return self._by_rows(x, k, lambda: self._nbits(x, q32, 128, 8, block, nblocks, scales,
+                                                            f"{qname}::nbits8", level), planes)
         return self._nbits(x, q.astype(np.int32), 1 << (bits - 1), bits, block, nblocks, scales,
                            f"{qname}::nbits{bits}", level)
+
+    def _by_rows(self, x: str, k: int, many: Callable[[], str], few: Callable[[], str]) -> str:
+        """If(rows of x >= PREFILL_ROWS) then `many()` else `few()`: two lowerings of one product,
+        equal to float tolerance, each emitted into its branch (graphs named rows_many_* and
+        rows_few_*; their initializers stay in the graph, read from the branches). Only speed
+        depends on the choice."""
+        cond = self.op("Greater", [self.op("Size", [x]), self.const(k * PREFILL_ROWS - 1)])
+        outer = self.nodes
+        branches = []
+        for make, hint in ((many, "rows_many"), (few, "rows_few")):
+            self.nodes = []
+            y = make()
+            branches.append(helper.make_graph(self.nodes, self.fresh(hint), [],
+                                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)]))
+        self.nodes = outer
+        return self.op("If", [cond], then_branch=branches[0], else_branch=branches[1])
 
     def _nbits(self, x: str, v: np.ndarray, zero: int, bits: int, block: int, nblocks: int,
                scales: np.ndarray, base: str, level: int, zero_points: np.ndarray | None = None) -> str:
@@ -722,22 +755,33 @@ class _Emitter:
             else:
                 scores = self.op("Add", [scores, self.name(mask)])
         if keep is not None:
-            scores = self.op("Where", [keep, scores, self.f32(-np.inf)])
+            # An additive bias over [S, T] (no head axis), not a Where over the [B, H, S, T]
+            # scores: onnxruntime's broadcasting Where took ~7% of a 1,024-token prefill. The
+            # lowest float32 rather than -inf: a kept score + 0 is itself, a hidden one's exp is
+            # 0 as with -inf, and a row hidden completely stays finite (uniform), so it can be
+            # zeroed on the smaller output instead of its probabilities.
+            scores = self.op("Add", [scores, self.op("Where", [keep, self.f32(0.0), self.f32(LOWEST)])])
         probs = self.op("Softmax", [scores], axis=-1)
-        if mask is not None:
-            probs = self._zero_masked_rows(probs, scores, keep if mask.type.dtype == DType.BOOL else None)
+        bool_mask = mask is not None and mask.type.dtype == DType.BOOL
+        if mask is not None and not bool_mask:
+            probs = self._zero_masked_rows(probs, scores, None)
         if group > 1:
             probs = self.op("Reshape", [probs, self.const([0, kv, -1, 0])])  # [B, KV, group*S, T]
         out = self.op("MatMul", [probs, vh])  # [B, KV, group*S, Dv]
         if group > 1:
             out = self.op("Reshape", [out, self.const([0, h, -1, 0])])  # [B, H, S, Dv]
+        if bool_mask:
+            assert keep is not None
+            out = self._zero_masked_rows(out, scores, keep)
         return [self.op("Transpose", [out], perm=[0, 2, 1, 3])]
 
     def _zero_masked_rows(self, probs: str, scores: str, keep: str | None) -> str:
         """Zeros for the query rows a mask hides completely (a left pad's row: every key it could
         see is a pad), as the interpreter gives: Softmax of a row of -inf is NaN, and a NaN row
         would reach later layers through 0 x NaN. `keep` (bool, broadcast to the scores): a row
-        lives where any of it is kept; without it (an additive mask), where its max is not -inf.
+        lives where any of it is kept; `probs` is then the attention output [B, H, S, Dv] (a
+        bool mask adds the lowest float32, not -inf: the row is finite). Without it (an
+        additive mask), `probs` are the probabilities and a row lives where its max is not -inf.
         Emitted only for an attention with a mask, so graphs without one are as before."""
         if keep is not None:
             seen = self.op("ReduceMax", [self.op("Cast", [keep], to=TensorProto.FLOAT), self.const([-1])],
@@ -967,7 +1011,7 @@ class _Emitter:
             def rows_times_expert(x: str) -> str:
                 self.created = []
                 y = self.matmul_nbits(x, np.asarray(q[i]).astype(np.int8),
-                                      f"{base}[{i}]", s if s.ndim == 0 else s[i], gs, bits)
+                                      f"{base}[{i}]", s if s.ndim == 0 else s[i], gs, bits, by_rows=False)
                 self.branch_inits.update(self.created)  # the expert's weights live in its branch
                 self.created = None
                 return y

@@ -1,4 +1,8 @@
-"""The Paddle inference executable of an artifact (`--emit paddle`, inference mode).
+"""A logits-only Paddle Inference program of a plain graph, and whether Paddle is installed.
+
+An artifact's `--emit paddle-inference` program is the KV-cache decoder
+(ernie_ir.backends.paddle.decoder), whose prefill gives the logits; this one traces a graph as it
+is (one input), for graphs that are not decoders.
 
 - `emit_paddle_inference(graph, folder)`: the portable Layer (ernie_ir.backends.paddle.layer),
   traced with `paddle.jit.to_static` on one int64 [None, None] input (`input_ids`) and saved with

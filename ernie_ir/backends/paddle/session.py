@@ -1,7 +1,8 @@
 """Run an artifact's Paddle executable on this machine: its target's device where Paddle has it, else CPU.
 
 `run_paddle(artifact, input_ids)`: inference artifacts load `inference/paddle/model.json` +
-`model.pdiparams` with Paddle Inference (`Config(...).disable_gpu()`); artifacts without that
+`model.pdiparams` with Paddle Inference (`Config(...).disable_gpu()`) and take the decoder's
+prefill (ernie_ir.backends.paddle.decoder); artifacts without that
 model (training artifacts) get their Layer built from `rank0/` (the portable form) and run in
 dygraph. Where this Paddle has the artifact's target device (ernie_ir.backends.paddle.devices: a cuda
 artifact on paddlepaddle-gpu with a GPU, ascend with the npu plugin, kunlun on an XPU build),
@@ -73,21 +74,10 @@ def run_paddle(artifact: Path, input_ids: np.ndarray) -> np.ndarray:
     device = paddle_device_for(root)
     if device != "cpu" or not (root / MODEL).is_file():
         return _run_layer(paddle, root, ids, device)
-    _check_files(root, [MODEL, PARAMS])
-    from paddle import inference
+    from ernie_ir.backends.paddle.decoder import IO, prefill_logits
 
-    config = inference.Config(str(root / MODEL), str(root / PARAMS))
-    config.disable_gpu()
-    config.disable_glog_info()
-    # oneDNN's pass pipeline prints diagnostics on stdout (breaking `run --json`) and may
-    # refuse ops; the plain CPU kernels run the traced program as it is.
-    config.disable_mkldnn()
-    predictor = inference.create_predictor(config)
-    handle = predictor.get_input_handle(predictor.get_input_names()[0])
-    handle.reshape(list(ids.shape))
-    handle.copy_from_cpu(ids)
-    predictor.run()
-    return np.asarray(predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu())
+    _check_files(root, [MODEL, PARAMS, *([IO] if (root / IO).exists() else [])])
+    return prefill_logits(root, ids)
 
 
 def _run_layer(paddle: object, root: Path, ids: np.ndarray, device: str) -> np.ndarray:
