@@ -18,6 +18,11 @@ KL is over the budget the assumed budget shrinks and the search repeats (up to 4
 result is an ordinary QuantConfig (rules matching each quantized unit's path) that `compile
 --quant-config` and `plan` accept; WINT8MIX (experts int4, the rest int8) is one point of the
 search space.
+
+`sensitivity --skip-top K --out quant.yaml` writes the seed's next step (PaddleFleetX's GPT QAT):
+PaddleSlim's `Compress.Quantization` section, the qat-int8 recipe, with the K most sensitive
+units in its `skip_tensor_map` (`skip_map_yaml`; the names are `ernie_ir.ir.paddleslim_quant`'s,
+which `compile --quant-config` reads back).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ernie_ir.ir import Graph
+from ernie_ir.ir.paddleslim_quant import quantization_section, skip_tensor_map
 from ernie_ir.ops.quant_numerics import weight_dequantize, weight_quantize
 from ernie_ir.passes import PassContext
 from ernie_ir.passes.quant.annotate import QuantAnnotate
@@ -45,6 +51,7 @@ from .statistics import log_softmax
 FORMATS: dict[str, Algo] = {"int4": Algo.WEIGHT_ONLY_INT4, "int8": Algo.WEIGHT_ONLY_INT8, "float": Algo.NONE}
 """Unit formats: weight-only int4 / int8 (per-channel scales), or float (as the checkpoint)."""
 Progress = Callable[[str, int, int], None]
+"""progress(stage, units done, units in the stage): "approximate", "exact", "unit costs", "presets"."""
 
 
 @dataclass
@@ -125,12 +132,14 @@ class _Calibration:
 
     def __init__(self, model: str | Path, data: str | Path, seq_len: int, max_tokens: int) -> None:
         from ernie_ir.frontends.tokenizer import load_tokenizer
+        from ernie_ir.load import tokenizer_folder
 
         graph = load_float(model)
         self.name = graph.inputs[0].name
         self.out = graph.output_names[0]
         vocab = graph.outputs[0].type.shape[-1]
-        tok = load_tokenizer(model) if Path(model).is_dir() else None
+        folder = tokenizer_folder(model)
+        tok = load_tokenizer(folder) if folder is not None else None
         corpus = read_corpus(data, tok.encode if tok is not None else None,
                              vocab if isinstance(vocab, int) else None, max_tokens)
         check_window(seq_len, seq_len, None, corpus)
@@ -201,11 +210,13 @@ def _spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
 
 
 def sensitivity(model: str | Path, data: str | Path, *, fmt: str = "int4", seq_len: int = 128,
-                max_tokens: int = 512, mode: str = "both",
+                max_tokens: int = 512, mode: str = "both", skip_top: int | None = None,
                 progress: Progress | None = None) -> SensitivityReport:
     """Each unit's cost when it alone is quantized to `fmt` (`mode`: exact, approx or both).
 
-    `model`: a float MODEL (checkpoint folder, built-in, graph folder); its tokenizer reads text."""
+    `model`: a float MODEL (checkpoint folder, built-in, graph folder); its tokenizer reads text.
+    `skip_top`: the K the caller will skip (`skip_map_yaml`), checked against the units before
+    anything is measured."""
     if fmt not in ("int4", "int8"):
         raise EvalError(f"unknown --format {fmt!r}: choose int4 or int8")
     if mode not in ("exact", "approx", "both"):
@@ -214,6 +225,9 @@ def sensitivity(model: str | Path, data: str | Path, *, fmt: str = "int4", seq_l
     sites = find_targets(cal.float_graph)
     if not sites:
         raise EvalError("the model has no quantizable linear or expert weight")
+    if skip_top is not None:
+        check_skip_top(skip_top, len(sites))
+        skip_tensor_map(s.path for s in sites)  # every unit nameable, or one line before measuring
     units = [UnitCost(s.path, s.kind, int(np.prod([d for d in (s.param.type.shape if s.param else ())])))
              for s in sites]
     if mode in ("approx", "both"):
@@ -235,6 +249,34 @@ def sensitivity(model: str | Path, data: str | Path, *, fmt: str = "int4", seq_l
     key = (lambda u: u.kl) if mode != "approx" else (lambda u: u.approx)
     units.sort(key=key, reverse=True)
     return SensitivityReport(fmt, units, rho, cal.tokens)
+
+
+def check_skip_top(top: int, units: int | None = None) -> None:
+    """EvalError (one line) unless 1 <= `top` <= `units` (None: before the units are known)."""
+    if top < 1:
+        raise EvalError(f"--skip-top must be 1 or more (the units kept float), not {top}")
+    if units is not None and top > units:
+        raise EvalError(f"--skip-top {top} is more than the model's {units} units: give at most {units}")
+
+
+def skip_map_yaml(report: SensitivityReport, top: int, model: str | Path) -> str:
+    """PaddleSlim's `Compress.Quantization` section (the qat-int8 recipe: PaddleFleetX's GPT-345M
+    QAT) with the `top` most sensitive units of `report` in `skip_tensor_map`, as YAML text whose
+    comment lines name those units and their costs."""
+    import yaml  # only the written file needs it
+
+    check_skip_top(top, len(report.units))
+    chosen = report.units[:top]
+    recipe = QuantConfig.preset("qat-int8")
+    section = quantization_section(recipe.rules[0].annotation(), recipe.freeze_embedding,
+                                   skip_tensor_map(u.unit for u in chosen))
+    measure = "KL" if not all(math.isnan(u.kl) for u in report.units) else "output error"
+    where = " ".join(str(model).splitlines())  # a comment is one line
+    lines = [f"# ernie-ir sensitivity {where} --format {report.format}: the {top} most sensitive of "
+             f"{len(report.units)} units stay float in QAT ({measure} when one unit alone is "
+             f"{report.format}, over {report.tokens} tokens)"]
+    lines += [f"#   {u.unit}: {u.kl if measure == 'KL' else u.approx:.6g}" for u in chosen]
+    return "\n".join(lines) + "\n" + yaml.safe_dump(section, sort_keys=False, default_flow_style=None)
 
 
 @dataclass
@@ -318,8 +360,12 @@ def tune(model: str | Path, data: str | Path, *, budget: float,
         return chosen
 
     presets = _preset_formats(sites, order)
-    points = [{"config": name, "weight_bytes": size(f), "kl": cal.kl(quantize_units(load_float(model), f))}
-              for name, f in presets.items()]
+    points = []
+    for i, (name, f) in enumerate(presets.items()):
+        kl = cal.kl(quantize_units(load_float(model), f))
+        points.append({"config": name, "weight_bytes": size(f), "kl": kl})
+        if progress is not None:
+            progress("presets", i + 1, len(presets))
     limit = budget
     candidates: list[tuple[float, float, dict[str, str]]] = []
     for _ in range(4):

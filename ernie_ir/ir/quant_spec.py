@@ -45,6 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ErnieIRError
 from .inputs import read_bytes
+from .paddleslim_quant import read_skip_tensor_map, skip_matches
+from .suggest import did_you_mean
 
 RECORD_KEY = "quantization"
 """`graph.metadata[RECORD_KEY]`: the resolved config `quant-annotate` applied (`QuantConfig.to_dict()`)."""
@@ -74,6 +76,42 @@ class Algo(enum.StrEnum):
         return {Algo.WEIGHT_ONLY_INT8: 8, Algo.WEIGHT_ONLY_INT4: 4}.get(self, 0)
 
 
+class Method(enum.StrEnum):
+    """How a weight-only weight reaches its grid (`algo` says which grid): round to nearest, or
+    calibrated on data (GPTQ). Every method writes the same format: int codes per output channel
+    with the scale RTN would write."""
+
+    RTN = "rtn"
+    GPTQ = "gptq"
+    AWQ = "awq"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def calibrated(self) -> bool:
+        return self != Method.RTN
+
+
+METHODS_BUILT = (Method.RTN, Method.GPTQ)
+"""The methods a weight can be quantized by today (`awq` is named, so a rule can say it, and
+refused with one line)."""
+
+
+def parse_method(value: Any, where: str = "method") -> Method:
+    """A `Method` from user text; QuantConfigError (one line) for an unknown or unbuilt one."""
+    text = str(value.value if isinstance(value, Method) else value).strip().lower()
+    if text not in {m.value for m in Method}:
+        known = [m.value for m in METHODS_BUILT]
+        raise QuantConfigError(f"{where}: unknown method {value!r}{did_you_mean(text, known)}; methods: "
+                               f"{', '.join(known)}")
+    method = Method(text)
+    if method not in METHODS_BUILT:
+        raise QuantConfigError(f"{where}: method {method} is not built yet; use method=gptq (calibrated) or "
+                               "method=rtn")
+    return method
+
+
 class QuantSpec(BaseModel):
     """How one linear is quantized. Fields that do not apply to `algo` are ignored."""
 
@@ -92,6 +130,26 @@ class QuantSpec(BaseModel):
     """Paddle's round type: 0 half to even, 1 half away from zero (its QAT layers' choice)."""
     moving_rate: float = Field(default=0.9, ge=0.0, le=1.0)
     fp8_format: Literal["e4m3"] = "e4m3"
+    method: Method = Method.RTN
+    """Weight-only: how the weight reaches the grid (rtn, or gptq calibrated on data)."""
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _method(cls, v: Any) -> Any:
+        try:
+            return parse_method(v)
+        except QuantConfigError as e:
+            raise ValueError(str(e).removeprefix("method: ")) from None
+
+    @model_validator(mode="after")
+    def _method_applies(self) -> QuantSpec:
+        if self.method != Method.RTN and not self.algo.bits:
+            raise ValueError(f"method={self.method} calibrates weight-only weights; algo {self.algo} has "
+                             "none: drop method or use algo weight_only_int8/weight_only_int4")
+        if self.method != Method.RTN and self.group_size != -1:
+            raise ValueError(f"method={self.method} writes per-channel scales (group_size -1), not "
+                             f"group_size {self.group_size}")
+        return self
 
     @field_validator("group_size")
     @classmethod
@@ -114,6 +172,8 @@ class QuantSpec(BaseModel):
         out: dict[str, Any] = {"algo": self.algo.value}
         if self.algo in (Algo.WEIGHT_ONLY_INT8, Algo.WEIGHT_ONLY_INT4):
             out["group_size"] = self.group_size
+            if self.method != Method.RTN:  # rtn is the default: records from before methods read the same
+                out["method"] = self.method.value
         elif self.algo == Algo.QAT:
             out.update(
                 weight_quantize_type=self.weight_quantize_type,
@@ -150,6 +210,7 @@ class QuantRule(QuantSpec):
 
     def describe(self) -> str:
         extra = f", group_size={self.group_size}" if self.algo.bits and self.group_size != -1 else ""
+        extra += f", method={self.method}" if self.method != Method.RTN else ""
         return f"{self.match!r} -> {self.algo.value}{extra}"
 
 
@@ -209,6 +270,9 @@ class QuantConfig(BaseModel):
         if not isinstance(data, dict):
             raise QuantConfigError(f"{source}: expected a mapping, got {type(data).__name__}")
         data = dict(data)
+        compress = data.get("Compress")
+        if isinstance(compress, dict) and isinstance(compress.get("Quantization"), dict):
+            data = dict(compress["Quantization"])  # PaddleFleetX reads this section of its config, only it
         for key in ("quant", "quantization_config", "Quantization"):
             if key in data and isinstance(data[key], dict) and len(data) == 1:
                 data = dict(data[key])
@@ -278,6 +342,25 @@ class QuantConfig(BaseModel):
     def algos(self) -> set[Algo]:
         return {r.algo for r in self.rules} - {Algo.NONE}
 
+    @property
+    def methods(self) -> set[Method]:
+        """The methods of the rules that quantize weight-only (rtn when a config names none)."""
+        return {r.method for r in self.rules if r.algo.bits}
+
+    def with_method(self, method: Method | str) -> QuantConfig:
+        """This config with every weight-only rule quantized by `method` (`wint4{method=gptq}`);
+        QuantConfigError when no rule quantizes weights (fp8, qat-int8)."""
+        m = parse_method(method)
+        if not any(r.algo.bits for r in self.rules):
+            raise QuantConfigError(f"{self.name}: method={m} chooses how weight-only weights are rounded, "
+                                   f"and {self.name} quantizes none: use it with wint4, wint8 or wint8mix")
+        grouped = next((r for r in self.rules if r.algo.bits and r.group_size != -1), None)
+        if m != Method.RTN and grouped is not None:
+            raise QuantConfigError(f"{self.name}: method={m} writes per-channel scales, and rule "
+                                   f"{grouped.describe()} has group_size {grouped.group_size}")
+        rules = tuple(r.model_copy(update={"method": m}) if r.algo.bits else r for r in self.rules)
+        return self.model_copy(update={"rules": rules})
+
     # -- decisions ---------------------------------------------------------------------------
 
     def decide(self, paths: Iterable[str]) -> Decision:
@@ -287,10 +370,8 @@ class QuantConfig(BaseModel):
             if any(match_path(p, x) for x in paths):
                 return Decision(None, None, f"ignored by {p!r}", ignored_by=p)
         for block, names in self.skip_tensor_map.items():
-            layer = block.split("_", 1)[1]
             for name in names:
-                pat = rf".*layers\.{layer}\.(.*\.)?{re.escape(name)}"
-                if any(re.fullmatch(pat, x) for x in paths):
+                if any(skip_matches(block, name, x) for x in paths):
                     return Decision(None, None, f"skipped by skip_tensor_map {block}: {name}")
         for i in range(len(self.rules) - 1, -1, -1):
             rule = self.rules[i]
@@ -471,23 +552,42 @@ def split_quant_options(name: str) -> tuple[str, str]:
     return key[:brace].strip(), key[brace:]
 
 
+def preset_method(name: str) -> Method | None:
+    """The `method=` option of a rule preset written `wint4{method=gptq}` (None: not given).
+    QuantConfigError (one line) for any other option, an unknown method, or a preset that
+    quantizes no weights."""
+    key, options = split_quant_options(name)
+    low = key.lower()
+    if not options or low in PASS_PRESETS:
+        return None
+    body = options[1:-1].strip()
+    k, eq, v = body.partition("=")
+    if not eq or k.strip() != "method" or "," in v:
+        raise QuantConfigError(f"quantization {name!r}: a rule preset takes one option, method=rtn|gptq "
+                               f"(only {' and '.join(PASS_PRESETS)} take their pass's options)")
+    method = parse_method(v.strip().strip('"').strip("'"), f"quantization {name!r}")
+    QuantConfig.preset(key).with_method(method)  # a preset that quantizes no weights is refused here
+    return method
+
+
 def resolve_quant_name(name: str) -> str:
     """A preset name from a preset or alias (case-insensitive); QuantConfigError lists the valid ones.
-    A pass preset (`PASS_PRESETS`) may carry its pass's options (`wint2{w4_end_layer=6}`): the
-    result is the bare name."""
+    A pass preset (`PASS_PRESETS`) may carry its pass's options (`wint2{w4_end_layer=6}`), a rule
+    preset the `method=` option (`wint4{method=gptq}`): the result is the bare name."""
     key, options = split_quant_options(name)
     low = key.lower()
     if low in PASS_PRESETS:
         return low
     if options:
-        raise QuantConfigError(f"quantization {name!r}: only {' and '.join(PASS_PRESETS)} take options "
-                               f"({low} is a fixed preset)")
+        preset_method(name)
+        return resolve_quant_name(key)
     if low in PRESETS:
         return low
     if low in ALIASES:
         return ALIASES[low]
-    valid = ", ".join([*PRESETS, *PASS_PRESETS, *ALIASES])
-    raise QuantConfigError(f"unknown quantization {name!r}; presets and aliases: {valid}")
+    known = [*PRESETS, *PASS_PRESETS, *ALIASES]
+    raise QuantConfigError(f"unknown quantization {name!r}{did_you_mean(key, known)}; presets and aliases: "
+                           f"{', '.join(known)}")
 
 
 _FD_TYPES = {"wint8": Algo.WEIGHT_ONLY_INT8, "wint4": Algo.WEIGHT_ONLY_INT4,
@@ -532,7 +632,7 @@ def _from_paddleslim(data: dict[str, Any], source: str) -> QuantConfig:
         return QuantConfig(
             name="qat", rules=(QuantRule(match=".*", algo=Algo.QAT, **spec),),
             freeze_embedding=bool(data.get("freeze_embedding", True)),
-            skip_tensor_map={k: tuple(v) for k, v in (data.get("skip_tensor_map") or {}).items()},
+            skip_tensor_map=read_skip_tensor_map(data.get("skip_tensor_map"), source, QuantConfigError),
         )
     except ValidationError as e:
         err = e.errors()[0]

@@ -19,7 +19,6 @@ asking for an op it does not provide names the plugin and the error.
 
 from __future__ import annotations
 
-import difflib
 import enum
 import inspect
 import re
@@ -36,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .dtypes import DType
 from .errors import OpError
+from .suggest import did_you_mean
 from .types import TensorType
 
 ENTRY_POINT_GROUP = "ernie_ir.ops"
@@ -374,8 +374,7 @@ class OpRegistry:
         op = self.ops.get(name)
         if op is not None:
             return op
-        close = difflib.get_close_matches(name, self.ops, n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        hint = did_you_mean(name, self.ops, n=3)
         broken = "".join(f"; {b.describe()}" for b in self.broken)
         raise OpError(f"unknown op {name!r}{hint}{broken}")
 

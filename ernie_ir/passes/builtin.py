@@ -21,4 +21,4 @@ if "O2" not in REGISTRY.presets:
 # after O1 and O2, so that the quantization presets are listed after them
 from .lora import import_adapter, insert, merge  # noqa: F401
 from .parallel import pipeline_stages, split  # noqa: F401
-from .quant import annotate, fp8, presets, qat, qat_convert, w4a8, weight_only, wint2  # noqa: F401
+from .quant import annotate, calibrated, fp8, presets, qat, qat_convert, w4a8, weight_only, wint2  # noqa: F401

@@ -112,13 +112,21 @@ def _variants(cls: type, files: Path) -> list[tuple[str, Any]]:
             tried = _candidates(fld.annotation, None, files)
             base[key] = next((v for v in tried if _build(cls, {**base, key: v}) is not None), tried[0])
     out = []
+    # an option that only builds beside another (quant-annotate's method needs a preset): tried
+    # again with the first value that built each earlier option
+    companions: dict[str, Any] = {}
     for key, fld in fields.items():
         default = None if fld.is_required() else fld.get_default(call_default_factory=True)
         for tried in _groups(fld.annotation, default, files):
             built = None
             for value in tried:
                 built = _build(cls, {**base, key: value})
+                for other, companion in companions.items():
+                    if built is not None:
+                        break
+                    built = _build(cls, {**base, other: companion, key: value})
                 if built is not None:
+                    companions.setdefault(key, value)
                     break
             assert built is not None, f"{cls.name}: no value of {key} in {tried!r} builds the pass"
             out.append((f"{key}={type(getattr(built.options, key)).__name__}", built))

@@ -135,7 +135,8 @@ def test_aliases(name: str, preset: str) -> None:
 
 
 def test_unknown_preset_lists_the_valid_ones() -> None:
-    with pytest.raises(QuantConfigError, match=r"unknown quantization 'wint3'; presets and aliases: wint8, "):
+    with pytest.raises(QuantConfigError, match=r"unknown quantization 'wint3' \(did you mean wint8\?\); "
+                       "presets and aliases: wint8, "):
         QuantConfig.preset("wint3")
     with pytest.raises(ErnieIRError, match="unknown quantization"):
         run_pipeline(load_model(GPT), "quant-annotate{preset=int3}")

@@ -18,7 +18,6 @@ name a preset wherever it may name a pass.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import textwrap
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ernie_ir.ir.registry import BrokenPlugin
+from ernie_ir.ir.suggest import did_you_mean
 
 from .base import Pass
 from .pipeline_syntax import PipelineError, format_value
@@ -107,8 +107,7 @@ class PassRegistry:
         cls = self.passes.get(name)
         if cls is not None:
             return cls
-        close = difflib.get_close_matches(name, [*self.passes, *self.presets], n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        hint = did_you_mean(name, [*self.passes, *self.presets], n=3)
         broken = "".join(
             f"; plugin {b.name!r} ({b.target}) failed to load: {b.error}" for b in self.broken
         )

@@ -1023,10 +1023,9 @@ def find_rule(name: str, passes: dict[str, type[Pass]]) -> RewriteRule:
     cls = passes.get(name)
     if cls is not None and len(getattr(cls, "rules", ())) == 1:
         return cls.rules[0]  # type: ignore[attr-defined]
-    import difflib
+    from ernie_ir.ir.suggest import did_you_mean
 
-    close = difflib.get_close_matches(name, list(rules), n=3)
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    hint = did_you_mean(name, rules, n=3)
     raise PipelineError(f"unknown rewrite rule {name!r}{hint}; known rules: "
                         f"{', '.join(sorted(rules)) or 'none'}")
 

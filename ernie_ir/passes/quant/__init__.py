@@ -5,5 +5,7 @@
 - `annotate`: the `quant-annotate` pass, which records the decision on the weights.
 - `weight_only`, `fp8`, `qat`: the passes that convert annotated linears
   (`weight-only-quant`, `fp8-quant`, `qat-insert`).
+- `calibrated`, `gptq`, `calib_data`: `calibrated-quant`, which quantizes the weights annotated
+  `method=gptq` on calibration data (GPTQ's numerics; the data reader), before weight-only-quant.
 - `cli_flags`: `--quant`, `--quant-config` and the `--lora-*` flags as pipeline text.
 """

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import field_validator
 
 from ernie_ir.ir import Graph
-from ernie_ir.ir.quant_spec import ANNOTATION_KEY, RECORD_KEY
+from ernie_ir.ir.quant_spec import ANNOTATION_KEY, RECORD_KEY, Method
 
 from ..infra.base import Pass, PassContext, PassOptions
 from ..infra.pipeline_syntax import PipelineError
@@ -42,6 +42,9 @@ class QuantAnnotateOptions(PassOptions):
     """A YAML quant-config file (our rules, ERNIEKit compute_type, FastDeploy mix_quant or
     PaddleSlim), or the config itself: a `QuantConfig`, or in pipeline text its mapping
     (`config={name=mine,rules=[{match=".*q_proj",algo=weight_only_int4}]}`)."""
+    method: Method | None = None
+    """How the weight-only rules' weights reach their grid: rtn or gptq (`QuantConfig.with_method`);
+    None: as the preset or config says."""
 
     @field_validator("config", mode="before")
     @classmethod
@@ -61,11 +64,13 @@ def load_config(options: QuantAnnotateOptions) -> QuantConfig:
         raise PipelineError("quant-annotate: give exactly one of preset=NAME or config=FILE.yaml "
                             "(or config=a QuantConfig)")
     if options.preset is not None:
-        return QuantConfig.preset(options.preset)
-    if isinstance(options.config, QuantConfig):
-        return options.config
-    assert options.config is not None
-    return QuantConfig.from_yaml(options.config)
+        cfg = QuantConfig.preset(options.preset)
+    elif isinstance(options.config, QuantConfig):
+        cfg = options.config
+    else:
+        assert options.config is not None
+        cfg = QuantConfig.from_yaml(options.config)
+    return cfg if options.method is None else cfg.with_method(options.method)
 
 
 @register_pass

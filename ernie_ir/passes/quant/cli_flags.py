@@ -33,8 +33,17 @@ from ernie_ir.ir import ErnieIRError
 
 from ..infra.pipeline import load_pipeline
 from ..infra.pipeline_syntax import format_value
-from .config import PASS_PRESETS, PRESETS, Algo, QuantConfig, resolve_quant_name, split_quant_options
-from .presets import convert_passes
+from .config import (
+    PASS_PRESETS,
+    PRESETS,
+    Algo,
+    Method,
+    QuantConfig,
+    preset_method,
+    resolve_quant_name,
+    split_quant_options,
+)
+from .presets import CALIBRATED_PASS, convert_passes
 
 NO_QUANT = ("none", "bf16", "fp16", "float", "")
 
@@ -47,19 +56,26 @@ CALIBRATED = {"w4a8c8": "w4a8c8", "fp8": "fp8-quant"}
 """Quantizations that calibrate on token ids, and the pass that takes `calibration_file`."""
 
 
-def quant_pipeline(quant: str | None, quant_config: Path | None, calib_data: Path | None = None) -> list[str]:
+def quant_pipeline(quant: str | None, quant_config: Path | None, calib_data: Path | None = None,
+                   calib_samples: int | None = None, calib_seq_len: int | None = None) -> list[str]:
     """Pipeline elements for `--quant` / `--quant-config` (at most one of them) and `--calib-data`
-    (a .npy of token ids, for the calibrated quantizations: `CALIBRATED`)."""
+    (a .npy of token ids, for the calibrated quantizations: `CALIBRATED`, and `method=gptq`, which
+    also takes `--calib-samples` and `--calib-seq-len`)."""
     if quant is not None and quant.strip().lower() in NO_QUANT:
         quant = None
     if quant is not None and quant_config is not None:
         raise QuantFlagError("give --quant PRESET or --quant-config FILE.yaml, not both")
     name = resolve_quant_name(quant) if quant is not None else None
+    method = preset_method(quant) if quant is not None and name not in PASS_PRESETS else None
+    cfg = QuantConfig.from_yaml(quant_config) if quant_config is not None else None
+    weights_calibrate = (method is not None and method.calibrated) or (
+        cfg is not None and any(m.calibrated for m in cfg.methods))
+    _check_windows(calib_samples, calib_seq_len, weights_calibrate)
     if calib_data is not None:
-        if name not in CALIBRATED:
-            raise QuantFlagError(f"--calib-data calibrates static activation scales: it applies to --quant "
-                                 f"{' or '.join(CALIBRATED)}, not "
-                                 f"{quant or quant_config or 'no quantization'}")
+        if name not in CALIBRATED and not weights_calibrate:
+            raise QuantFlagError(f"--calib-data calibrates static activation scales or weights: it applies "
+                                 f"to --quant {' or '.join(CALIBRATED)} and to method=gptq ('wint4{{method="
+                                 f"gptq}}'), not {quant or quant_config or 'no quantization'}")
         if Path(calib_data).suffix.lower() != ".npy":
             raise QuantFlagError(f"--calib-data {calib_data}: give a .npy array of token ids [batch, seq] "
                                  "(text is not read here: tokenize it first)")
@@ -74,15 +90,42 @@ def quant_pipeline(quant: str | None, quant_config: Path | None, calib_data: Pat
             spec = _with_option(spec, "calibration_file", str(calib_data))
         load_pipeline(spec)  # options checked now, in one line, before any model is read
         return [spec, rest]
+    if name is not None and method is not None and method != Method.RTN:
+        # without --calib-data, calibrated-quant refuses a model with weights (one line naming the
+        # flag) and leaves a model without them (@meta, `plan`) to weight-only-quant
+        passes = convert_passes(PRESETS[name]().algos, {method})
+        return [f"quant-annotate{{preset={name},method={method}}}",
+                *(_calibrated(p, calib_data, calib_samples, calib_seq_len) for p in passes)]
     if name is not None:
         if calib_data is not None:  # fp8: its preset, spelled out, the calibration file on fp8-quant
             return ["quant-annotate{preset=fp8}", _with_option(CALIBRATED[name], "calibration_file",
                                                                 str(calib_data))]
         return [name]
-    if quant_config is not None:
-        cfg = QuantConfig.from_yaml(quant_config)
-        return [f"quant-annotate{{config={json.dumps(str(quant_config))}}}", *convert_passes(cfg.algos)]
+    if quant_config is not None and cfg is not None:
+        passes = convert_passes(cfg.algos, cfg.methods)
+        return [f"quant-annotate{{config={json.dumps(str(quant_config))}}}",
+                *(_calibrated(p, calib_data, calib_samples, calib_seq_len) for p in passes)]
     return []
+
+
+def _check_windows(samples: int | None, seq_len: int | None, weights_calibrate: bool) -> None:
+    for flag, value in (("--calib-samples", samples), ("--calib-seq-len", seq_len)):
+        if value is None:
+            continue
+        if not weights_calibrate:
+            raise QuantFlagError(f"{flag} sizes the calibration of method=gptq ('wint4{{method=gptq}}'); "
+                                 "w4a8c8 and fp8 calibrate on all of --calib-data: drop it")
+        if value < 1:
+            raise QuantFlagError(f"{flag} must be a positive integer, not {value}")
+
+
+def _calibrated(element: str, calib_data: Path | None, samples: int | None, seq_len: int | None) -> str:
+    """`calibrated-quant` with the calibration flags as its options; any other element as is."""
+    if element != CALIBRATED_PASS:
+        return element
+    opts = [f"calibration_file={format_value(str(calib_data))}"] if calib_data is not None else []
+    opts += [f"{k}={v}" for k, v in (("samples", samples), ("seq_len", seq_len)) if v is not None]
+    return f"{element}{{{','.join(opts)}}}" if opts else element
 
 
 def _with_option(spec: str, key: str, value: str) -> str:
@@ -161,20 +204,23 @@ class QuantChoice(BaseModel):
     """The canonical preset name (`resolve_quant_name`); None: --quant-config."""
     config: Path | None = None
     calib_data: Path | None = None
+    calib_samples: int | None = None
+    calib_seq_len: int | None = None
     elements: tuple[str, ...] = ()
     """The pipeline elements (`quant_pipeline`), quantization before anything else."""
 
     @classmethod
-    def parse(cls, quant: str | None, quant_config: Path | None = None,
-              calib_data: Path | None = None) -> QuantChoice | None:
+    def parse(cls, quant: str | None, quant_config: Path | None = None, calib_data: Path | None = None,
+              calib_samples: int | None = None, calib_seq_len: int | None = None) -> QuantChoice | None:
         if quant is not None and quant.strip().lower() in NO_QUANT:
             quant = None
-        elements = tuple(quant_pipeline(quant, quant_config, calib_data))
+        elements = tuple(quant_pipeline(quant, quant_config, calib_data, calib_samples, calib_seq_len))
         if quant is None and quant_config is None:
             return None
         return cls(spelled=quant, preset=resolve_quant_name(quant) if quant is not None else None,
                    config=None if quant_config is None else Path(quant_config),
-                   calib_data=None if calib_data is None else Path(calib_data), elements=elements)
+                   calib_data=None if calib_data is None else Path(calib_data), calib_samples=calib_samples,
+                   calib_seq_len=calib_seq_len, elements=elements)
 
     @property
     def fp8(self) -> bool:
@@ -224,7 +270,8 @@ def pipeline_text(quant: QuantChoice | None, lora: LoraChoice | None) -> str:
 
 def pipeline_for(quant: str | None, quant_config: Path | None, lora_rank: int | None,
                  lora_alpha: float | None, lora_targets: Sequence[str] | None,
-                 lora_adapter: Path | None, merge_lora: bool = False, calib_data: Path | None = None) -> str:
+                 lora_adapter: Path | None, merge_lora: bool = False, calib_data: Path | None = None,
+                 calib_samples: int | None = None, calib_seq_len: int | None = None) -> str:
     """Pipeline text for the CLI's quantization and LoRA flags ("" when none is given).
 
     quant: a preset (wint8, wint4, wint8mix, wint8mix-erniekit, qat-int8, fp8, w4a8c8, wint2), an alias
@@ -234,9 +281,10 @@ def pipeline_for(quant: str | None, quant_config: Path | None, lora_rank: int | 
     adapter folder, or a folder holding one in `adapter/` (a training checkpoint).
     merge_lora: fold the adapter (or the model's own adapters) into the float base weights
     before quantizing: LoRA first, then quantization.
-    calib_data: a .npy of token ids the calibrated quantizations (w4a8c8, fp8) calibrate on.
+    calib_data: a .npy of token ids the calibrated quantizations (w4a8c8, fp8, method=gptq) calibrate
+    on; calib_samples / calib_seq_len: method=gptq's windows (calibrated-quant's samples, seq_len).
     quant may be a pass preset with its pass's options: `wint2{w4_end_layer=6}`,
     `w4a8c8{calibration_tokens=512,kv_cache=float}` (`config.PASS_PRESETS`).
     """
-    return pipeline_text(QuantChoice.parse(quant, quant_config, calib_data),
+    return pipeline_text(QuantChoice.parse(quant, quant_config, calib_data, calib_samples, calib_seq_len),
                          LoraChoice.parse(lora_rank, lora_alpha, lora_targets, lora_adapter, merge_lora))

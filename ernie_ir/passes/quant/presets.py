@@ -8,7 +8,7 @@ FastDeploy `mix_quant`, ...) are resolved by `cli_flags.pipeline_for`.
 from __future__ import annotations
 
 from ..infra.registry import REGISTRY
-from .config import PRESET_DESCRIPTIONS, PRESETS, Algo
+from .config import PRESET_DESCRIPTIONS, PRESETS, Algo, Method
 
 CONVERT_PASS = {
     Algo.WEIGHT_ONLY_INT8: "weight-only-quant",
@@ -19,11 +19,18 @@ CONVERT_PASS = {
 """The pass that rewrites the linears an algorithm was annotated with."""
 
 
-def convert_passes(algos: set[Algo]) -> list[str]:
-    """Convert passes for a set of algorithms, in a fixed order, without repeats."""
+CALIBRATED_PASS = "calibrated-quant"
+"""The pass that quantizes the weights whose rule names a calibrated method (`method=gptq`), on
+data, before `weight-only-quant` converts the rest."""
+
+
+def convert_passes(algos: set[Algo], methods: set[Method] | None = None) -> list[str]:
+    """Convert passes for a set of algorithms (and weight-only methods), in a fixed order,
+    without repeats: `calibrated-quant` first when a method calibrates."""
     order = ["weight-only-quant", "fp8-quant", "qat-insert"]
     wanted = {CONVERT_PASS[a] for a in algos if a in CONVERT_PASS}
-    return [p for p in order if p in wanted]
+    first = [CALIBRATED_PASS] if any(m.calibrated for m in methods or ()) else []
+    return first + [p for p in order if p in wanted]
 
 
 def preset_pipeline(name: str) -> str:

@@ -15,6 +15,10 @@ are `ernie_ir.ops.quant_numerics.weight_quantize` (= Paddle's
 NaN/Inf weight is an error naming the param); the int values are computed
 lazily when read (saving a graph streams them one tensor at a time). Meta
 graphs (no weight data) get typed params without data.
+
+Weights annotated with a calibrated method (`method=gptq`) are converted earlier, by
+`calibrated-quant`, into the same params with the codes it chose (`convert_site`); one that
+reaches this pass with data is refused (it would silently be rounded to nearest).
 """
 
 from __future__ import annotations
@@ -76,11 +80,12 @@ class QuantizedWeightSource(WeightSource):
         return super().sliced(axis, start, stop)
 
 
-def quantized_params(placer: ParamPlacer, w: Param, spec: QuantSpec,
-                     scale: np.ndarray | None = None) -> tuple[Param, Param]:
+def quantized_params(placer: ParamPlacer, w: Param, spec: QuantSpec, scale: np.ndarray | None = None,
+                     codes: np.ndarray | None = None) -> tuple[Param, Param]:
     """(quant_weight, weight_scale) params for weight `w` (created once, reused if present).
 
-    `scale`: the weight's scales if already computed (`weight_scales`)."""
+    `scale`: the weight's scales if already computed (`weight_scales`). `codes`: the int values
+    a calibrated method chose on that scale's grid (int8, `w`'s shape); None: round to nearest."""
     graph = placer.graph
     base = module_path(w.name)
     qname, sname = f"{base}.quant_weight", f"{base}.weight_scale"
@@ -99,7 +104,8 @@ def quantized_params(placer: ParamPlacer, w: Param, spec: QuantSpec,
             scale = weight_scales(np.asarray(w.read()), bits, spec.group_size, name=w.name)
             release_mapped_pages()
         ssrc = ArraySource(scale)
-        qsrc = QuantizedWeightSource(w.source, bits, spec.group_size, w.name, scale)
+        qsrc = (QuantizedWeightSource(w.source, bits, spec.group_size, w.name, scale) if codes is None
+                else ArraySource(codes if bits == 8 else codes.view(DType.I4.numpy)))
     ann: dict[str, Any] = {**w.annotations.get(ANNOTATION, {}), "source_dtype": w.type.dtype.value}
     q = Param(qname, TensorType(DType.I8 if bits == 8 else DType.I4, shape), qsrc,
               annotations={ANNOTATION: ann})
@@ -114,6 +120,21 @@ def _spec(p: Param | None) -> QuantSpec | None:
     if not ann or ann.get("algo") not in _WEIGHT_ONLY or p.type.dtype.is_int:
         return None
     return QuantSpec.from_annotation(ann)
+
+
+def convert_site(placer: ParamPlacer, node: Node, idx: int, w: Param, spec: QuantSpec,
+                 scale: np.ndarray | None = None, codes: np.ndarray | None = None) -> None:
+    """Rewrite one annotated weight input: a linear becomes weight_only_linear, a stacked expert
+    weight is fed through dequantize(int, scale). `scale`/`codes` as `quantized_params`."""
+    q, s = quantized_params(placer, w, spec, scale, codes)
+    if node.op == "linear":
+        _replace_linear(placer.graph, node, q, s, spec.group_size)
+        return
+    b = GraphBuilder(placer.graph)
+    b.insert_point = node
+    with b.at_scope(node.scope):
+        deq = b.dequantize(q, s, dtype=w.type.dtype, group_size=spec.group_size)
+    node.set_input(idx, deq)
 
 
 def _replace_linear(graph: Graph, node: Node, q: Param, s: Param, group_size: int) -> None:
@@ -147,7 +168,12 @@ class WeightOnlyQuant(Pass):
                 spec = _spec(w) if isinstance(w, Param) else None
                 if spec is not None and isinstance(w, Param) and (node.op != "linear" or w.type.rank == 2):
                     work.append((node, idx, w, spec))
-        for _, _, w, _ in work:
+        for _, _, w, spec in work:
+            if spec.method.calibrated and w.source is not None:
+                raise WeightOnlyError(
+                    f"weight-only-quant: {w.name} is annotated method={spec.method}, which calibrates on "
+                    "data, but no calibrated-quant pass ran before: give --calib-data (or put "
+                    "calibrated-quant{calibration_file=...} before weight-only-quant in --pipeline)")
             if row_cut(w):
                 raise WeightOnlyError(
                     f"weight-only-quant after split: {w.name} is row-parallel on this rank (its "
@@ -162,15 +188,7 @@ class WeightOnlyQuant(Pass):
                 release_mapped_pages()  # resident memory stays one weight, not the checkpoint
         placer = ParamPlacer(graph)
         for node, idx, w, spec in work:
-            q, s = quantized_params(placer, w, spec, scales.get(w.name))
-            if node.op == "linear":
-                _replace_linear(graph, node, q, s, spec.group_size)
-                continue
-            b = GraphBuilder(graph)
-            b.insert_point = node
-            with b.at_scope(node.scope):
-                deq = b.dequantize(q, s, dtype=w.type.dtype, group_size=spec.group_size)
-            node.set_input(idx, deq)
+            convert_site(placer, node, idx, w, spec, scales.get(w.name))
         placer.finish(removed={w.name for _, _, w, _ in work})
         ctx.count("quantized", len(work))
         return bool(work)
