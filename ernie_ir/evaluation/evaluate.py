@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,8 @@ def evaluate(model: str | Path, data: str | Path, *, compare_to: str | Path | No
              backend: str = "interpreter", trust_pickle: bool = False,
              progress: Progress | None = None) -> EvalReport:
     """Score every token of `data` (see corpus.py for the windows) with `model` on `backend`;
-    with `compare_to` (a MODEL or artifact, run by the interpreter) also the KL statistics.
+    with `compare_to` (a MODEL or artifact, run by the interpreter, or on `backend` where that
+    artifact offers it) also the KL statistics.
 
     EvalError (one line) before any window runs: a corpus with nothing to score, impossible
     window sizes, a vocabulary that differs from the reference's, text without a tokenizer."""
@@ -96,7 +97,10 @@ def evaluate(model: str | Path, data: str | Path, *, compare_to: str | Path | No
     assert decoder is not None
     reference = None
     if compare_to is not None:
-        ref = open_decoder(compare_to, "interpreter", trust_pickle=trust_pickle)
+        from ernie_ir.backends import reference_backend
+
+        # a reference artifact offering this backend runs on it (a model compared with itself agrees)
+        ref = open_decoder(compare_to, reference_backend(compare_to, backend), trust_pickle=trust_pickle)
         if ref.vocab_size != decoder.vocab_size:
             raise EvalError(f"{model} has a vocabulary of {decoder.vocab_size} tokens but --compare-to "
                             f"{compare_to} has {ref.vocab_size}: compare models of the same tokenizer")
@@ -156,38 +160,56 @@ def evaluate_quantized(model: str | Path, data: str | Path, quants: Sequence[str
     run by the interpreter. `calib_data` (a .npy of token ids) goes to the calibrated presets
     (w4a8c8, fp8) only; the others have no static activation scales. One report per preset, in
     order, `quant` naming it. Bad presets and options are refused (one line) before any compile."""
+    reference = model if compare_to is None else compare_to
+    reports: list[EvalReport] = []
+    for q, art in quantized_artifacts(model, quants, target=target, cuda_arch=cuda_arch,
+                                      calib_data=calib_data, trust_pickle=trust_pickle):
+        report = evaluate(art, data, compare_to=reference, seq_len=scoring.seq_len, stride=scoring.stride,
+                          max_tokens=scoring.max_tokens, batch=scoring.batch, trust_pickle=trust_pickle,
+                          progress=progress)
+        reports.append(replace(report, model=str(model), quant=q))
+    return reports
+
+
+def quantized_artifacts(model: str | Path, quants: Sequence[str], *, target: str = "cuda",
+                        cuda_arch: int | None = None, calib_data: str | Path | None = None,
+                        trust_pickle: bool = False) -> Iterator[tuple[str, Path]]:
+    """(preset, artifact folder) per preset of `quants`, in order: `model` compiled by `compile
+    --target target --quant Q` (one rank, emit paddle) into a temporary folder that is removed
+    once the caller moves on. Every preset and `calib_data` is checked (EvalError, one line)
+    before the first compile."""
     import shutil
     import tempfile
 
     from ernie_ir.passes.quant.cli_flags import CALIBRATED, NO_QUANT, pipeline_for
-    from ernie_ir.passes.quant.config import resolve_quant_name
+    from ernie_ir.passes.quant.config import preset_method, resolve_quant_name
     from ernie_ir.targets.compile import CompileOptions, compile_model
 
     if not quants:
         raise EvalError("give at least one --quant preset to evaluate")
     calib = Path(calib_data) if calib_data is not None else None
 
-    def calibrates(q: str) -> bool:
-        return q.strip().lower() not in NO_QUANT and resolve_quant_name(q) in CALIBRATED
+    def calibrates(q: str) -> bool:  # static activation scales, or weights by a calibrated method
+        if q.strip().lower() in NO_QUANT:
+            return False
+        if resolve_quant_name(q) in CALIBRATED:
+            return True
+        method = preset_method(q)
+        return method is not None and method.calibrated
 
     if calib is not None and not any(calibrates(q) for q in quants):
-        raise EvalError(f"--calib-data calibrates static activation scales: none of --quant "
-                        f"{', '.join(quants)} has any (it applies to {' or '.join(CALIBRATED)})")
+        raise EvalError(f"--calib-data calibrates static activation scales or method=gptq weights: none of "
+                        f"--quant {', '.join(quants)} has any (it applies to {' or '.join(CALIBRATED)} and "
+                        "'wint4{method=gptq}')")
     for q in quants:  # every preset's flags checked before the first compile
         pipeline_for(q, None, None, None, None, None, calib_data=calib if calibrates(q) else None)
-    reference = model if compare_to is None else compare_to
     work = Path(tempfile.mkdtemp(prefix="ernie-ir-eval-"))
-    reports: list[EvalReport] = []
     try:
         for i, q in enumerate(quants):
             art = compile_model(str(model), target, CompileOptions(quant=q, cuda_arch=cuda_arch,
                                 out=work / f"q{i}", emit="paddle", trust_pickle=trust_pickle,
                                 calib_data=calib if calibrates(q) else None))
-            report = evaluate(art.out, data, compare_to=reference, seq_len=scoring.seq_len,
-                              stride=scoring.stride, max_tokens=scoring.max_tokens, batch=scoring.batch,
-                              trust_pickle=trust_pickle, progress=progress)
-            reports.append(replace(report, model=str(model), quant=q))
+            yield q, Path(art.out)
             shutil.rmtree(work / f"q{i}", ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return reports
