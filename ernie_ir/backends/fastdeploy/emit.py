@@ -12,7 +12,9 @@ FastDeploy's formats (`ernie_ir.formats.fastdeploy`):
 - bf16 on our grid (weight-only MoE experts, which FastDeploy loads only by quantizing a bf16
   folder itself): config.json with `is_quantized: false` and a top-level `model.safetensors`.
 
-Served with `formats.fastdeploy.serve_command` (`--load-choices default` at tp 1, with the reason).
+Every form also gets `serve.sh` at the top (`formats.fastdeploy.serve_script`): FastDeploy's
+api_server command for the folder, with the tp, the limits `plan` models and the ports
+(`--load-choices default` at tp 1, with the reason); the manifest hashes it like every file.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from typing import Any
 
 from ernie_ir.formats.fastdeploy import (
     PER_RANK,
+    SCRIPT,
     FastDeployError,
     LoadableCell,
     fastdeploy_refusal,
     is_ernie45,
     needs_on_grid,
     quantization_config,
+    serve_script,
     source_config,
     write_fastdeploy,
     write_on_grid,
@@ -83,6 +87,7 @@ def fastdeploy_emitters(mode: str, model: str, ranks: Sequence[Graph], mapping: 
     cuda_arch = arch if arch is not None else DEFAULT_CUDA_ARCH
 
     def emit(_graph: Graph, exe: Path) -> None:
+        _write_serve_script(exe.parent, len(ranks))
         if not on_grid:
             write_fastdeploy(exe.parent, ranks, config, quant, cuda_arch, folder)
             return
@@ -94,6 +99,15 @@ def fastdeploy_emitters(mode: str, model: str, ranks: Sequence[Graph], mapping: 
                                 "(scales that no bf16 absmax maps to: not an absmax quantization)")
 
     return {"fastdeploy": emit}
+
+
+def _write_serve_script(root: Path, tp: int) -> None:
+    """serve.sh at the top of the folder, executable wherever it is readable (the user's umask
+    already applied to the read bits)."""
+    path = root / SCRIPT
+    path.write_text(serve_script(tp), encoding="utf-8")
+    mode = path.stat().st_mode
+    path.chmod(mode | (mode & 0o444) >> 2)
 
 
 def _size(n: int) -> str:

@@ -6,7 +6,8 @@
 - `on_grid`: the bf16 folder FastDeploy quantizes at load back to our codes (weight-only MoE
   experts, which FastDeploy cannot load pre-quantized);
 - `loadable`: which presets, layouts and models FastDeploy loads, and the refusal for the rest,
-  from FastDeploy's loader source.
+  from FastDeploy's loader source;
+- `serve`: the api_server command that serves a folder, serve.sh, the `fastdeploy.LLM` call.
 """
 
 from ernie_ir.formats.fastdeploy.checkpoint import (
@@ -34,8 +35,9 @@ from ernie_ir.formats.fastdeploy.checkpoint import (
     write_fastdeploy,
     write_float_checkpoint,
 )
-from ernie_ir.formats.fastdeploy.loadable import PER_RANK, LoadableCell, fastdeploy_refusal, serve_command
+from ernie_ir.formats.fastdeploy.loadable import PER_RANK, LoadableCell, fastdeploy_refusal
 from ernie_ir.formats.fastdeploy.on_grid import needs_on_grid, on_grid_quantization, write_on_grid
+from ernie_ir.formats.fastdeploy.serve import SCRIPT, ServeLimits, llm_call, serve_command, serve_script
 
 __all__ = [
     "ARCHITECTURES",
@@ -44,6 +46,7 @@ __all__ = [
     "FASTDEPLOY_KEY",
     "FD_WEIGHTS",
     "PER_RANK",
+    "SCRIPT",
     "SERVE_TP1",
     "TOKENIZER_FILES",
     "TORCH_FORMAT_AFTER",
@@ -51,9 +54,11 @@ __all__ = [
     "FastDeployCheckpoint",
     "FastDeployError",
     "LoadableCell",
+    "ServeLimits",
     "copy_tokenizer_files",
     "fastdeploy_refusal",
     "is_ernie45",
+    "llm_call",
     "load_fastdeploy_checkpoint",
     "merge_ranks",
     "needs_on_grid",
@@ -63,6 +68,7 @@ __all__ = [
     "quantization_config",
     "rank_folders",
     "serve_command",
+    "serve_script",
     "source_config",
     "write_checkpoint_files",
     "write_fastdeploy",

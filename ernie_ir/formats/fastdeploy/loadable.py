@@ -1,13 +1,11 @@
 """Which folders FastDeploy loads: a preset, a layout and a model family, decided from
 FastDeploy's loader source before any pass runs, with the refusal (one line: FastDeploy's file
-and function, and what works instead) for the rest; and the command that serves a folder.
+and function, and what works instead) for the rest. The command that serves a folder is `serve`'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from ernie_ir.formats.fastdeploy.checkpoint import SERVE_TP1
 
 PER_RANK = ("FastDeploy loads no pre-quantized weight-only expert (models/ernie4_5_moe.py, "
             "Ernie4_5_MoeForCausalLM's weight_key_map has no expert scale), and the bf16 folder it "
@@ -15,7 +13,6 @@ PER_RANK = ("FastDeploy loads no pre-quantized weight-only expert (models/ernie4
             "process_loaded_weights), which does not give back a row-parallel layer's scales; compile "
             "with --tp 1 (a bf16 folder FastDeploy quantizes back to exactly these codes) or --quant wint2")
 """Why weight-only MoE experts have no FastDeploy folder on more than one rank."""
-SERVE = "python -m fastdeploy.entrypoints.openai.api_server --model {folder} --tensor-parallel-size {tp}"
 
 
 @dataclass(frozen=True)
@@ -72,12 +69,3 @@ def fastdeploy_refusal(cell: LoadableCell) -> str | None:
         return f"weight-only MoE experts at --tp {cell.tp}: {PER_RANK}"
     return None
 
-
-def serve_command(folder: str, tp: int) -> str:
-    """The command that serves a FastDeploy folder of `tp` ranks, as checked with FastDeploy's
-    loader: one rank is read from the top level with its v0 loader (`--load-choices default`):
-    its default v1 loader stops on a one-rank pre-quantized folder (`UnboundLocalError:
-    fd_suffix_map`, model_executor/utils.py, rename_offline_ckpt_suffix_to_fd_suffix), and it
-    is the loader the bf16 form was checked with."""
-    line = SERVE.format(folder=folder, tp=tp)
-    return f"{line} {SERVE_TP1}" if tp == 1 else line
