@@ -71,7 +71,7 @@ def check_out(out: str | os.PathLike[str], force: bool) -> Path:
         with artifact_lock(dest):  # held by another compile: fail now, not after the work
             clean_stale(dest.parent, dest.name)
     if os.path.lexists(dest) and not force:
-        raise ArtifactError(f"{show(dest)} already exists: pass --force (force=True) to replace it")
+        raise ArtifactError(f"{show(dest)} already exists: pass --force to replace it")
     if os.path.lexists(dest) and (dest.is_symlink() or not dest.is_dir()):
         replaceable(dest)
     if at_or_above:

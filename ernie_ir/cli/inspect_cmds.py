@@ -125,14 +125,12 @@ def passes() -> None:
 
 def ops_cmd() -> None:
     """List the ops (built-in and plugins): inputs, attributes, lowerings and origin."""
-    from rich.table import Table
-
     from ernie_ir.ir.registry import REGISTRY, all_ops
     from ernie_ir.targets.coverage import lowering_status
 
-    t = Table(title="ops")
-    for column in ("name", "inputs", "attrs", "onnx", "paddle", "origin"):
-        t.add_column(column)
+    from .tables import KeyTable
+
+    t = KeyTable("name", "inputs", "attrs", "onnx", "paddle", "origin", title="ops")
     for name, op in all_ops().items():
         ins = ", ".join(i.name + ("?" if i.optional else "") + ("..." if i.variadic else "")
                         for i in op.inputs)

@@ -8,14 +8,15 @@ from rich.table import Table
 
 from ernie_ir.ir import Graph
 
+from .numbers import count
+from .tables import KeyTable
+
 
 def summary_tables(graph: Graph) -> list[Table]:
     ops = Counter(n.op for n in graph)
-    t1 = Table(title=f"{graph.name}: {len(graph)} nodes")
-    t1.add_column("op")
-    t1.add_column("count", justify="right")
-    for op, count in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])):
-        t1.add_row(op, str(count))
+    t1 = KeyTable("op", "count", numbers=("count",), title=f"{graph.name}: {count(len(graph))} nodes")
+    for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])):
+        t1.add_row(op, count(n))
     by_dtype: dict[str, list[int]] = {}
     symbolic = 0
     for p in graph.params.values():
@@ -26,16 +27,13 @@ def summary_tables(graph: Graph) -> list[Table]:
             row[2] += p.type.nbytes()
         else:
             symbolic += 1
-    t2 = Table(title=f"{len(graph.params)} params")
-    t2.add_column("dtype")
-    t2.add_column("params", justify="right")
-    t2.add_column("elements", justify="right")
-    t2.add_column("bytes", justify="right")
+    t2 = KeyTable("dtype", "params", "elements", "bytes", numbers=("params", "elements", "bytes"),
+                  title=f"{count(len(graph.params))} params")
     total = [0, 0, 0]
     for dtype, (n, el, nb) in sorted(by_dtype.items()):
-        t2.add_row(dtype, str(n), f"{el:,}", _human(nb))
+        t2.add_row(dtype, count(n), count(el), _human(nb))
         total = [total[0] + n, total[1] + el, total[2] + nb]
-    t2.add_row("total", str(total[0]), f"{total[1]:,}", _human(total[2]), style="bold")
+    t2.add_row("total", count(total[0]), count(total[1]), _human(total[2]), style="bold")
     return [t1, t2]
 
 

@@ -141,7 +141,7 @@ def open_checkpoint(folder: str | os.PathLike[str], *, trust_pickle: bool = Fals
         if not trust_pickle:
             raise UntrustedPickleError(
                 f"{pickles[0]} is a pickle (.pdparams), which can run code when loaded: pass "
-                "--trust-pickle (trust_pickle=True) if you trust where it came from, or convert it "
+                "--trust-pickle if you trust where it came from, or convert it "
                 "to safetensors"
             )
         files = []
@@ -156,7 +156,9 @@ def open_checkpoint(folder: str | os.PathLike[str], *, trust_pickle: bool = Fals
         if pindex.is_file():
             _check_index(pindex, store)
         return store
+    meta = ("; to read config.json alone, as the full-size graph without weights, give --meta (compile, "
+            "inspect; plan reads it so by itself)" if (root / "config.json").is_file() else "")
     raise CheckpointError(
         f"no weights in {root}: expected model.safetensors, sharded model-*.safetensors with "
-        f"{SAFETENSORS_INDEX}, or model_state.pdparams"
+        f"{SAFETENSORS_INDEX}, or model_state.pdparams{meta}"
     )

@@ -56,7 +56,7 @@ def packable(k: int, n: int, bits: int, arch: int) -> str | None:
         return f"out_features {n} is not a multiple of 16 (Paddle weight_quantize requires it)"
     if arch >= 75 and k % 64:
         return (f"in_features {k} is not a multiple of 64 (the sm{arch} CUTLASS layout tiles "
-                "64 rows; use --cuda-arch 70 or a portable fallback)")
+                "64 rows; --cuda-arch 70 packs it)")
     return None
 
 

@@ -27,6 +27,7 @@ from .plan import (
     candidate_layouts,
     device_layouts,
     plan_memory,
+    plan_target,
 )
 from .request import PlanRequest
 from .units import MemorySizeError, format_bytes, parse_memory
@@ -46,4 +47,5 @@ __all__ = [
     "format_bytes",
     "parse_memory",
     "plan_memory",
+    "plan_target",
 ]

@@ -53,7 +53,7 @@ from ernie_ir.runtime import Interpreter
 from ernie_ir.targets.capabilities import HardwareTarget
 from ernie_ir.targets.compile import check_target_options, compile_pipeline, legalize_spec
 from ernie_ir.targets.options import CompileOptions, ParallelLayout
-from ernie_ir.targets.registry import find_target, get_target
+from ernie_ir.targets.registry import all_targets, find_target, get_target
 
 from .graph_memory import (
     GraphFacts,
@@ -244,9 +244,10 @@ class MemoryPlan(BaseModel):
     notes: list[str]
 
 
-def plan_memory(model: str, target: str, options: CompileOptions | None = None,
+def plan_memory(model: str, target: str | None, options: CompileOptions | None = None,
                 request: PlanRequest | None = None) -> MemoryPlan:
-    """Plan the per-rank memory of `model` compiled for `target` (see the module docstring):
+    """Plan the per-rank memory of `model` compiled for `target` (see the module docstring;
+    None: a compiled artifact's own, `plan_target`):
     `options` is what `compile_model` would be asked (`CompileOptions`: mode, quantization, LoRA,
     the arch option, the layout; None: the defaults), `request` the planner's own knobs
     (`PlanRequest`: the step, the device, the serving engine; None: its defaults). Options that
@@ -280,6 +281,7 @@ def plan_memory(model: str, target: str, options: CompileOptions | None = None,
     """
     o = options if options is not None else CompileOptions()
     req = request if request is not None else PlanRequest()
+    target = plan_target(model, target)
     fixed = _Fixed.of(o.layout)
     opts = _with_pipeline(_Options.make(o, req), fixed)
     memory = _device_memory(req)
@@ -292,7 +294,7 @@ def plan_memory(model: str, target: str, options: CompileOptions | None = None,
         if o.quant is not None or o.lora is not None or fixed.tp is not None or fixed.ep is not None:
             raise PlanError(f"{model} is a compiled artifact: its quantization, LoRA and layout are fixed; "
                             "drop --quant/--lora-rank/--tp/--ep (or plan its source model)")
-        return _plan_artifact(model, target, opts, memory, req, fixed.dp)
+        return _plan_artifact(model, opts, memory, req, fixed.dp)
     _check_data_parallel(opts, fixed.dp, req.devices, fixed.tp, fixed.ep, fixed.pp)
     tgt = get_target(target)
     check_degrees(o.layout.tp, o.layout.ep, num_experts=None if o.layout.ep == 1 else 0)
@@ -302,6 +304,23 @@ def plan_memory(model: str, target: str, options: CompileOptions | None = None,
     if req.devices is None and not (planner.given and fixed.tp is None and fixed.ep is None):
         return planner.plan(o.layout.tp, o.layout.ep, 1 if fixed.dp is None else fixed.dp)
     return planner.search(fixed, req)
+
+
+def plan_target(model: str, target: str | None) -> str:
+    """The target a plan of `model` is for: a compiled artifact's is the one its manifest records
+    (`target`, where given, must name it), a model's is `target`, which must be given."""
+    if _is_artifact(model):
+        from ernie_ir.artifacts import read_manifest
+
+        recorded = str(read_manifest(model).target)
+        if target is not None and target.strip().lower() != recorded:
+            raise PlanError(f"{model} was compiled for --target {recorded}, not {target}: drop --target (an "
+                            "artifact's plan reads the target from its manifest)")
+        return recorded
+    if target is None:
+        raise PlanError(f"{model} is a model, not a compiled artifact: give --target (one of "
+                        f"{', '.join(all_targets())}); only an artifact records its own")
+    return target
 
 
 @dataclass(frozen=True)
@@ -744,15 +763,11 @@ def _type_key(g: Graph) -> tuple[Any, ...]:
             tuple((n.op, n.scope, tuple(o.type for o in n.outputs)) for n in g))
 
 
-def _plan_artifact(model: str, target: str, opts: _Options, memory: int, req: PlanRequest,
-                   dp: int | None) -> MemoryPlan:
+def _plan_artifact(model: str, opts: _Options, memory: int, req: PlanRequest, dp: int | None) -> MemoryPlan:
     from ernie_ir.artifacts import artifact_mapping, verify_artifact
 
     devices = req.devices
     manifest = verify_artifact(model)
-    if target and target != manifest.target:
-        raise PlanError(f"{model} was compiled for --target {manifest.target}, not {target}: "
-                        f"drop --target or give --target {manifest.target}")
     mapping = artifact_mapping(manifest)
     if mapping.pp > 1:
         raise PlanError(f"{model} is pipelined (--pp {mapping.pp}): plan its source model with the same "

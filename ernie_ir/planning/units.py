@@ -2,8 +2,10 @@
 
 Device memory is sized in binary units (an "80 GB" H100/A100 reports 81920 MiB or a little
 less; HBM comes in powers of two), so every prefix is binary whether written `G`, `GB` or `GiB`:
-`80G` = `80GB` = `80GiB` = 80 * 2**30 bytes. A bare number is a byte count. Anything else is a
-`MemorySizeError` (one line, the CLI's exit 2).
+`80G` = `80GB` = `80GiB` = 80 * 2**30 bytes; `B` alone is bytes (`85899345920B`). A string needs
+its unit: a bare `80` is refused rather than read as 80 bytes, which is never what was meant (an
+API caller passes a byte count as an int). Anything else is a `MemorySizeError` (one line, the
+CLI's exit 2).
 """
 
 from __future__ import annotations
@@ -23,13 +25,20 @@ class MemorySizeError(ErnieIRError):
 
 
 def parse_memory(text: str, *, option: str = "--device-memory") -> int:
-    """Bytes of a memory size: `80GiB`, `80G`, `80GB`, `80 gib`, `1.5T`, `512MiB`, `81920M` or a
-    byte count (`85899345920`, `8e10`). Every prefix is binary (G = 2**30); see the module doc."""
+    """Bytes of a memory size: `80GiB`, `80G`, `80GB`, `80 gib`, `1.5T`, `512MiB`, `81920M` or
+    bytes (`85899345920B`, `8e10B`). Every prefix is binary (G = 2**30); a number without a unit
+    is refused (see the module doc)."""
     m = _SIZE.fullmatch(str(text))
     if m is None:
         raise MemorySizeError(f"{option} {text!r}: not a memory size; write a number with K, M, G or T "
                               "(optionally followed by B or iB; all binary: 80G = 80GB = 80GiB = 80 * 2^30 "
-                              "bytes), e.g. 80GiB, or a byte count")
+                              "bytes), e.g. 80GiB, or bytes with B")
+    if m.group(3) is None and m.group(4) is None:
+        number = str(text).strip()
+        # a long number is cut, not echoed in thousands of digits
+        shown, example = (number, number) if len(number) <= 16 else (f"{number[:12]}...", "80")
+        raise MemorySizeError("a memory size needs a unit", flag=option, value=shown,
+                              fix=f"give one, e.g. {example}GiB (or {example}B for bytes)")
     prefix = (m.group(3) or "").upper()
     try:
         number = float(m.group(1)) * (10.0 ** int(m.group(2)) if m.group(2) else 1)

@@ -45,7 +45,7 @@ from ernie_ir.formats.fastdeploy import published_tensors, source_config, write_
 from ernie_ir.formats.pt_checkpoint import check_pt_layout, pt_config, pt_tensors
 from ernie_ir.ir import ErnieIRError, Graph
 from ernie_ir.ir.storage import replace_folder
-from ernie_ir.load import CHECKPOINTS, load_input, load_trained, training_checkpoints
+from ernie_ir.load import CHECKPOINTS, load_input, load_trained, tokenizer_folder, training_checkpoints
 from ernie_ir.passes.infra.base import graph_properties
 from ernie_ir.passes.infra.pipeline import load_pipeline
 from ernie_ir.passes.quant.cli_flags import pipeline_for
@@ -133,10 +133,8 @@ def export_checkpoint(model: str, out: str | os.PathLike[str], *, lora_adapter: 
     if layout == "pt":
         config = pt_config(config)
     source = source_info(model, graph)
-    if trained is not None:
-        folder = Path(model) / trained if trained else None  # the artifact's copy of the tokenizer
-    else:
-        folder = Path(model) if Path(model).is_dir() else None
+    # the training artifact's copy of the tokenizer; else the folder's, or a built-in's generated one
+    folder = (Path(model) / trained if trained else None) if trained is not None else tokenizer_folder(model)
     record: dict[str, Any] = {
         "format": EXPORT_FORMAT, "format_version": 1, "ernie_ir_version": _version(), "source": source,
         "layout": layout, "pipeline": text,
@@ -217,7 +215,7 @@ def check_export_out(out: str | os.PathLike[str], force: bool) -> Path:
     if not os.path.lexists(dest):
         return dest
     if not force:
-        raise TargetError(f"{dest} already exists: pass --force (force=True) to replace it")
+        raise TargetError(f"{dest} already exists: pass --force to replace it")
     if dest.is_symlink() or not dest.is_dir():
         raise TargetError(f"{dest} is not a folder: --force replaces only a folder ernie-ir export wrote; "
                           "choose another --out")

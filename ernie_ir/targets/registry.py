@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from importlib.metadata import entry_points
 
 from ernie_ir.ir.registry import BrokenPlugin
+from ernie_ir.ir.suggest import did_you_mean
 from ernie_ir.targets.ascend import ASCEND
 from ernie_ir.targets.capabilities import HardwareTarget
 from ernie_ir.targets.cuda import CUDA
@@ -101,7 +102,8 @@ def get_target(name: str) -> HardwareTarget:
     t = TARGETS.get(name.strip().lower())
     if t is None:
         broken = "".join(f"; {b.describe()}" for b in TARGETS.broken)
-        raise TargetError(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}{broken}")
+        raise TargetError(f"unknown target {name!r}{did_you_mean(name, TARGETS)}: choose one of "
+                          f"{', '.join(TARGETS)}{broken}")
     return t
 
 

@@ -53,7 +53,7 @@ def test_memory_regressions(text: str) -> None:
 def test_memory_sizes_still_read() -> None:
     assert parse_memory("80GiB") == parse_memory("80G") == parse_memory("80gb") == 80 * 2**30
     assert parse_memory("1.5T") == 3 * 2**39
-    assert parse_memory("8e10") == 80_000_000_000
+    assert parse_memory("8e10B") == 80_000_000_000
     assert parse_memory(" 512 MiB ") == 512 * 2**20
 
 

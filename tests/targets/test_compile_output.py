@@ -87,14 +87,17 @@ def test_weights_of_several_shapes_refused_for_one_cause_are_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """cuda sm80 names each refused weight's shape in its reason; the 13 fallbacks of the tiny
     MoE (4 shapes of linear, 2 of expert) are 3 causes: in_features 80 for linears, and 80 or
-    32 for experts."""
+    32 for experts. A group's line names its distinct shapes."""
     code, out, _ = cli(capsys, "compile", "ernie-4.5-21b-a3b@tiny", "--target", "cuda", "--quant", "wint8mix",
                        "--out", str(tmp_path / "a"))
     assert code == 0
     lines = _fallback_lines(out)
     assert len(lines) == 3
     assert lines[0].startswith("fallback: 9 linear nodes -> dequantize(int8) + linear (portable): "
-                               "no sm80 layout for [...]: in_features 80 is not a multiple of 64")
+                               "no sm80 layout for [80, 112], [80, 80], [80, 384], [80, 128]: in_features 80 "
+                               "is not a multiple of 64")
+    # the shapes refused, not a literal "[...]"; no advice to take the fallback that was taken
+    assert "[...]" not in out and "portable fallback" not in out and "--cuda-arch 70 packs it" in lines[0]
     assert lines[0].endswith("and 6 more (--verbose lists them)")
     assert [line.split(" -> ")[0] for line in lines[1:]] == ["fallback: 2 dequantize nodes"] * 2
     recorded = json.loads((tmp_path / "a" / "manifest.json").read_text())["kernel_plan"]["fallbacks"]
