@@ -301,8 +301,47 @@ def verify_artifact(path: str | os.PathLike[str]) -> Manifest:
         if name not in entries:
             raise ArtifactError(f"{where}: {show(name)} is missing (listed in {MANIFEST})")
         _check_digest(root, name, digest, where)
+    _check_rank_folders(manifest, where)
     _check_records(root, manifest, where)
     return manifest
+
+
+def _check_rank_folders(manifest: Manifest, where: str) -> None:
+    """One `rank{g}/graph.ir` per rank graph the layout holds (`Mapping.rank_graphs`: pp x
+    world_size, stage-major), and no other rank folder: a run starts one process per rank graph,
+    so a folder too few or too many would run a part of the model as if it were the whole."""
+    count = manifest.mapping.rank_graphs
+    listed = {n.split("/", 1)[0] for n in manifest.files if n.startswith("rank") and "/" in n}
+    for g in range(count):
+        if f"rank{g}/graph.ir" not in manifest.files:
+            raise ArtifactError(f"{where}: rank{g}/graph.ir is not listed in {MANIFEST}, but the layout "
+                                f"({manifest.mapping.describe()}) has {count} rank graph(s): the artifact "
+                                "is incomplete or tampered with; recompile the model")
+    extra = sorted(listed - {f"rank{g}" for g in range(count)})
+    if extra:
+        raise ArtifactError(f"{where}: {show(extra[0])}/ is beyond the layout's {count} rank graph(s) "
+                            f"({manifest.mapping.describe()}): the manifest was edited (tampered with); "
+                            "recompile the model")
+
+
+def check_rank_graphs(path: str | os.PathLike[str], manifest: Manifest) -> int:
+    """Parse every rank graph's IR (`rank{g}/graph.ir`) as `load_rank_graphs` would, every
+    attribute and type checked, without reading weights; returns how many. ArtifactError naming
+    the file, line and node for IR that does not load."""
+    from ernie_ir.ir.parser import parse_graph
+
+    root = Path(path)
+    count = manifest.mapping.rank_graphs
+    for g in range(count):
+        name = f"rank{g}/graph.ir"
+        try:
+            parse_graph((root / name).read_text(encoding="utf-8"), source=str(root / name))
+        except UnicodeDecodeError:
+            raise ArtifactError(f"artifact {show(root)}: {name} is not UTF-8 text: the artifact is corrupt; "
+                                "recompile the model") from None
+        except OSError as e:
+            raise ArtifactError(f"artifact {show(root)}: cannot read {name} ({e.strerror or e})") from None
+    return count
 
 
 def _check_records(root: Path, manifest: Manifest, where: str) -> None:

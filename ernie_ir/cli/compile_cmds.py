@@ -11,6 +11,8 @@ import typer
 
 from .common import (
     CalibDataOpt,
+    CalibSamplesOpt,
+    CalibSeqLenOpt,
     CheckpointOpt,
     DisablePassOpt,
     DpOpt,
@@ -47,6 +49,8 @@ def compile(
     merge_lora: MergeLoraOpt = False,
     quant_config: QuantConfigOpt = None,
     calib_data: CalibDataOpt = None,
+    calib_samples: CalibSamplesOpt = None,
+    calib_seq_len: CalibSeqLenOpt = None,
     tp: TpOpt = 1,
     ep: EpOpt = 1,
     sp: Annotated[bool, typer.Option(
@@ -112,7 +116,8 @@ def compile(
     targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
     options = CompileOptions.from_flags(
         mode=mode, pipeline=pipeline, quant=quant, quant_config=quant_config, calib_data=calib_data,
-        lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets, lora_adapter=lora_adapter,
+        calib_samples=calib_samples, calib_seq_len=calib_seq_len, lora_rank=lora_rank, lora_alpha=lora_alpha,
+        lora_targets=targets, lora_adapter=lora_adapter,
         merge_lora=merge_lora, tp=tp, ep=ep, sp=sp, pp=pp, micro_batches=micro_batches, dp=dp,
         sharding=sharding, cuda_arch=cuda_arch, emit=emit, onnx_numerics=onnx_numerics,
         kv_cache_dtype=kv_cache_dtype, out=out_dir, force=force, trust_pickle=trust_pickle, meta=meta,
@@ -188,9 +193,13 @@ def export_cmd(
 
 
 def verify_cmd(artifact: Annotated[Path, typer.Argument(help="An artifact folder.")]) -> None:
-    """Re-check the sha256 of every file of an artifact against its manifest."""
+    """Re-check the sha256 of every file of an artifact against its manifest, and load every rank
+    graph's IR (one per rank graph of its layout) with each attribute and type checked."""
+    from ernie_ir.artifacts import check_rank_graphs
     from ernie_ir.targets import verify_artifact
 
     manifest = verify_artifact(artifact)
     files = manifest.files
-    out.print(f"ok: {artifact} ({len(files)} files match the manifest)", markup=False)
+    graphs = check_rank_graphs(artifact, manifest)
+    layout = f"{graphs} rank graphs: {manifest.mapping.describe()}" if graphs > 1 else "1 rank graph"
+    out.print(f"ok: {artifact} ({len(files)} files match the manifest; {layout})", markup=False)

@@ -7,6 +7,7 @@ is compared with the token that was generated there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,12 +32,7 @@ class Comparison:
 
 def compare_to(reference: str | Path, result: DecodeResult, *, trust_pickle: bool = False) -> Comparison:
     """Teacher-force `reference` (a MODEL or artifact, on the interpreter) on `result`'s sequences."""
-    from ernie_ir.load import load_input
-    from ernie_ir.runtime import Interpreter
-
-    graph = load_input(str(reference), trust_pickle=trust_pickle)
-    it = Interpreter(graph)
-    name = graph.inputs[0].name
+    run = _reference_logits(reference, trust_pickle)
     firsts: list[int | None] = []
     agree: list[float] = []
     for prompt, new in zip(result.prompts, result.new_tokens, strict=True):
@@ -45,10 +41,26 @@ def compare_to(reference: str | Path, result: DecodeResult, *, trust_pickle: boo
             agree.append(1.0)
             continue
         seq = np.asarray([prompt + new[:-1]], np.int64)
-        logits = it.run({name: seq})[graph.output_names[0]][0]
+        logits = run(seq)[0]
         choice = np.argmax(logits[len(prompt) - 1:], axis=-1)
         same = choice == np.asarray(new)
         bad = np.flatnonzero(~same)
         firsts.append(int(bad[0]) if bad.size else None)
         agree.append(float(same.mean()))
     return Comparison(str(reference), firsts, agree)
+
+
+def _reference_logits(reference: str | Path, trust_pickle: bool) -> Callable[[np.ndarray], np.ndarray]:
+    """Logits [B, S, V] of `reference` for token ids [B, S] on the interpreter: an artifact runs
+    whole (every rank graph: its rank-0 graph alone may be a shard or the first pipeline stage)."""
+    if (Path(reference) / "manifest.json").is_file():
+        from ernie_ir.backends import open_backend
+
+        return open_backend(Path(reference), "interpreter").logits  # its hashes checked once
+    from ernie_ir.load import load_input
+    from ernie_ir.runtime import Interpreter
+
+    graph = load_input(str(reference), trust_pickle=trust_pickle)
+    it = Interpreter(graph)
+    name, out = graph.inputs[0].name, graph.output_names[0]
+    return lambda ids: it.run({name: ids})[out]

@@ -12,6 +12,7 @@ through the general parser. Tests check that both paths build identical graphs.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,10 @@ _MAX_DEPTH = 64
 _MAX_DIGITS = 4300
 """Python's limit for int(str) (sys.get_int_max_str_digits()); longer integers are refused."""
 _MAX_DIM = 2**63 - 1
+_FINITE_META = ("config",)
+"""Metadata whose numbers must be finite: the model's config, which config.json gives (where a
+non-finite number is refused too) and which passes and writers read. Other metadata may hold
+inf or nan."""
 
 
 @dataclass(slots=True)
@@ -70,6 +75,9 @@ class _Line:
         self.i = 0
         self.end_col = len(text) + 1
         self.depth = 0
+        self.finite: tuple[str, ...] = ()
+        """Top-level keys whose numbers must be finite, as op attributes must be."""
+        self.keys: list[str] = []
 
     def error_at(self, col: int, msg: str) -> IRParseError:
         return IRParseError(msg, self.lineno, col, self.source)
@@ -181,9 +189,9 @@ class _Line:
         t = self.take()
         if t.kind == "number":
             if t.text == "-inf":
-                return float("-inf")
+                return self.number(t, float("-inf"))
             if any(c in t.text for c in ".eE"):
-                return float(t.text)
+                return self.number(t, float(t.text))
             return self.integer(t)
         if t.kind == "string":
             return self.unquote(t)
@@ -191,7 +199,7 @@ class _Line:
             consts = {"true": True, "false": False, "none": None,
                       "inf": float("inf"), "nan": float("nan")}
             if t.text in consts:
-                return consts[t.text]
+                return self.number(t, consts[t.text])
             try:
                 return DType(t.text)
             except ValueError:
@@ -211,6 +219,14 @@ class _Line:
             return self.dict_value()
         raise self.error_at(t.col, f"expected a value, found {t.text!r}")
 
+    def number(self, t: _Tok, v: Any) -> Any:
+        """`v`, or under a `finite` key an error naming the key when it is inf or nan (1e309
+        reads as inf)."""
+        if self.keys and self.keys[0] in self.finite and isinstance(v, float) and not math.isfinite(v):
+            raise self.error_at(t.col, f"meta {'.'.join(self.keys)}: {t.text} is not a finite number: "
+                                       "write a finite value")
+        return v
+
     def dict_value(self) -> dict[str, Any]:
         self.nest(self.expect("{"))
         out: dict[str, Any] = {}
@@ -224,7 +240,9 @@ class _Line:
             if key in out:
                 raise self.error_at(k.col, f"duplicate key {key!r}")
             self.expect("=")
+            self.keys.append(key)
             out[key] = self.value()
+            self.keys.pop()
         self.expect("}")
         self.depth -= 1
         return out
@@ -411,6 +429,7 @@ class _GraphParser:
 
     def meta(self, ln: _Line) -> None:
         ln.expect("meta")
+        ln.finite = _FINITE_META
         assert self.graph is not None
         self.graph.metadata.update(ln.dict_value())
         ln.done()
@@ -523,7 +542,7 @@ class _GraphParser:
                     return
         attrs_text = attrs_text or ""
         attrs = self.attrs(opdef, attrs_text, idx,
-                           m.start("attrs") + 1 if attrs_text else m.start("op") + 1)
+                           m.start("attrs") + 1 if attrs_text else m.start("op") + 1, outs_text)
         types = self.type_cache.get(types_text) or self.types(types_text, idx, m.start("types") + 1)
         outs = outs_text.split(", ")
         scope = "" if loc is None else loc[1:-1]  # plain: _split_node_line sent escapes elsewhere
@@ -554,7 +573,8 @@ class _GraphParser:
         try:
             attrs = opdef.make_attrs(attrs_values)
         except ErnieIRError as e:
-            raise ln.error_at(attr_col or optok.col, str(e)) from None
+            node = ", ".join(t.text for t in outs)
+            raise ln.error_at(attr_col or optok.col, f"node {node}: {e}") from None
         ln.expect(":")
         type_col = ln.peek().col if ln.peek() is not None else ln.end_col
         types = [ln.tensor_type()]
@@ -581,7 +601,7 @@ class _GraphParser:
         except ErnieIRError as e:
             raise IRParseError(str(e), lineno, col, self.source) from None
 
-    def attrs(self, opdef: OpDef, text: str, idx: int, col: int) -> Any:
+    def attrs(self, opdef: OpDef, text: str, idx: int, col: int, node: str) -> Any:
         key = (opdef.name, text)
         hit = self.attr_cache.get(key)
         if hit is not None:
@@ -593,8 +613,8 @@ class _GraphParser:
             ln.done()
         try:
             attrs = opdef.make_attrs(values)
-        except ErnieIRError as e:
-            raise IRParseError(str(e), idx + 1, col or 1, self.source) from None
+        except ErnieIRError as e:  # the node named, as its results are written
+            raise IRParseError(f"node {node}: {e}", idx + 1, col or 1, self.source) from None
         self.attr_cache[key] = attrs
         return attrs
 

@@ -45,6 +45,8 @@ class Bases:
     """gpt-345m@tiny compiled for cuda --mode training --lora-rank 4 (None without Paddle)."""
     adapter: Path
     """A valid paddleformers-style LoRA adapter folder for `ckpt`."""
+    pp_artifact: Path | None = None
+    """gpt-345m@tiny compiled for cuda with --pp 2 (two rank graphs, one per stage, tp 1)."""
 
 
 Setup = Callable[[Path, Bases], None]
@@ -948,7 +950,7 @@ for name, fname, text, expect in [
     ("yaml-lr-inf", "c.yaml", "learning_rate: .inf\n", "lr"),
     ("yaml-lr-string", "c.yaml", "learning_rate: fast\n", "lr"),
     ("yaml-batch-huge", "c.yaml", f"per_device_train_batch_size: {HUGE}\n", "batch"),
-    ("yaml-unknown-key", "c.yaml", "output_dir: /tmp/x\n", "output_dir"),
+    ("yaml-unknown-key", "c.yaml", "output_dirr: /tmp/x\n", "output_dirr"),
     ("yaml-lr-list", "c.yaml", "learning_rate: [1, 2]\n", "lr"),
     ("yaml-python-tag", "c.yaml", "learning_rate: !!python/name:os.system\n", "c.yaml"),
     ("json-deep", "c.json", deep_list(), "c.json"),
@@ -994,6 +996,66 @@ for name, edit, expect in [
     case(f"verify-{name}", ["verify", "{t}/a"], expect, setup=_art)
     case(f"run-artifact-{name}", ["run", "{t}/a", "--tokens", "1,2"], expect, setup=_art)
 case("verify-missing", ["verify", "{t}/nope"], "nope")
+
+
+def _rehashed(name: str, old: str, new: str) -> Setup:
+    """The artifact with the first `old` in its file `name` replaced by `new` and the manifest's
+    sha256 of it updated, so the artifact still verifies: what the IR says is checked on load."""
+    def setup(tmp: Path, b: Bases) -> None:
+        import hashlib
+
+        shutil.copytree(b.artifact, tmp / "a")
+        f = tmp / "a" / name
+        text = f.read_text()
+        assert old in text, (name, old)
+        f.write_text(text.replace(old, new, 1))
+        m = json.loads((tmp / "a" / "manifest.json").read_text())
+        m["files"][name] = hashlib.sha256(f.read_bytes()).hexdigest()
+        (tmp / "a" / "manifest.json").write_text(json.dumps(m))
+    return setup
+
+
+# IR from disk is checked like IR from the command line (issue 41): the first "eps = 1e-05" of a
+# printed graph is its meta config's layer_norm_eps; "{eps = 1e-05}" a layer_norm node's attribute
+for where in ("rank0/graph.ir", "graph.ir"):
+    tag = where.split("/")[0].replace(".ir", "")
+    for name, old, new, expect in [
+        ("meta-eps-1e309", "eps = 1e-05", "eps = 1e309", ("graph.ir", "meta config.layer_norm_eps", "finite")),
+        ("node-eps-1e309", "{eps = 1e-05}", "{eps = 1e309}", ("graph.ir", "node %", "attribute eps", "finite")),
+    ]:
+        case(f"run-artifact-{tag}-{name}-rehashed", ["run", "{t}/a", "--tokens", "1,2"], *expect,
+             setup=_rehashed(where, old, new))
+        case(f"verify-{tag}-{name}-rehashed", ["verify", "{t}/a"], *expect, setup=_rehashed(where, old, new))
+
+# what needs no work is refused before any pass runs or warns (wint8mix on a dense model warns)
+case("run-tokens-out-of-range-before-pipeline-warnings",
+     ["run", "ernie-4.5-0.3b@tiny", "--quant", "wint8mix", "--tokens", "5000"], "5000", "vocabulary [0, 1024)")
+case("run-tokens-negative-before-pipeline-warnings",
+     ["run", "ernie-4.5-0.3b@tiny", "--quant", "wint8mix", "--tokens", "3,-1"], "-1", "vocabulary")
+case("run-compare-to-missing-before-pipeline-warnings",
+     ["run", "ernie-4.5-0.3b@tiny", "--quant", "wint8mix", "--tokens", "1,2", "--compare-to", "nothing"],
+     "nothing")
+
+# a pipelined artifact: its rank-0 graph is stage 0 (hidden states out), never the whole model
+for flags in (["--emulate", "bf16"], ["--quant", "wint8"], ["--backend", "interpreter", "--pipeline", "dce"]):
+    case(f"run-pp-artifact-{flags[-1]}", ["run", "{t}/a", "--tokens", "1,2", *flags], "2 rank graphs", "pp 2",
+         setup=copy_tree("pp_artifact"))
+case("run-pp-artifact-nnodes-not-dividing",
+     ["run", "{t}/a", "--tokens", "1,2", "--backend", "paddle", "--nnodes", "3", "--node-rank", "0",
+      "--master", "127.0.0.1:1"], "--nnodes 3", "2 processes", setup=copy_tree("pp_artifact"))
+
+
+def _drop_stage(tmp: Path, b: Bases) -> None:
+    """The pipelined artifact without its last stage, from the folder and the manifest alike."""
+    copy_tree("pp_artifact")(tmp, b)
+    shutil.rmtree(tmp / "a" / "rank1")
+    _manifest_with(tmp / "a", files={k: v for k, v in json.loads((tmp / "a" / "manifest.json").read_text())
+                                     ["files"].items() if not k.startswith("rank1/")})
+
+
+case("verify-pp-artifact-stage-dropped", ["verify", "{t}/a"], "rank1/graph.ir", "2 rank graph(s)",
+     setup=_drop_stage)
+case("run-pp-artifact-stage-dropped", ["run", "{t}/a", "--tokens", "1,2"], "rank1/graph.ir", setup=_drop_stage)
 case("verify-a-file", ["verify", "{t}/f"], "f", setup=write_file("f", "x"))
 
 for name, text, expect in [

@@ -90,10 +90,12 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
         compile_model("gpt-345m@tiny", "cuda", CompileOptions(mode="training", lora_rank=4, out=train))
     art = root / "art"
     compile_model("gpt-345m@tiny", "cuda", CompileOptions(out=art))
+    pp = root / "pp"
+    compile_model("gpt-345m@tiny", "cuda", CompileOptions(pp=2, out=pp))
     return Bases(ckpt=_checkpoint(root / "ckpt", "ernie-4.5-0.3b@tiny"),
                  gpt_ckpt=_checkpoint(root / "gpt", "gpt-345m@tiny"),
                  graph=save_graph(load_model("gpt-345m@tiny"), root / "graph"),
-                 artifact=art, train_artifact=train, adapter=_adapter(root / "adapter"))
+                 artifact=art, train_artifact=train, adapter=_adapter(root / "adapter"), pp_artifact=pp)
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
