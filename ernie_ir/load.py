@@ -53,6 +53,12 @@ def load_input(spec: str, *, trust_pickle: bool = False, meta: bool = False) -> 
         from ernie_ir.artifacts import load_artifact
 
         return load_artifact(path)  # verifies every hash first
+    if path.is_dir() and (path / "rank0" / GRAPH_FILE).is_file():
+        # an artifact's rank graphs without the manifest that lists and hashes them: never read
+        # as a bare graph folder (its global graph has no weights: "a meta graph" misleads)
+        raise ErnieIRError(f"{spec} is laid out as a compiled artifact (rank0/) but has no manifest.json, so "
+                           "its files cannot be checked: remove the folder and compile it again (ernie-ir "
+                           f"compile MODEL --target TARGET --out {spec})")
     if path.is_dir() and (path / GRAPH_FILE).is_file():
         return load_graph(path)
     from ernie_ir.frontends import load_model
@@ -70,17 +76,26 @@ def read_tokenizer(folder: str | Path) -> object | None:
     return load_tokenizer(folder)
 
 
+def tokenizer_folder(spec: str | Path) -> Path | None:
+    """Where the tokenizer files of MODEL `spec` are: the folder itself, a built-in `@tiny` /
+    `@small` model's generated tokenizer (frontends.builtin_tokenizer), else None."""
+    from ernie_ir.frontends.builtin_tokenizer import builtin_tokenizer_folder
+
+    return Path(spec) if Path(spec).is_dir() else builtin_tokenizer_folder(spec)
+
+
 def copy_tokenizer(spec: str, dest: Path, *, tokenizer_json: bool = False) -> list[str]:
-    """Copy the tokenizer files (and generation_config.json) of checkpoint folder `spec` into
-    `dest`; the names copied or written, [] when `spec` is no folder or has no tokenizer.
+    """Copy the tokenizer files (and generation_config.json) of checkpoint folder `spec` (or a
+    built-in's, `tokenizer_folder`) into `dest`; the names copied or written, [] when `spec` has
+    no tokenizer.
 
     `tokenizer_json`: the folder must also hold a tokenizer.json + tokenizer_config.json that
     onnxruntime-genai's tokenizer reads: written from the tokenizer where the checkpoint has
     none (a bare SentencePiece model). Bad tokenizer files: ErnieIRError naming the file."""
     from ernie_ir.frontends.tokenizer import load_tokenizer, tokenizer_files, write_hf_tokenizer_json
 
-    src = Path(spec)
-    if not src.is_dir():
+    src = tokenizer_folder(spec)
+    if src is None:
         return []
     tokenizer = load_tokenizer(src)  # reads (and so checks) the files before any is copied
     if tokenizer is None:
@@ -225,7 +240,22 @@ def load_trained(path: str | Path, checkpoint: str | None = None) -> Graph:
     inference_form(graph)
     graph.metadata["trained"] = {"checkpoint": ckpt.file, "steps": ckpt.steps,
                                  "checkpoint_sha256": manifest.files[ckpt.file]}
+    if _trained_on_synthetic(root / ckpt.file):
+        graph.metadata["trained"]["synthetic"] = True
     return graph
+
+
+def _trained_on_synthetic(params_file: Path) -> bool:
+    """Whether the checkpoint beside `params_file` was trained without --data, on the recipe's
+    synthetic batch (its trainer_state.json's `data.synthetic`, ernie_ir.training.checkpoints)."""
+    import json
+
+    try:
+        state = json.loads((params_file.parent / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    data = state.get("data") if isinstance(state, dict) else None
+    return isinstance(data, dict) and data.get("synthetic") is True
 
 
 def inference_form(graph: Graph) -> int:

@@ -6,7 +6,10 @@ Each page's fenced blocks run in order, in one namespace, in an empty folder:
 - `bash` blocks: each `ernie-ir ...` line runs the CLI in this process (so passes the
   page registered are known) and must exit 0;
 - `toml` blocks are parsed, and entry-point tables must name a known group.
-A page listed in FULLY_EXECUTED may hold no other kind of block.
+A page listed in FULLY_EXECUTED may hold no other kind of block. The pages of PYTHON_ONLY run
+their `python` blocks alone (each at least the number given), in one namespace; their command
+lines are shown against `/data/...` folders and the user's files. README.md and
+docs/user-guide.md run whole, commands included, in tests/test_guide_runs.py.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 FULLY_EXECUTED = {"pass-authoring.md"}
+PYTHON_ONLY = {"frontends.md": 2, "fusion.md": 3, "quantization.md": 1}
 ENTRY_POINT_GROUPS = {"ernie_ir.passes", "ernie_ir.ops", "ernie_ir.targets"}
 
 
@@ -54,9 +58,11 @@ def check_toml(code: str, where: str) -> None:
         assert group in ENTRY_POINT_GROUPS, f"{where}: unknown entry-point group {group!r}"
 
 
-def run_page(name: str) -> None:
+def run_page(name: str, python_only: bool = False) -> None:
     blocks = fenced_blocks(DOCS / name)
     assert any(lang == "python" for lang, _ in blocks), f"{name} has no python examples"
+    if python_only:
+        blocks = [(lang, code) for lang, code in blocks if lang == "python"]
     namespace: dict[str, object] = {"__name__": f"docs_{name.replace('-', '_').replace('.', '_')}"}
     printed: str | None = None
     for i, (lang, code) in enumerate(blocks, 1):
@@ -100,6 +106,15 @@ def test_doc_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyP
             REGISTRY.origins.pop(key, None)
         for key in set(ops.all_ops()) - ops_before:
             ops.REGISTRY.remove(key)
+
+
+@pytest.mark.parametrize("name", sorted(PYTHON_ONLY))
+def test_doc_python_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python examples of pages whose commands need data folders (docs/frontends.md,
+    fusion.md, quantization.md): each page's blocks in order, in one namespace."""
+    assert len(python_blocks(DOCS / name)) >= PYTHON_ONLY[name], f"{name} lost python examples"
+    monkeypatch.chdir(tmp_path)
+    run_page(name, python_only=True)
 
 
 def test_a_text_block_that_differs_from_the_output_fails(tmp_path: Path) -> None:

@@ -49,14 +49,15 @@ out = _LazyConsole(highlight=False, soft_wrap=True)
 
 
 @contextmanager
-def progress_bar(*, transient: bool = False) -> Iterator[Callable[[str, int, int], None]]:
-    """A `progress(stage, done, total)` callback drawing one bar per stage on stderr (a terminal
-    only): one bar per first word of the stage ("pass", "weights", ...)."""
+def progress_bar(*, transient: bool = False,
+                 show: bool | None = None) -> Iterator[Callable[[str, int, int], None]]:
+    """A `progress(stage, done, total)` callback drawing one bar per stage on stderr (`show`
+    None: a terminal only): one bar per first word of the stage ("pass", "weights", ...)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err.get(), transient=transient,
-                  disable=not err.is_terminal) as bar:
+                  disable=not (err.is_terminal if show is None else show)) as bar:
         tasks: dict[str, Any] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -107,13 +108,23 @@ PipelineOpt = Annotated[
 ]
 QuantOpt = Annotated[
     str | None,
-    typer.Option("--quant", help="Quantization preset: none, wint8, wint4, wint8mix, qat-int8, fp8, "
-                 "w4a8c8, wint2 (or an ERNIEKit/FastDeploy alias); w4a8c8 and wint2 take their pass's "
-                 "options: 'wint2{w4_end_layer=6}'."),
+    typer.Option("--quant", "--quantization",
+                 help="Quantization preset: none, wint8, wint4, wint8mix, qat-int8, fp8, w4a8c8, wint2 (or "
+                 "an ERNIEKit/FastDeploy alias); w4a8c8 and wint2 take their pass's options: "
+                 "'wint2{w4_end_layer=6}'. --quantization is FastDeploy's name for it."),
 ]
 CalibDataOpt = Annotated[
-    Path | None, typer.Option("--calib-data", help="--quant w4a8c8 or fp8: a .npy of token ids [batch, seq] "
-                              "to calibrate the static activation scales on (default: seeded random ids).")
+    Path | None, typer.Option("--calib-data", help="A .npy of token ids [batch, seq] to calibrate on: the "
+                              "weights of method=gptq ('wint4{method=gptq}', required), or the static "
+                              "activation scales of --quant w4a8c8 or fp8 (default: seeded random ids).")
+]
+CalibSamplesOpt = Annotated[
+    int | None, typer.Option("--calib-samples", help="method=gptq: calibration windows to use (default 128, "
+                             "or what --calib-data holds).")
+]
+CalibSeqLenOpt = Annotated[
+    int | None, typer.Option("--calib-seq-len", help="method=gptq: tokens per calibration window (default "
+                             "min(512, the model's max positions), or the length --calib-data holds).")
 ]
 QuantConfigOpt = Annotated[
     Path | None, typer.Option("--quant-config", help="A YAML quantization config (rules by scope).")
@@ -122,8 +133,9 @@ LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", help="Insert LoR
 LoraAlphaOpt = Annotated[float | None, typer.Option("--lora-alpha", help="LoRA alpha (default 2*rank).")]
 LoraTargetsOpt = Annotated[
     str | None,
-    typer.Option("--lora-targets",
-                 help="Comma-separated regexes, each matching a whole module name (e.g. '.*qkv_proj')."),
+    typer.Option("--lora-targets", "--target-modules",
+                 help="Comma-separated regexes, each matching a whole module name (e.g. '.*qkv_proj'); "
+                 "--target-modules is peft's name for it."),
 ]
 LoraAdapterOpt = Annotated[
     Path | None, typer.Option("--lora-adapter", help="Import a paddleformers LoRA adapter folder (or a "
@@ -144,7 +156,9 @@ CheckpointOpt = Annotated[
     typer.Option("--checkpoint", help="MODEL a training artifact: compile this checkpoint of it: latest "
                  "(the default), a run name (run-002-step-30) or its path."),
 ]
-TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (attention heads, FFN, vocab).")]
+TpOpt = Annotated[int, typer.Option(
+    "--tp", "--tensor-parallel-size", help="Tensor-parallel degree (attention heads, FFN, vocab); "
+    "--tensor-parallel-size is FastDeploy's name for it.")]
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (whole routed experts per group).")]
 DpOpt = Annotated[int | None, typer.Option(
     "--dp", help="Training: data-parallel replicas of the tp x ep ranks (dp x tp processes; each takes "
@@ -199,6 +213,15 @@ def load_rewritten(model: str, pipeline: str | None, *, trust_pickle: bool, meta
     verify(graph)
     _run_pipeline(graph, pipeline, print_before=list(print_before), print_after=list(print_after),
                   dump_dir=dump_dir, timing=timing, disabled=split_names(disable_pass), stop_after=stop_after)
+    return graph
+
+
+def rewrite(graph: Graph, pipeline: str | None, *, disable_pass: list[str] | None = None,
+            stop_after: str | None = None) -> Graph:
+    """A loaded, verified graph rewritten by `pipeline` (what `load_rewritten` does after loading),
+    for a command that checks its input against the model in between, before any pass runs or warns."""
+    _run_pipeline(graph, pipeline, print_before=[], print_after=[], dump_dir=None, timing=False,
+                  disabled=split_names(disable_pass), stop_after=stop_after)
     return graph
 
 
@@ -268,3 +291,25 @@ def _run_pipeline(graph: Graph, pipeline: str | None, *, print_before: list[str]
         t.add_row("", "total", f"{tim.total * 1e3:.2f}", f"{tim.total_verify * 1e3:.2f}",
                   f"{tim.total_instruments * 1e3:.2f}", "", "", style="bold")
         err.print(t)
+
+
+BackendOpt = Annotated[str, typer.Option(
+    "--backend", help="auto (the fastest the artifact offers; a model: the interpreter), interpreter, "
+    "or for an artifact: onnxruntime, paddle (several ranks: one paddle.distributed process per rank) "
+    "or paddle-inference (the --emit paddle-inference decoder).")]
+
+
+def chosen_backend(model: str, backend: str, *, as_compiled: bool = True) -> tuple[str, str | None]:
+    """`--backend` as a backend name, and for `auto` the one line saying which and why (None for a
+    named backend). The command prints it once its input has passed every check, so that a
+    refusal stays the one line on stderr."""
+    from ernie_ir.backends import resolve_backend
+
+    choice = resolve_backend(model, backend, as_compiled=as_compiled)
+    return (backend, None) if choice is None else (choice.name, choice.line())
+
+
+def say_backend(note: str | None) -> None:
+    """The line `chosen_backend` returned, on stderr (nothing for a backend the user named)."""
+    if note is not None:
+        err.print(note, markup=False)

@@ -3,6 +3,7 @@ executables, params by dtype, the kernel plan and the fallbacks, grouped. Prints
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ernie_ir.targets.compile import CompileReport, FallbackGroup
@@ -37,7 +38,8 @@ def fallback_lines(groups: list[FallbackGroup], *, verbose: bool = False,
 
 def report_lines(report: CompileReport, *, verbose: bool = False) -> list[Any]:
     """What `compile` prints after its warnings: text lines and rich tables, in order."""
-    from rich.table import Table
+    from .numbers import count
+    from .tables import KeyTable
 
     if report.stopped:
         return [f"{report.stopped}: wrote the graph folder {report.out} (not an artifact; "
@@ -48,24 +50,21 @@ def report_lines(report: CompileReport, *, verbose: bool = False) -> list[Any]:
     lines.append(f"pipeline: {report.pipeline}")
     lines.append(f"executables: {', '.join(report.emit) or 'none (graph only)'}")
     if report.serve:
-        lines.append(f"serve with FastDeploy: {report.serve}")
+        from ernie_ir.formats.fastdeploy import SCRIPT
+
+        lines.append(f"serve with FastDeploy ({Path(report.out) / SCRIPT} runs it): {report.serve}")
     if report.onnx_numerics is not None:
         lines.append(f"onnx numerics: {report.onnx_numerics}")
-    params = Table(title="params by dtype")
-    params.add_column("dtype")
-    params.add_column("before", justify="right")
-    params.add_column("after", justify="right")
+    params = KeyTable("dtype", "before", "after", numbers=("before", "after"), title="params by dtype")
     for dtype in sorted(set(report.params_before) | set(report.params_after)):
         b = report.params_before.get(dtype, {})
         a = report.params_after.get(dtype, {})
-        params.add_row(dtype, f"{b.get('count', 0)} / {b.get('bytes', 0):,} B",
-                       f"{a.get('count', 0)} / {a.get('bytes', 0):,} B")
-    plan = Table(title="kernel plan")
-    plan.add_column("kernel")
-    plan.add_column("nodes", justify="right")
+        params.add_row(dtype, f"{count(b.get('count', 0))} / {count(b.get('bytes', 0))} B",
+                       f"{count(a.get('count', 0))} / {count(a.get('bytes', 0))} B")
+    plan = KeyTable("kernel", "nodes", numbers=("nodes",), title="kernel plan")
     counts: dict[str, int] = {}
     for k in report.kernel_plan:
         counts[k["kernel"]] = counts.get(k["kernel"], 0) + 1
     for kernel, n in sorted(counts.items()):
-        plan.add_row(kernel, str(n))
+        plan.add_row(kernel, count(n))
     return [*lines, params, plan, *fallback_lines(report.fallback_groups(), verbose=verbose)]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .common import ModelArg, TrustOpt, err, out
+from .common import BackendOpt, ModelArg, TrustOpt, chosen_backend, err, out, say_backend
 
 if TYPE_CHECKING:
     from ernie_ir.generation import Generator
@@ -46,6 +46,12 @@ def _read_prompts(path: Path, gen: Generator, chat: bool) -> list[list[int]]:
     return rows
 
 
+GreedyOpt = Annotated[bool | None, typer.Option(
+    "--greedy/--do-sample", help="--greedy: take the most likely token (the default unless a sampling option "
+    "is given); --do-sample (transformers' name): sample, at temperature 1 over every token unless "
+    "--temperature/--top-p/--top-k say otherwise.")]
+
+
 def generate(
     model: ModelArg,
     prompt: Annotated[str | None, typer.Option("--prompt", help="Prompt text (needs the model's "
@@ -57,8 +63,7 @@ def generate(
         "{\"ids\": ...}.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate per "
                                                 "prompt (at most).")] = 32,
-    greedy: Annotated[bool, typer.Option("--greedy", help="Take the most likely token (the default "
-                                         "unless a sampling option is given).")] = False,
+    greedy: GreedyOpt = None,
     temperature: Annotated[float | None, typer.Option("--temperature", help="Sample: divide the logits "
                                                       "by T > 0.")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", help="Sample from the smallest set of tokens "
@@ -72,8 +77,7 @@ def generate(
                                              "(EOS does not end a row).")] = False,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap each text prompt in the tokenizer's chat "
                                        "template.")] = False,
-    backend: Annotated[str, typer.Option("--backend", help="interpreter (a model or an artifact), or "
-                                         "for an artifact: onnxruntime or paddle.")] = "interpreter",
+    backend: BackendOpt = "auto",
     kv_cache_dtype: Annotated[str | None, typer.Option(
         "--kv-cache-dtype", help="The cache's dtype (default: the artifact's, else the "
         "attention's).")] = None,
@@ -87,18 +91,14 @@ def generate(
     """Generate tokens after prompts, decoding with a KV cache; text streams as it is produced."""
     import json
 
-    from ernie_ir.generation import DecodeOptions, Generator
+    from ernie_ir.generation import DecodeOptions
     from ernie_ir.generation import compare_to as compare
     from ernie_ir.ir import ErnieIRError
 
     _check_prompt_flags(prompt, prompt_ids, prompts, max_new_tokens, timeout)
     sampling = _sampling(greedy, temperature, top_p, top_k, seed)
-    if kv_cache_dtype is not None:
-        from ernie_ir.targets.options import check_kv_cache_dtype
-
-        kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype, "inference")
-    gen = Generator(model, backend, kv_cache_dtype=kv_cache_dtype, trust_pickle=trust_pickle,
-                    timeout_s=timeout)
+    gen, note = _open(model, backend, kv_cache_dtype, trust_pickle, timeout)
+    backend = gen.decoder.backend
     if prompt is not None:
         rows = [gen.encode(prompt, chat=chat)]
     elif prompt_ids is not None:
@@ -111,10 +111,13 @@ def generate(
     if stop:
         gen.require_tokenizer("--stop")
     rows = gen.check(rows, max_new_tokens)
+    say_backend(note)
 
     tok = gen.tokenizer
     streaming = not json_out and len(rows) == 1
     stream = tok.stream(rows[0]) if streaming and tok is not None else None
+
+    shown: list[str] = []  # what streamed: no empty line where no id had text
 
     def on_token(_row: int, token: int) -> None:
         if not streaming:
@@ -123,23 +126,64 @@ def generate(
         if text:
             out.print(text, end="", markup=False, highlight=False)
             out.file.flush()
+            shown.append(text)
 
     result = gen.generate(rows, DecodeOptions(max_new_tokens=max_new_tokens, sampling=sampling),
                           stop_texts=stop or (), ignore_eos=ignore_eos, on_token=on_token)
     texts = [gen.text(n) for n in result.new_tokens] if tok is not None else None
     if streaming:
         if stream is not None:
-            out.print(stream.flush(), end="", markup=False, highlight=False)
-        out.print("")
+            shown.append(stream.flush())
+            out.print(shown[-1], end="", markup=False, highlight=False)
+        if "".join(shown):
+            out.print("")
     comparison = compare(compare_to, result, trust_pickle=trust_pickle) if compare_to is not None else None
     if json_out:
         print(json.dumps(_json_report(model, backend, result, texts, comparison)))
         return
     if not streaming:
         for r, new in enumerate(result.new_tokens):
-            shown = texts[r] if texts is not None else " ".join(map(str, new))
-            out.print(f"[{r}] {shown}", markup=False, highlight=False)
+            row_text = texts[r] if texts is not None else " ".join(map(str, new))
+            out.print(f"[{r}] {row_text}", markup=False, highlight=False)
+    if tok is not None:
+        for line in untokenized_notes(result.new_tokens, tok.vocab_size, rows=not streaming):
+            err.print(line, markup=False, highlight=False)
     _print_summary(result, len(rows), backend, comparison, compare_to)
+
+
+UNTOKENIZED_SHOWN = 8
+"""Ids outside the tokenizer named per row in the note; --json lists every id."""
+
+
+def untokenized_notes(new_tokens: list[list[int]], vocab_size: int, *, rows: bool) -> list[str]:
+    """One stderr line per row whose generated ids include some the tokenizer does not have (a
+    model's vocabulary is often padded past its tokenizer's): those have no text, and a row of
+    only such ids would otherwise print nothing. `rows`: prefix each line with its row, [r]."""
+    lines = []
+    for r, new in enumerate(new_tokens):
+        outside = [t for t in new if not 0 <= t < vocab_size]
+        if not outside:
+            continue
+        named = ", ".join(map(str, outside[:UNTOKENIZED_SHOWN]))
+        more = f" and {len(outside) - UNTOKENIZED_SHOWN} more" if len(outside) > UNTOKENIZED_SHOWN else ""
+        lines.append(f"{f'[{r}] ' if rows else ''}note: {len(outside)} of the {len(new)} generated ids are "
+                     f"outside the tokenizer's vocabulary of {vocab_size} and have no text: {named}{more} "
+                     "(--json lists every id)")
+    return lines
+
+
+def _open(model: str, backend: str, kv_cache_dtype: str | None, trust_pickle: bool,
+          timeout: float | None) -> tuple[Generator, str | None]:
+    """The Generator on the backend asked for (`auto`: chosen), and the line that says which."""
+    from ernie_ir.generation import Generator
+
+    if kv_cache_dtype is not None:
+        from ernie_ir.targets.options import check_kv_cache_dtype
+
+        kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype, "inference")
+    backend, note = chosen_backend(model, backend)
+    return Generator(model, backend, kv_cache_dtype=kv_cache_dtype, trust_pickle=trust_pickle,
+                     timeout_s=timeout), note
 
 
 def _check_prompt_flags(prompt: str | None, prompt_ids: str | None, prompts: Path | None,
@@ -160,9 +204,10 @@ def _check_prompt_flags(prompt: str | None, prompt_ids: str | None, prompts: Pat
         raise ErnieIRError(f"--prompts {prompts}: no such file")
 
 
-def _sampling(greedy: bool, temperature: float | None, top_p: float | None, top_k: int | None,
+def _sampling(greedy: bool | None, temperature: float | None, top_p: float | None, top_k: int | None,
               seed: int | None) -> Any:
-    """The sampler the flags ask for: greedy unless a sampling option is given (not both)."""
+    """The sampler the flags ask for: greedy unless --do-sample (`greedy` False) or a sampling
+    option is given (not with --greedy)."""
     from ernie_ir.generation import SamplingOptions
     from ernie_ir.ir import ErnieIRError
 
@@ -171,7 +216,8 @@ def _sampling(greedy: bool, temperature: float | None, top_p: float | None, top_
     if greedy and sampled:
         raise ErnieIRError(f"--greedy and {sampled[0]} contradict: drop one (greedy takes the most likely "
                            "token)")
-    sampling = SamplingOptions(greedy=not sampled, temperature=1.0 if temperature is None else temperature,
+    sampling = SamplingOptions(greedy=not sampled and greedy is not False,
+                               temperature=1.0 if temperature is None else temperature,
                                top_p=1.0 if top_p is None else top_p, top_k=top_k, seed=seed)
     sampling.check()
     return sampling

@@ -10,6 +10,12 @@ import typer
 
 from .common import LoraRankOpt, ModelArg, QuantOpt, out
 
+PlanTargetOpt = Annotated[str | None, typer.Option(
+    "--target", "-t", help="cuda, ascend, kunlun or a plugin's target; an artifact: the one it was compiled "
+    "for (the default).")]
+PlanTpOpt = Annotated[int | None, typer.Option(
+    "--tp", "--tensor-parallel-size", help="Tensor-parallel degree (default 1); --tensor-parallel-size is "
+    "FastDeploy's name for it.")]
 PlanDpOpt = Annotated[int | None, typer.Option(
     "--dp", help="Training: data-parallel replicas (default 1); --batch stays per replica.")]
 PlanShardingOpt = Annotated[str | None, typer.Option(
@@ -25,9 +31,9 @@ MomentDtypeOpt = Annotated[str | None, typer.Option(
 
 def plan(
     model: ModelArg,
-    target: Annotated[str, typer.Option("--target", "-t", help="cuda, ascend, kunlun or a plugin's target.")],
+    target: PlanTargetOpt = None,
     quant: QuantOpt = None,
-    tp: Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree (default 1).")] = None,
+    tp: PlanTpOpt = None,
     ep: Annotated[int | None, typer.Option("--ep", help="Expert-parallel degree (default 1).")] = None,
     mode: Annotated[str, typer.Option("--mode", help="inference or training.")] = "inference",
     lora_rank: LoraRankOpt = None,
@@ -82,13 +88,14 @@ def plan(
     import json
 
     from ernie_ir.ir import ErnieIRError
-    from ernie_ir.planning import PlanRequest, plan_memory
+    from ernie_ir.planning import PlanRequest, plan_memory, plan_target
     from ernie_ir.planning.request import check_replica_flags, plan_sharding
     from ernie_ir.targets import CompileOptions
     from ernie_ir.targets.compile import check_arch_flag
 
-    from .plan_view import plan_lines, plan_table, search_table
+    from .plan_view import plan_lines, plan_table, search_table, serve_lines
 
+    target = plan_target(model, target)
     check_arch_flag(target, cuda_arch)
     if plot is not None and (plot.suffix.lower() != ".svg" or not plot.parent.is_dir()):
         raise ErnieIRError(f"--plot {plot}: give a .svg file in an existing folder")
@@ -118,7 +125,7 @@ def plan(
     out.print(plan_table(result))
     if result.searched:
         out.print(search_table(result))
-    for note in result.notes:
-        out.print(f"note: {note}", markup=False)
+    for line in [*(f"note: {note}" for note in result.notes), *serve_lines(result)]:
+        out.print(line, markup=False)
     if plot is not None:
         out.print(f"plot: {plot}", markup=False)

@@ -7,6 +7,8 @@ from rich.table import Table
 from ernie_ir.planning import CATEGORIES, MemoryPlan, RankMemory, format_bytes
 from ernie_ir.planning.plan import SHARDED
 
+from .numbers import count
+
 
 def _groups(plan: MemoryPlan) -> list[tuple[str, int]]:
     """(label, index of a representative rank) for runs of ranks with the same figures."""
@@ -30,6 +32,47 @@ def _serves_fastdeploy(target: str) -> bool:
 
     tgt = find_target(target)
     return tgt is not None and "fastdeploy" in tgt.executables
+
+
+def serve_lines(plan: MemoryPlan) -> list[str]:
+    """How FastDeploy serves what a cuda inference plan models, with the plan's engine flags (the
+    layout it chose): an artifact with a FastDeploy folder, the command for it; an ERNIE 4.5
+    model, the command for the folder `compile --emit fastdeploy` would write, or why FastDeploy
+    could not load one. Nothing for other models, artifacts without the folder, or engine none."""
+    from pathlib import Path
+
+    from ernie_ir.artifacts import read_manifest
+    from ernie_ir.backends.fastdeploy import fastdeploy_refusal_for
+    from ernie_ir.formats.fastdeploy import LoadableCell, ServeLimits, is_ernie45, serve_command
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.load import load_input
+
+    eng = plan.engine_settings
+    if eng is None:
+        return []
+    limits = ServeLimits(eng.max_model_len, eng.max_num_seqs, eng.gpu_memory_utilization,
+                         eng.max_num_batched_tokens)
+    if (Path(plan.model) / "manifest.json").is_file():  # an artifact: its own folder, if it has one
+        if "fastdeploy" not in (read_manifest(plan.model).formats or []):
+            return []
+        return [f"serve with FastDeploy: {serve_command(plan.model, plan.tp, limits)}"] if plan.fits else []
+    folder = Path(plan.model)
+    try:  # the model as the planner reads it: a checkpoint folder's config.json alone
+        graph = load_input(plan.model, meta=folder.is_dir() and not (folder / "graph.ir").is_file())
+    except ErnieIRError:
+        return []
+    if not is_ernie45(graph):
+        return []
+    if plan.quant is None and plan.lora_rank is None and plan.ep == 1 and (folder / "config.json").is_file():
+        # what this plan models: FastDeploy serving the bf16 checkpoint folder itself
+        return [f"serve with FastDeploy: {serve_command(plan.model, plan.tp, limits, ours=False)}"
+                ] if plan.fits else []
+    cell = LoadableCell(plan.quant, False, plan.tp, plan.ep, plan.lora_rank is not None)  # moe: the graph's
+    why = fastdeploy_refusal_for(graph, cell)
+    if why is not None:
+        return [f"serve with FastDeploy: no folder FastDeploy loads from this compile: {why}"]
+    return [f"serve with FastDeploy (compile with --emit fastdeploy --tp {plan.tp} --out ART): "
+            + serve_command("ART", plan.tp, limits)] if plan.fits else []
 
 
 def plan_lines(plan: MemoryPlan) -> list[str]:
@@ -64,10 +107,10 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
     if eng is not None:
         kv = min((r.kv_detail for r in plan.per_rank), key=lambda d: d["blocks"])
         need = "one sequence" if eng.required_sequences == 1 else f"{eng.required_sequences} sequences"
-        lines.append(f"KV cache: {kv['blocks']} blocks of {eng.block_size} tokens after the profile run "
-                     f"(the engine needs {kv['blocks_needed']}: {need} of max_model_len {eng.max_model_len} "
-                     f"+ 2 blocks); they hold {kv['sequences']} sequences of max_model_len, --max-num-seqs "
-                     f"{eng.max_num_seqs}")
+        lines.append(f"KV cache: {count(kv['blocks'])} blocks of {eng.block_size} tokens after the profile "
+                     f"run (the engine needs {count(kv['blocks_needed'])}: {need} of max_model_len "
+                     f"{eng.max_model_len} + 2 blocks); they hold {count(kv['sequences'])} sequences of "
+                     f"max_model_len, --max-num-seqs {eng.max_num_seqs}")
     if plan.searched and plan.search_devices is not None:
         lines.append(f"layout search over {plan.search_devices} devices: "
                      + (f"tp {plan.tp}, ep {plan.ep}, dp {plan.dp} fits (smallest model-parallel group "
@@ -85,7 +128,7 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
         d = max(plan.per_rank, key=lambda r: r.total_bytes).activation_detail
         lines.append(f"activations (largest rank): {format_bytes(int(d['peak_with_recompute_bytes']))} with "
                      f"--recompute, {format_bytes(int(d['peak_without_recompute_bytes']))} without")
-        lines.append(f"trainable: {plan.trainable} ({plan.trainable_params} params per rank)"
+        lines.append(f"trainable: {plan.trainable} ({count(plan.trainable_params)} params per rank)"
                      + (f"; host memory (offloaded optimizer states): {format_bytes(plan.host_total_bytes)} "
                         "over all ranks" if plan.host_total_bytes else ""))
         if plan.sharding != "none":

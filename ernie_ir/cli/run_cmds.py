@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from .common import (
+    BackendOpt,
     DisablePassOpt,
     DpOpt,
     LoraAdapterOpt,
@@ -31,10 +32,13 @@ from .common import (
     ShardingOpt,
     StopAfterOpt,
     TrustOpt,
+    chosen_backend,
     err,
     full_pipeline,
     load_rewritten,
     out,
+    rewrite,
+    say_backend,
 )
 from .train_opts import (
     ArtifactArg,
@@ -48,11 +52,13 @@ from .train_opts import (
     EpsOpt,
     EvalDataOpt,
     EvalStepsOpt,
+    ForceTrainOpt,
     GradAccumOpt,
     IgnoreIndexOpt,
     LrOpt,
     MaxSeqLenOpt,
     MicroBatchesOpt,
+    OverridesArg,
     PackingOpt,
     PadIdOpt,
     PipelineScheduleOpt,
@@ -76,6 +82,7 @@ if TYPE_CHECKING:
 
     from ernie_ir.backends.paddle.launch import NodeFinished, NodeSpec
     from ernie_ir.ir import Graph
+    from ernie_ir.training.erniekit_config import ErnieKitRun
 
 
 TimeoutOpt = Annotated[
@@ -220,10 +227,7 @@ def run(
     emulate: Annotated[
         str | None, typer.Option("--emulate", help="Round activations typed bf16/f16 after each op.")
     ] = None,
-    backend: Annotated[
-        str, typer.Option("--backend", help="interpreter, or for an artifact: onnxruntime or paddle "
-                          "(several ranks: one paddle.distributed process per rank).")
-    ] = "interpreter",
+    backend: BackendOpt = "auto",
     timeout: TimeoutOpt = None,
     nnodes: NnodesOpt = None,
     node_rank: NodeRankOpt = None,
@@ -251,20 +255,12 @@ def run(
     pipeline = full_pipeline(pipeline, quant, quant_config, lora_rank, lora_alpha, lora_targets,
                               lora_adapter, merge_lora)
     nodes = parse_nodes(nnodes, node_rank, master, master_timeout)
-    processes = 1
-    if nodes is not None:
-        from ernie_ir.targets import artifact_mapping, read_manifest
-
-        if _is_artifact(model):
-            processes = artifact_mapping(read_manifest(model)).world_size
-        if backend != "paddle" or processes == 1:
-            raise ErnieIRError(f"--nnodes {nodes.nnodes}: a multi-node launch runs a multi-rank artifact "
-                               "with --backend paddle")
-        nodes.processes_per_node(processes)  # refused before anything starts
-    if (Path(model) / "manifest.json").is_file():
-        from ernie_ir.targets import read_manifest, require_weights
-
-        require_weights(Path(model), read_manifest(model))
+    # a multi-node launch is paddle's; otherwise `auto` picks (and says which)
+    backend, note = (("paddle", None) if nodes is not None and backend == "auto" else
+                     chosen_backend(model, backend, as_compiled=not (pipeline or emulate)))
+    processes = 1 if nodes is None else _node_run_processes(model, backend, nodes)
+    if _is_artifact(model):
+        _check_artifact_run(model, rewrites=bool(pipeline or emulate))
     from ernie_ir.backends import check_backend
 
     check_backend(backend)
@@ -272,6 +268,7 @@ def run(
     _check_run_flags(timeout, emulate, save_logits)
     if (disable_pass or stop_after is not None) and not pipeline:
         raise ErnieIRError("--disable-pass/--stop-after need a pipeline (--pipeline, --quant or --lora-*)")
+    reference = _reference(compare_to, trust_pickle)  # a missing one is refused before any work
     if backend == "interpreter" and not pipeline and not emulate and _is_artifact(model):
         from ernie_ir.backends import run_artifact
 
@@ -289,14 +286,16 @@ def run(
             _node_done(done, json_out)
             return
     else:
-        graph = load_rewritten(model, pipeline, trust_pickle=trust_pickle, disable_pass=disable_pass,
-                                stop_after=stop_after)
-        logits = _logits(graph, ids, emulate)
+        graph = load_rewritten(model, None, trust_pickle=trust_pickle)
+        _check_ids(graph, ids)  # before any pass runs or warns
+        logits = _logits(rewrite(graph, pipeline, disable_pass=disable_pass, stop_after=stop_after), ids,
+                         emulate)
     _check_finite(model, logits)
-    report = _run_report(model, backend, ids, logits, compare_to, trust_pickle)
+    report = _run_report(model, backend, ids, logits, compare_to, trust_pickle, reference)
     if save_logits is not None:
         _save_logits(save_logits, logits)
         report["saved"] = str(save_logits)
+    say_backend(note)
     if json_out:
         print(json.dumps(report))
         return
@@ -323,10 +322,75 @@ def _check_run_flags(timeout: float | None, emulate: str | None, save_logits: Pa
                            f"file, e.g. {save_logits / 'logits.npy'}")
 
 
+def _node_run_processes(model: str, backend: str, nodes: NodeSpec) -> int:
+    """The processes a multi-node `run` starts: one per rank graph of the artifact (its Mapping's
+    `rank_graphs`, pp x world_size), refused in one line before anything starts when that is one
+    or does not split over the nodes."""
+    from ernie_ir.artifacts import read_manifest
+    from ernie_ir.ir import ErnieIRError
+
+    processes = read_manifest(model).mapping.rank_graphs if _is_artifact(model) else 1
+    if backend != "paddle" or processes == 1:
+        given = (f"not --backend {backend}" if backend != "paddle" else
+                 f"{model} is one rank graph" if _is_artifact(model) else f"{model} is not an artifact")
+        raise ErnieIRError(f"--nnodes {nodes.nnodes}: a multi-node launch runs a multi-rank artifact "
+                           f"with --backend paddle ({given})")
+    nodes.processes_per_node(processes)
+    return processes
+
+
+def _check_artifact_run(model: str, *, rewrites: bool) -> None:
+    """An artifact `run` can run: it holds weights, and --pipeline/--quant/--lora-*/--emulate (which
+    rewrite or run one graph) only on an artifact of one rank graph: the rank-0 graph of several is a
+    shard or the first pipeline stage, whose output is not the logits."""
+    from ernie_ir.artifacts import read_manifest, require_weights
+    from ernie_ir.ir import ErnieIRError
+
+    manifest = read_manifest(model)
+    require_weights(Path(model), manifest)
+    mapping = manifest.mapping
+    if rewrites and mapping.rank_graphs > 1:
+        source = (manifest.source or {}).get("model")
+        raise ErnieIRError(f"{model} holds {mapping.rank_graphs} rank graphs ({mapping.describe()}): "
+                           "--pipeline, --quant, --lora-* and --emulate rewrite or run one graph; run the "
+                           "artifact as compiled (drop them)"
+                           + (f", or give them the model it was compiled from ({source})"
+                              if isinstance(source, str) else ""))
+
+
+def _check_ids(graph: Graph, ids: np.ndarray) -> None:
+    """Token ids the model's embedding takes and a length its positions reach, checked on the
+    loaded graph before any pass runs (or warns)."""
+    from ernie_ir.backends.paddle.rank_worker import check_token_ids
+    from ernie_ir.ops.positions import check_sequence_length
+
+    if len(graph.inputs) == 1 and graph.inputs[0].type.dtype.is_int:
+        check_token_ids(graph, ids)
+        check_sequence_length(graph, int(ids.shape[1]))
+
+
+def _reference(compare_to: str | None, trust_pickle: bool) -> Graph | None:
+    """--compare-to's model, loaded (and so found, or refused in one line) before any work; an
+    artifact is only checked here (None), it runs whole (every rank graph) in `_run_report`."""
+    if compare_to is None:
+        return None
+    if _is_artifact(compare_to):
+        from ernie_ir.artifacts import read_manifest, require_weights
+
+        require_weights(Path(compare_to), read_manifest(compare_to))
+        return None
+    from ernie_ir.ir.verifier import verify
+    from ernie_ir.load import load_input
+
+    graph = load_input(compare_to, trust_pickle=trust_pickle)
+    verify(graph)
+    return graph
+
+
 def _run_report(model: str, backend: str, ids: Any, logits: Any, compare_to: str | None,
-                trust_pickle: bool) -> dict[str, Any]:
+                trust_pickle: bool, reference: Graph | None = None) -> dict[str, Any]:
     """`run`'s report: the logits' shape and argmax, and with --compare-to the comparison with
-    the reference model's logits (run by the interpreter)."""
+    the reference model's logits (run by the interpreter, or an artifact offering `backend` on it)."""
     import numpy as np
 
     from ernie_ir.ir import ErnieIRError
@@ -338,9 +402,19 @@ def _run_report(model: str, backend: str, ids: Any, logits: Any, compare_to: str
                               "argmax": np.argmax(logits, axis=-1).tolist()}
     if compare_to is None:
         return report
-    ref_graph = load_input(compare_to, trust_pickle=trust_pickle)
-    verify(ref_graph)
-    ref_logits = _logits(ref_graph, ids, None)
+    from ernie_ir.backends import reference_backend, run_artifact
+
+    ref_backend = reference_backend(compare_to, backend)
+    if ref_backend != "interpreter" or _is_artifact(compare_to):
+        # an artifact offering this backend: compared on the same one; any artifact runs whole
+        # (its rank-0 graph alone may be a shard or the first pipeline stage)
+        ref_logits = run_artifact(Path(compare_to), ids, ref_backend)
+    else:
+        ref_graph = reference  # loaded and verified up front by `_reference`
+        if ref_graph is None:
+            ref_graph = load_input(compare_to, trust_pickle=trust_pickle)
+            verify(ref_graph)
+        ref_logits = _logits(ref_graph, ids, None)
     _check_finite(compare_to, ref_logits)
     if ref_logits.shape != logits.shape:
         raise ErnieIRError(f"--compare-to {compare_to}: its logits are {list(ref_logits.shape)}, "
@@ -366,7 +440,9 @@ def _save_logits(path: Path, logits: Any) -> None:
 
 
 def train(
+    ctx: typer.Context,
     artifact: ArtifactArg,
+    overrides: OverridesArg = None,
     steps: StepsOpt = None,
     data: DataOpt = None,
     eval_data: EvalDataOpt = None,
@@ -399,59 +475,151 @@ def train(
     resume_from: ResumeFromOpt = None,
     progress: ProgressOpt = None,
     json_out: TrainJsonOpt = False,
+    force: ForceTrainOpt = False,
     timeout: TimeoutOpt = None,
     nnodes: NnodesOpt = None,
     node_rank: NodeRankOpt = None,
     master: MasterOpt = None,
     master_timeout: MasterTimeoutOpt = None,
 ) -> None:
-    """Train the trainable params (LoRA, QAT) of a training artifact with AdamW on CPU
-    (a multi-rank artifact: one paddle.distributed gloo process per rank). Every option
-    defaults to the artifact's recipe (training/train.json), then --config, then the flag.
-    Checkpoints go to ARTIFACT/training/checkpoints/run-K-step-N/ (at the end, every
+    """Train the trainable params (LoRA, QAT) of a training artifact with AdamW on CPU (a multi-rank
+    artifact: one paddle.distributed gloo process per rank), or compile the model an ERNIEKit config
+    names into its output_dir and train it there (`train CONFIG.yaml key=value ...`, as `erniekit
+    train`). Every option defaults to the artifact's recipe (training/train.json), then --config, then
+    the flag. Checkpoints go to ARTIFACT/training/checkpoints/run-K-step-N/ (at the end, every
     --save-steps), a LoRA one with adapter/ (a paddleformers adapter folder that
     `compile --lora-adapter` and paddleformers' LoRAModel.from_pretrained read); --resume
     continues the newest as a new run, bit for bit. Over several machines (--nnodes, --node-rank,
     --master; the artifact at the same path on each, shared for checkpoints) node 0 prints the
-    losses and writes the checkpoints, every other node one line."""
+    losses and writes the checkpoints, every other node one line. A line per step (loss, lr,
+    tokens/s), evaluation and checkpoint is printed as it happens; interrupted (Ctrl-C,
+    SIGTERM), it prints the last step, the newest checkpoint and the command that resumes it."""
     from ernie_ir.backends.paddle.launch import NodeFinished, parse_nodes
     from ernie_ir.finetune import PACKING_REFUSED, FineTuneError, fine_tune, train_length
     from ernie_ir.training.hooks import TrainHooks
 
+    from .train_log import TrainLog, resume_command
+
     if packing:
         raise FineTuneError(f"--packing: {PACKING_REFUSED}")
+    kit, artifact = _config_run(artifact, overrides, config)
+    if kit is not None:  # the config's data and length, where no flag gives them
+        data, eval_data = data or kit.data, eval_data or kit.eval_data
+        max_seq_len = max_seq_len or kit.max_seq_len
+        if steps is None and num_train_epochs is None:
+            steps, num_train_epochs = kit.steps, kit.epochs
     length = train_length(steps, num_train_epochs)
-    options, start = _train_options(config, flag_options(locals()), resume, resume_from)
+    options, start = _train_options(kit, flag_options(locals()), resume, resume_from)
+    if kit is not None and kit.model is not None:
+        _compile_config(kit, force, [data, eval_data])
     nodes = parse_nodes(nnodes, node_rank, master, master_timeout)
     processes = 1 if nodes is None else _node_processes(artifact, nodes, options)
     draw = (err.is_terminal if progress is None else progress) and (nodes is None or nodes.node_rank == 0)
+    # --json: stdout is one JSON object at the end, so the live lines go to stderr (unless the bar
+    # is drawn there)
+    log = TrainLog(to_stdout=not json_out, synthetic=data is None, lines=not (json_out and draw))
     try:
         with (_rank_log_on_error(), _nodes_launch(nodes, processes),
-              _train_progress(draw, steps) as on_progress):
+              _train_progress(draw, steps) as on_bar):
+            def on_progress(p: Any) -> None:
+                if on_bar is not None:
+                    on_bar(p)
+                log.on_progress(p)
+
+            hooks = TrainHooks(on_start=log.on_start, on_progress=on_progress, on_eval=log.on_eval,
+                               on_checkpoint=log.on_checkpoint)
             result = fine_tune(artifact, length, data, eval_data=eval_data, max_seq_len=max_seq_len,
-                               options=options, hooks=TrainHooks(on_progress=on_progress),
-                               timeout_s=timeout, resume=start, split=split)
+                               options=options, hooks=hooks, timeout_s=timeout, resume=start, split=split)
     except NodeFinished as done:
         _node_done(done, json_out)
         return
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (exits.py): say where the run stopped, then exit 130/143
+        for line in log.interrupted(resume_command(ctx, keep_resume=log.checkpoint is None),
+                                    resumed=bool(start)):
+            err.print(line, markup=False, highlight=False)
+        raise
     _print_trained(artifact, result.first_step + len(result.losses) - 1, result, options, json_out)
 
 
-def _train_options(config: Path | None, flags: dict[str, Any], resume: bool,
+def _train_options(kit: ErnieKitRun | None, flags: dict[str, Any], resume: bool,
                    resume_from: str | None) -> tuple[dict[str, Any], str | bool | None]:
-    """(the training options: --config's, replaced by the flags given; the checkpoint to resume:
+    """(the training options: the config's, replaced by the flags given; the checkpoint to resume:
     --resume-from-checkpoint, --resume, or the config's resume_from_checkpoint), a bad value or
     both resume flags refused in one line before the artifact is read."""
     from ernie_ir.ir import ErnieIRError
-    from ernie_ir.training.loop import read_config, resolve_options, split_run_keys
+    from ernie_ir.training.loop import resolve_options, split_run_keys
 
-    given, config_resume = split_run_keys(read_config(config) if config is not None else {})
+    config = {} if kit is None else {**kit.options, "resume_from_checkpoint": kit.resume}
+    given, config_resume = split_run_keys(config)
     options = {**given, **flags}
     resolve_options({}, options)  # a bad value is refused before the artifact is read
     if resume and resume_from is not None:
         raise ErnieIRError("--resume continues the newest checkpoint, --resume-from-checkpoint a named one: "
                            "give one of them")
     return options, resume_from if resume_from is not None else (True if resume else config_resume)
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _config_run(artifact: Path, overrides: list[str] | None,
+                config: Path | None) -> tuple[ErnieKitRun | None, Path]:
+    """(the config's run, the artifact to train): ARTIFACT an ERNIEKit config (its overrides
+    merged; the artifact is its output_dir), or --config's keys, or neither."""
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.training.erniekit_config import config_values, erniekit_run
+    from ernie_ir.training.loop import read_config
+
+    if artifact.suffix.lower() in CONFIG_SUFFIXES and artifact.is_file():
+        if config is not None:
+            raise ErnieIRError(f"{artifact} is a config already: give it as ernie-ir train {artifact.name} "
+                               "key=value ... or as --config of an artifact, not both")
+        kit = erniekit_run(artifact, overrides or [])
+        _say_notes(kit.notes)
+        return kit, kit.output_dir or artifact
+    if overrides:
+        raise ErnieIRError(f"{overrides[0]}: key=value overrides follow an ERNIEKit config (ernie-ir train "
+                           "CONFIG.yaml key=value ...); for an artifact give flags (--max-steps N, --lr X)")
+    if config is None:
+        return None, artifact
+    kit = config_values(read_config(config), str(config))
+    _say_notes(kit.notes)
+    return kit, artifact
+
+
+def _say_notes(notes: tuple[str, ...]) -> None:
+    for note in notes:  # stderr: stdout stays the steps (or the JSON)
+        err.print(f"note: {note}", markup=False, highlight=False)
+
+
+def _compile_config(kit: ErnieKitRun, force: bool, data: list[Path | None]) -> None:
+    """Compile the config's model into its output_dir (a training artifact for cuda), refused in one
+    line where output_dir exists, unless overwrite_output_dir or --force replaces it, or where the
+    data to train on is missing; an artifact there that resume_from_checkpoint continues is
+    trained as it is."""
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.targets import CompileOptions, compile_model
+
+    out = kit.output_dir
+    if out is None or kit.model is None:  # a --config's keys: the artifact is compiled already
+        return
+    for path in data:  # a JSON Lines file, or pretraining data's PREFIX (PREFIX_ids.npy)
+        if path is not None and not path.exists() and not Path(f"{path}_ids.npy").exists():
+            raise ErnieIRError(f"{path} does not exist: give train_dataset_path / eval_dataset_path (or "
+                               "--data, --eval-data) a data file")
+    replace = force or kit.overwrite
+    if out.exists() and not replace:
+        if kit.resume is not None and (out / "manifest.json").is_file():
+            return
+        raise ErnieIRError(f"output_dir {out} exists: add overwrite_output_dir=True (or --force) to "
+                           "replace it, resume_from_checkpoint=true to continue its run, or choose another "
+                           "output_dir")
+    options = CompileOptions.from_flags(**kit.compile, out=out, force=replace)
+    report = compile_model(str(kit.model), "cuda", options)
+    for w in report.warnings:
+        err.print(f"warning: {w}", markup=False)
+    err.print(f"compiled {kit.model} -> {out} ({report.pipeline or 'training'})", markup=False,
+              highlight=False)
 
 
 def _node_processes(artifact: Path, nodes: NodeSpec, options: dict[str, Any]) -> int:
@@ -472,8 +640,8 @@ def _node_processes(artifact: Path, nodes: NodeSpec, options: dict[str, Any]) ->
 
 
 def _print_trained(artifact: Path, steps: int, result: Any, options: dict[str, Any], json_out: bool) -> None:
-    """`train`'s output: one JSON object (with the options the run used), or a line per step's
-    loss and evaluation loss, then the checkpoints."""
+    """`train`'s output at the end: one JSON object (with the options the run used), or the
+    precision line (the step, evaluation and checkpoint lines were printed as they happened)."""
     if json_out:
         import json
 
@@ -487,13 +655,6 @@ def _print_trained(artifact: Path, steps: int, result: Any, options: dict[str, A
         return
     if result.precision:  # one line on stderr: stdout stays the losses and checkpoints
         err.print(result.precision, markup=False)
-    evals = dict(result.eval_losses)
-    for i, loss in enumerate(result.losses, result.first_step):
-        out.print(f"step {i:4d}  loss {loss:.6f}", markup=False)
-        if i in evals:
-            out.print(f"step {i:4d}  eval_loss {evals[i]:.6f}", markup=False)
-    for folder in result.checkpoints:
-        out.print(f"checkpoint {folder}", markup=False)
 
 
 @contextmanager
@@ -506,9 +667,10 @@ def _train_progress(draw: bool, steps: int | None) -> Iterator[object]:
 
     from ernie_ir.training.loop import StepProgress
 
+    # stdout a terminal too: its step lines print above the bar; else they must stay on stdout
     bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[status]}"), TextColumn("ETA"), TimeRemainingColumn(),
-                   console=err.get(), transient=False)
+                   console=err.get(), transient=False, redirect_stdout=out.is_terminal)
     task = bar.add_task("train", total=steps, status="")
 
     def on_progress(p: StepProgress) -> None:

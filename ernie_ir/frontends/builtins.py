@@ -11,6 +11,13 @@ bias), tying, biases, the RoPE style and base, eps values, and the dtypes.
 What it shrinks: hidden and FFN sizes, heads, experts (to 16), layers (to
 the fewest that keep the layer pattern) and the vocabulary (to 1024).
 
+`NAME@small` (ERNIE 4.5 0.3B and 21B-A3B: SMALL) is a `@tiny` widened until
+every linear packs where the deployment formats need it: hidden and expert
+intermediate sizes multiples of 128 (WINT2's 4-row codes with 64-row scales),
+each tensor-parallel rank's in-features at tp 2 multiples of 64 (sm80
+weight-only kernels, FastDeploy's folders) and its expert intermediate size a
+multiple of 128 (W4A8's Hadamard blocks).
+
 Sources of the published configs: REFERENCE.md 1.1 (ERNIE 4.5; the MoE
 values come from third-party fixtures, and `tie_word_embeddings` of 300B is
 unresolved: we follow the fixtures, true), PaddleNLP
@@ -169,18 +176,37 @@ TINY: dict[str, dict[str, Any]] = {
     },
 }
 
-VARIANTS = ("meta", "tiny")
+# widths WINT2, W4A8 and FastDeploy (tp 1 and 2, sm80) accept; layer pattern and heads as @tiny
+SMALL: dict[str, dict[str, Any]] = {
+    # 8 : 1 heads, head_dim 16 as @tiny; hidden 128, FFN 256 (128 per rank at tp 2)
+    "ernie-4.5-0.3b": {
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 1024,
+    },
+    # 10 : 2 heads of @tiny  ->  8 : 2, head_dim 16 (q 128: 64 per rank at tp 2); FFN 256 and expert
+    # intermediate 256 (128 per rank at tp 2); 16 experts top-6 + 2 shared as @tiny
+    "ernie-4.5-21b-a3b": {
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1024,
+        "moe_num_experts": 16, "moe_intermediate_size": 256, "moe_layer_end_index": 2,
+    },
+}
+
+VARIANTS = ("meta", "tiny", "small")
+GENERATED_VARIANTS = ("tiny", "small")  # variants with deterministic random weights
 TINY_SEED = 0
 
 
 def builtin_models() -> list[str]:
-    """The built-in model names (each also as NAME@tiny and NAME@meta)."""
+    """The built-in model names (each also as NAME@tiny and NAME@meta; those in SMALL as NAME@small)."""
     return list(PUBLISHED)
 
 
 def builtin_config(name: str, variant: str) -> dict[str, Any]:
-    """The config.json dict of a built-in model: published, or shrunk for `tiny`."""
+    """The config.json dict of a built-in model: published, or shrunk for `tiny` / `small`."""
     config = dict(PUBLISHED[name])
     if variant == "tiny":
         config.update(TINY[name])
+    elif variant == "small":
+        config.update(SMALL[name])
     return config

@@ -2,7 +2,8 @@
 
 Spec resolution, in order:
 1. an existing folder: `config.json` + weights (see `checkpoint.py`);
-2. `NAME`, `NAME@meta`, `NAME@tiny` for a built-in NAME (`builtin_models()`);
+2. `NAME`, `NAME@meta`, `NAME@tiny` for a built-in NAME (`builtin_models()`; MoE ones
+   also `NAME@small`, builtins.SMALL);
    the bare NAME means `@meta` (full size, no weights);
 3. anything else: `UnknownModelError` listing the built-ins.
 
@@ -20,8 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from ernie_ir.ir import DType, Graph
+from ernie_ir.ir.suggest import close_names, did_you_mean
 
-from .builtins import PUBLISHED, TINY_SEED, VARIANTS, builtin_config, builtin_models
+from .builtins import (
+    GENERATED_VARIANTS,
+    PUBLISHED,
+    SMALL,
+    TINY_SEED,
+    VARIANTS,
+    builtin_config,
+    builtin_models,
+)
 from .checkpoint import TensorStore, open_checkpoint
 from .config import (
     ArchConfig,
@@ -193,11 +203,15 @@ def load_folder(folder: str | os.PathLike[str], *, trust_pickle: bool = False, m
 def load_builtin(name: str, variant: str = "meta") -> Graph:
     """A built-in model: `meta` (full size, no data) or `tiny` (shrunk, generated weights)."""
     if name not in PUBLISHED:
-        raise UnknownModelError(f"no built-in model {name!r} (built-ins: {', '.join(builtin_models())})")
-    if variant not in VARIANTS:
-        raise UnknownModelError(f"unknown variant '@{variant}' of {name}: use {name}@tiny or {name}@meta")
+        raise UnknownModelError(f"no built-in model {name!r}{did_you_mean(name, builtin_models())} "
+                                f"(built-ins: {', '.join(builtin_models())})")
+    if variant not in VARIANTS or (variant == "small" and name not in SMALL):
+        small = f", {name}@small" if name in SMALL else ""
+        hint = did_you_mean(f"{name}@{variant}", [f"{name}@{v}" for v in _variants(name)])
+        raise UnknownModelError(
+            f"unknown variant '@{variant}' of {name}{hint}: use {name}@tiny{small} or {name}@meta")
     cfg = parse_config(builtin_config(name, variant), f"built-in {name}@{variant}")
-    weights: WeightProvider = GeneratedWeights(TINY_SEED) if variant == "tiny" else MetaWeights()
+    weights: WeightProvider = GeneratedWeights(TINY_SEED) if variant in GENERATED_VARIANTS else MetaWeights()
     graph = build_graph(cfg, weights, name=name)
     return _finish(graph, cfg, {"source": f"{name}@{variant}", "weights": weights.kind})
 
@@ -224,7 +238,24 @@ def load_model(spec: str, *, trust_pickle: bool = False, meta: bool = False) -> 
             f"{spec} is a file: give the model folder (config.json next to the weights) or a built-in name"
         )
     raise UnknownModelError(
-        f"{spec!r} is neither a model folder nor a built-in model (built-ins: {', '.join(builtin_models())}; "
-        "add @tiny for a small random model or @meta for the full size without weights)"
+        f"{spec!r} is neither a model folder nor a built-in model{_nearest_builtin(name, variant)} "
+        f"(built-ins: {', '.join(builtin_models())}; add @tiny for a small random model or @meta for the "
+        "full size without weights)"
     )
+
+
+def _nearest_builtin(name: str, variant: str) -> str:
+    """` (did you mean ernie-4.5-0.3b@tiny?)` for a mistyped built-in name (its variant kept, or
+    the nearest one it has); "" when no built-in is near."""
+    close = close_names(name, builtin_models())
+    if not close:
+        return ""
+    if variant and variant not in _variants(close[0]):
+        variant = next(iter(close_names(variant, _variants(close[0]))), "")
+    return f" (did you mean {close[0]}{'@' + variant if variant else ''}?)"
+
+
+def _variants(name: str) -> list[str]:
+    """The variants built-in model `name` comes in (what `NAME@VARIANT` may say after the @)."""
+    return [v for v in VARIANTS if v != "small" or name in SMALL]
 

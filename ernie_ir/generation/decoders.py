@@ -113,14 +113,14 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
         if backend != "interpreter":
             raise DecodeError(f"--backend {backend} runs a compiled artifact; {model} is a model: compile "
                               "it first (ernie-ir compile ... --emit onnx), or use --backend interpreter")
-        from ernie_ir.load import load_input
+        from ernie_ir.load import load_input, tokenizer_folder
 
         graph = load_input(str(model), trust_pickle=trust_pickle)
         config = dict(graph.metadata.get("config") or {})
         vocab = _vocab(graph)
         layers = _decoder_graphs([graph], kv_cache_dtype)
         return Decoder(interpreter_step([graph]), layers, config, backend, vocab,
-                       folder=root if root.is_dir() else None, graphs=[graph],
+                       folder=tokenizer_folder(model), graphs=[graph],
                        cache_dtype=cache_dtype_of(graph))
 
     from ernie_ir.artifacts import artifact_mapping, load_rank_graphs
@@ -142,8 +142,8 @@ def open_decoder(model: str | Path, backend: str = "interpreter", *, kv_cache_dt
     vocab = _vocab(graphs[0])
     if session.compiled_decoder:
         if kv_cache_dtype is not None and kv_cache_dtype != manifest.kv_cache_dtype:
-            raise DecodeError("--kv-cache-dtype is fixed in the ONNX model when it is compiled: give it to "
-                              "`ernie-ir compile` instead")
+            raise DecodeError(f"--kv-cache-dtype is fixed in the {backend} decoder when it is compiled: "
+                              "give it to `ernie-ir compile` instead")
         parts = session.decoder([], timeout_s=timeout_s)
         assert parts.layers is not None
         return Decoder(parts.step, parts.layers, config, backend, vocab, folder=folder)

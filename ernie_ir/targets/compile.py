@@ -34,7 +34,14 @@ from ernie_ir.passes.quant.cli_flags import NO_QUANT, adapter_folder
 from ernie_ir.targets.artifact import launch_recipe, launch_script
 from ernie_ir.targets.capabilities import HardwareTarget
 from ernie_ir.targets.coverage import check_coverage
-from ernie_ir.targets.executables import EmitSettings, backend_of, check_emit, default_emit, select_emitters
+from ernie_ir.targets.executables import (
+    EmitSettings,
+    backend_of,
+    check_emit,
+    default_emit,
+    select_emitters,
+    with_default_onnx,
+)
 from ernie_ir.targets.options import (
     DEFAULT_ONNX_NUMERICS,
     MODES,
@@ -70,8 +77,9 @@ class CompileReport:
     emit: list[str] = field(default_factory=list)
     """The executables written (see `executables.EXECUTABLES`)."""
     serve: str = ""
-    """The command that serves the FastDeploy folder (`formats.fastdeploy.serve_command`, with its
-    loader choice), where one was written; else empty."""
+    """The command that serves the FastDeploy folder, where one was written (else empty): what its
+    serve.sh runs with the default ports (`formats.fastdeploy.serve_command`: the tp, the limits
+    `plan` models, the loader choice)."""
     stopped: str = ""
     """With `stop_after`: "stopped after P (pass i of N); not run: ..." and `out` is a graph
     folder (one `rank{r}/` per rank after a split), not an artifact; else empty."""
@@ -116,13 +124,18 @@ def group_fallbacks(fallbacks: Sequence[dict[str, Any]]) -> list[FallbackGroup]:
     reason), groups in the order of their first fallback: a model whose every linear falls back
     for one reason is one group, not one entry per layer. A weight's shape in a reason
     ("no sm80 layout for [80, 112]: in_features 80 ...") is not part of it: weights of several
-    shapes refused for the same cause are one group, whose reason reads `[...]` there."""
+    shapes refused for the same cause are one group, whose reason names each distinct shape
+    there, in plan order ("no sm80 layout for [80, 112], [80, 80]: ...")."""
     groups: dict[tuple[str, str, str], list[str]] = {}
+    shapes: dict[tuple[str, str, str], list[str]] = {}
     for f in fallbacks:
-        reason = _SHAPE.sub("[...]", str(f.get("reason", "")))
-        key = (str(f.get("op", "")), str(f.get("kernel", "")), reason)
+        raw = str(f.get("reason", ""))
+        key = (str(f.get("op", "")), str(f.get("kernel", "")), _SHAPE.sub("[...]", raw))
         groups.setdefault(key, []).append(str(f.get("scope", "")))
-    return [FallbackGroup(*key, scopes=tuple(scopes)) for key, scopes in groups.items()]
+        seen = shapes.setdefault(key, [])
+        seen.extend(s for s in dict.fromkeys(_SHAPE.findall(raw)) if s not in seen)
+    return [FallbackGroup(op, kernel, reason.replace("[...]", ", ".join(shapes[op, kernel, reason])),
+                          scopes=tuple(scopes)) for (op, kernel, reason), scopes in groups.items()]
 
 
 def params_by_dtype(graph: Graph) -> dict[str, dict[str, int]]:
@@ -335,6 +348,9 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
         quant_text = _trained_pipeline(model, graph, o)
     check_pipeline(o.layout.pp, layer_count(graph), graph.name or str(model))  # before any pass runs
     early: list[str] = []  # what compile says before any pass runs
+    if trained is not None and graph.metadata["trained"].get("synthetic"):
+        early.append(f"{graph.metadata['trained']['checkpoint']} was trained on the synthetic batch (`train` "
+                     "without --data), not on data: train with --data FILE first")
     if trained is None and "fastdeploy" in emit_names:
         emit_names = _fastdeploy_first(graph, o, emit_names, early)
     # Hashing the source (every file of a checkpoint folder) runs on the other core while the
@@ -375,6 +391,8 @@ def compile_model(model: str, target: str, options: CompileOptions | None = None
     written = [n for n in emit_names if backend_of(n) in emitters]
     after = params_by_dtype(ranks[0]) if len(ranks) == 1 else _rank_params(ranks)
     extra = _manifest_extra(before, after, written, numerics, o)
+    if "calibration" in ranks[0].metadata:  # calibrated-quant: method, data sha256, settings
+        extra["calibration"] = ranks[0].metadata["calibration"]
     if o.mode == "training":  # the mixed-precision recipe train.json records, for `plan` and readers
         from ernie_ir.training.precision import precision_of
 
@@ -441,6 +459,8 @@ def _executables(tgt: HardwareTarget, o: CompileOptions) -> tuple[str, ...]:
     names = o.emit if o.emit is not None else default_emit(tgt, o.mode)
     if o.layout.pp > 1 and o.emit is None:
         names = tuple(n for n in names if n != "fastdeploy")
+    if o.onnx_numerics is not None and "onnx" not in names and o.emit is None:
+        names = (*names, "onnx")  # asking for the ONNX decoder's numerics asks for it
     if o.onnx_numerics is not None and "onnx" not in names:
         raise TargetError(f"--onnx-numerics {o.onnx_numerics} applies to the ONNX model, which this "
                           f"compile does not write: add onnx to --emit (e.g. --emit "
@@ -484,12 +504,16 @@ def _emitters(model: str, ranks: list[Graph], mapping: Mapping, tgt: HardwareTar
         warnings.append(f"graph-only artifact: {model} has no weights (a meta model), so no weights or "
                         "executables were written; `ernie-ir show` and `ernie-ir plan` read it")
         return {}, ()
+    implied: tuple[str, ...] = ()
+    if o.emit is None:  # the fastest backend too, where it costs little (executables.py)
+        with_onnx = with_default_onnx(emit_names, ranks, tgt, o.mode, warnings)
+        implied, emit_names = with_onnx[len(emit_names):], with_onnx
     emit_names = tuple(check_coverage(ranks, emit_names, target=tgt.name, mode=o.mode,
                                       explicit=emit_names if o.emit is not None else (), warnings=warnings))
     settings = EmitSettings(explicit=o.emit is not None, mode=o.mode,
                             onnx_numerics=o.onnx_numerics or DEFAULT_ONNX_NUMERICS,
                             kv_cache_dtype=o.kv_cache_dtype, moment_dtype=o.moment_dtype,
-                            offload_optimizer=o.offload_optimizer)
+                            offload_optimizer=o.offload_optimizer, implied=implied)
     emitters = select_emitters(emit_names, settings, target=tgt, model=model, ranks=ranks, mapping=mapping,
                                arch=arch, warnings=warnings)
     return emitters, emit_names

@@ -33,7 +33,8 @@ dequantized in float32 (the default), the interpreter's numerics bit for bit (th
 dequantized weights kept), or int8 activations; recorded in the model and the manifest."""
 DEFAULT_ONNX_NUMERICS = "weight-only"
 
-_QUANT_KEYS = {"quant": "quant", "quant_config": "quant_config", "calib_data": "calib_data"}
+_QUANT_KEYS = {"quant": "quant", "quant_config": "quant_config", "calib_data": "calib_data",
+               "calib_samples": "calib_samples", "calib_seq_len": "calib_seq_len"}
 _LORA_KEYS = {"lora_rank": "rank", "lora_alpha": "alpha", "lora_targets": "targets",
               "lora_adapter": "adapter", "merge_lora": "merge"}
 _LAYOUT_KEYS = ("tp", "ep", "sp", "pp", "micro_batches", "dp", "sharding")
@@ -145,7 +146,8 @@ class CompileOptions(BaseModel):
         if quant:
             data["quant"] = (quant["quant"] if isinstance(quant.get("quant"), QuantChoice) else
                              QuantChoice.parse(quant.get("quant"), quant.get("quant_config"),
-                                               quant.get("calib_data")))
+                                               quant.get("calib_data"), quant.get("calib_samples"),
+                                               quant.get("calib_seq_len")))
         lora = {v: data.pop(k) for k, v in _LORA_KEYS.items() if k in data}
         if lora:
             data["lora"] = LoraChoice.parse(**lora)

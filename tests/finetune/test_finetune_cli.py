@@ -8,7 +8,8 @@ Two artifacts, compiled once per module `--mode training --target cuda`:
 
 - `art`: a random ERNIE 4.5 (hidden 48, 96 positions) with a sentencepiece tokenizer and
   ERNIE's chat template (`--lora-rank 2`): text and SFT data tokenize;
-- `tiny`: the built-in `ernie-4.5-0.3b@tiny` (`--lora-rank 4`), which has no tokenizer: only
+- `tiny`: the built-in `ernie-4.5-0.3b@tiny` as a graph folder (`--lora-rank 4`; a graph folder
+  has no tokenizer, where the built-in name has its generated one): only
   `{"input_ids"}` data trains there (trained once: its checkpoint is the foreign checkpoint and
   adapter of the resume and merge cases).
 
@@ -39,6 +40,8 @@ from _fe_testkit import hf_to_paddle, random_hf_ernie, write_checkpoint
 from test_tokenizer import ERNIE_TEMPLATE, train_sentencepiece
 
 from ernie_ir.cli.app import main
+from ernie_ir.ir.storage import save_graph
+from ernie_ir.load import load_input
 
 pytest.importorskip("paddle")
 
@@ -87,7 +90,8 @@ def _jsonl(path: Path, *rows: dict | str) -> Path:
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("ft-cli")
     base = _checkpoint(root / "base")
-    for src, rank, name in ((str(base), 2, "art"), (TINY, TINY_RANK, "tiny")):
+    tiny = save_graph(load_input(TINY), root / "tiny-graph")  # the graph alone: no tokenizer
+    for src, rank, name in ((str(base), 2, "art"), (str(tiny), TINY_RANK, "tiny")):
         code, _, err = _run("compile", src, "--mode", "training", "--lora-rank", str(rank),
                             "--target", "cuda", "--out", str(root / name))
         assert code == 0, err
@@ -107,7 +111,8 @@ def art(built: dict, tmp_path: Path) -> Path:
 
 @pytest.fixture()
 def tiny(built: dict, tmp_path: Path) -> Path:
-    """A fresh copy of ernie-4.5-0.3b@tiny's training artifact (no tokenizer, no checkpoints)."""
+    """A fresh copy of ernie-4.5-0.3b@tiny's graph folder's training artifact (no tokenizer, no
+    checkpoints)."""
     return Path(shutil.copytree(built["tiny"], tmp_path / "tiny"))
 
 

@@ -149,7 +149,7 @@ def test_se_layer_pattern_head_attention_tail_ffn():
 
 @pytest.mark.parametrize("spec, message", [
     ("ernie-9", "neither a model folder nor a built-in model"),
-    ("ernie-4.5-0.3b@small", "unknown variant '@small'"),
+    ("ernie-4.5-0.3b@huge", "unknown variant '@huge'"),
 ])
 def test_unknown_names_are_clear_errors(spec: str, message: str):
     with pytest.raises(UnknownModelError, match=message) as e:
