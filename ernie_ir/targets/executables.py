@@ -201,8 +201,6 @@ def _onnx_emitter(graph: Graph, numerics: str, kv_cache_dtype: str | None = None
     cache dtype are one-line errors; token ids onnxruntime-genai must guess are a warning."""
     from ernie_ir.backends.onnx.lower import emit_onnx, first_refusal, unsupported_ops
     from ernie_ir.formats.genai_config import GenaiConfigError, missing_token_ids, write_genai_config
-    from ernie_ir.ir.storage import clone_graph
-    from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
 
     missing = unsupported_ops(graph)
     if missing:
@@ -213,24 +211,14 @@ def _onnx_emitter(graph: Graph, numerics: str, kv_cache_dtype: str | None = None
         node, why = refused
         raise TargetError(f"--emit onnx: {node.op} at {node.scope or '<root>'} cannot be lowered: {why}; "
                           "or drop onnx from --emit")
-    decoder = clone_graph(graph)
-    try:
-        layout = add_kv_cache(decoder, kv_cache_dtype)
-    except (KvCacheError, ValueError) as e:  # a graph that cannot decode, or an unknown dtype name
-        raise TargetError(f"--emit onnx: the ONNX model is a KV-cache decoder, and {e}") from None
+    decoder_of, decoder, layout = _kv_decoder(graph, kv_cache_dtype, "onnx", "the ONNX model")
     unknown = missing_token_ids(decoder)
     if unknown and warnings is not None:
         warnings.append(f"onnx: the model's config.json has no {', '.join(unknown)}: genai_config.json "
                         "leaves them to onnxruntime-genai's defaults (pad 0); add them to config.json")
 
     def emit(g: Graph, exe: Path) -> list[Path]:
-        dec = decoder
-        if g is graph:  # the weights may have moved (the rank files written meanwhile): read them there
-            for name, p in dec.params.items():
-                p.source = g.params[name].source
-        else:
-            dec = clone_graph(g)
-            add_kv_cache(dec, kv_cache_dtype)
+        dec = decoder_of(g)
         folder = exe / "onnx"
         files = emit_onnx(dec, folder, numerics=numerics)
         try:
@@ -248,27 +236,41 @@ def _paddle_inference_emitter(graph: Graph, kv_cache_dtype: str | None) -> Emitt
     rank graph, made here so that a graph that cannot decode is refused before any file is
     written."""
     from ernie_ir.backends.paddle.decoder import emit_paddle_decoder
+
+    decoder_of = _kv_decoder(graph, kv_cache_dtype, "paddle-inference", "the Paddle Inference model")[0]
+
+    def emit(g: Graph, exe: Path) -> list[Path]:
+        return emit_paddle_decoder(decoder_of(g), exe / "paddle")
+
+    return emit
+
+
+def _kv_decoder(graph: Graph, kv_cache_dtype: str | None, flag: str,
+                what: str) -> tuple[Callable[[Graph], Graph], Graph, Any]:
+    """(decoder_of, decoder, cache layout): the `kv-cache` pass applied to a copy of the rank
+    graph now, so that a graph that cannot decode (or an unknown cache dtype) is refused before
+    any file is written; `decoder_of(g)` is that decoder for the graph the emitter is handed
+    (`graph` itself: the copy, its weights read where the rank files now hold them; another
+    rank's graph: its own copy)."""
     from ernie_ir.ir.storage import clone_graph
     from ernie_ir.passes.decoding.kv_cache import KvCacheError, add_kv_cache
 
     decoder = clone_graph(graph)
     try:
-        add_kv_cache(decoder, kv_cache_dtype)
-    except (KvCacheError, ValueError) as e:
-        raise TargetError(f"--emit paddle-inference: the Paddle Inference model is a KV-cache decoder, "
-                          f"and {e}") from None
+        layout = add_kv_cache(decoder, kv_cache_dtype)
+    except (KvCacheError, ValueError) as e:  # a graph that cannot decode, or an unknown dtype name
+        raise TargetError(f"--emit {flag}: {what} is a KV-cache decoder, and {e}") from None
 
-    def emit(g: Graph, exe: Path) -> list[Path]:
-        dec = decoder
+    def decoder_of(g: Graph) -> Graph:
         if g is graph:  # the weights may have moved (the rank files written meanwhile): read them there
-            for name, p in dec.params.items():
+            for name, p in decoder.params.items():
                 p.source = g.params[name].source
-        else:
-            dec = clone_graph(g)
-            add_kv_cache(dec, kv_cache_dtype)
-        return emit_paddle_decoder(dec, exe / "paddle")
+            return decoder
+        dec = clone_graph(g)
+        add_kv_cache(dec, kv_cache_dtype)
+        return dec
 
-    return emit
+    return decoder_of, decoder, layout
 
 
 def _paddle_emitter(target: HardwareTarget, mode: str, mapping: Mapping,
