@@ -28,12 +28,19 @@ params, as the source stores them). `layout="pt"` writes the `-PT` layout instea
 transformers loads (`formats.pt_checkpoint`: `model.` keys, split q/k/v and gate/up, [out, in]),
 for ERNIE 4.5 only. LoRA training artifacts still export as their source model with
 `--lora-adapter` (the run's checkpoint folder); QAT ones compile (`qat-convert`).
+
+`erniekit_export_plan` maps ERNIEKit's `erniekit export CONFIG.yaml` (read by
+`training.erniekit_config.erniekit_export`) onto these arguments: `output_dir` is the run to export
+(the artifact `ernie-ir train CONFIG.yaml` wrote, or ERNIEKit's own folder of `checkpoint-N`), a
+LoRA run's newest adapter is merged into `model_name_or_path`, a full-parameter run's newest
+weights are written.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,6 +58,7 @@ from ernie_ir.passes.infra.pipeline import load_pipeline
 from ernie_ir.passes.quant.cli_flags import pipeline_for
 from ernie_ir.targets.compile import adapter_provenance, params_by_dtype, source_info
 from ernie_ir.targets.registry import TargetError
+from ernie_ir.training.erniekit_config import ErnieKitExport, model_path
 
 EXPORT_RECORD = "ernie_ir_export.json"
 EXPORT_FORMAT = "ernie-ir-export"
@@ -176,8 +184,7 @@ def _training_artifact(model: str, checkpoint: str | None, lora_adapter: str | P
         recipe = json.loads((Path(model) / "training" / "train.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         recipe = {}
-    trainable = [str(n) for n in recipe.get("trainable", [])] if isinstance(recipe, dict) else []
-    if any(n.endswith((".lora_A", ".lora_B")) for n in trainable):
+    if _trains_lora(recipe):
         raise TargetError(f"{model} is a LoRA training artifact: export its source model "
                           f"{(manifest.source or {}).get('model', '')!s} with --lora-adapter naming the "
                           "adapter (a training run's checkpoint folder holds it in adapter/)")
@@ -192,6 +199,95 @@ def _training_artifact(model: str, checkpoint: str | None, lora_adapter: str | P
         raise TargetError(f"{model} has no training checkpoint under {CHECKPOINTS}/ (it was never trained): "
                           f"run `ernie-ir train {model} --steps N` first, then export it")
     return manifest.tokenizer or ""
+
+
+def _trains_lora(recipe: Any) -> bool:
+    """Whether a training recipe (training/train.json) trains LoRA adapters."""
+    trainable = [str(n) for n in recipe.get("trainable", [])] if isinstance(recipe, dict) else []
+    return any(n.endswith((".lora_A", ".lora_B")) for n in trainable)
+
+
+@dataclass(frozen=True)
+class ErnieKitExportPlan:
+    """`export_checkpoint`'s arguments for an ERNIEKit export config, and its notes: the config's
+    (keys accepted without effect) and one per choice made where ERNIEKit's layout differs."""
+
+    model: str
+    lora_adapter: Path | None
+    out: Path
+    notes: tuple[str, ...] = ()
+
+
+_ERNIEKIT_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def erniekit_export_plan(kit: ErnieKitExport,
+                         out: str | os.PathLike[str] | None = None) -> ErnieKitExportPlan:
+    """What `erniekit export` with `kit`'s keys exports, as `export_checkpoint`'s arguments:
+
+    - output_dir an ernie-ir training artifact: a LoRA one's newest checkpoint (its `adapter/`)
+      merged into model_name_or_path; a full-parameter one's newest trained weights;
+    - output_dir ERNIEKit's own folder (LoRA only, as erniekit export): the adapter in it, else in
+      its newest `checkpoint-N`, merged into model_name_or_path.
+
+    The folder written is `out`, else ERNIEKit's `output_dir/export`; for an artifact (whose files
+    its manifest hashes) `OUTPUT_DIR-export` beside it, and a note says so. TargetError /
+    ErnieKitConfigError, one line, where the run and `lora` / `fine_tuning` disagree or nothing
+    was trained."""
+    root = kit.output_dir
+    notes = list(kit.notes)
+    if not root.is_dir():
+        raise TargetError(f"output_dir {root} does not exist: give output_dir=DIR, the folder the run to "
+                          "export was trained in (ernie-ir train CONFIG.yaml's output_dir)")
+    said = "lora=True" if kit.lora else "lora=False (or fine_tuning: Full)"
+    if (root / "manifest.json").is_file():
+        manifest = read_manifest(root)
+        if manifest.mode != "training":
+            raise TargetError(f"output_dir {root} is a compiled inference artifact, not a training run: give "
+                              "the output_dir ernie-ir train CONFIG.yaml trained in")
+        try:
+            recipe = json.loads((root / "training" / "train.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            recipe = {}
+        lora = _trains_lora(recipe)
+        if kit.lora is not None and kit.lora != lora:
+            kind = "LoRA adapters" if lora else "every weight (fine_tuning: Full)"
+            raise TargetError(f"output_dir {root} trained {kind}, and the config says {said}: give "
+                              f"lora={lora} (or drop lora and fine_tuning)")
+        runs = training_checkpoints(manifest)
+        if not runs:
+            raise TargetError(f"output_dir {root} has no training checkpoint (it was never trained): run "
+                              "ernie-ir train CONFIG.yaml first, then export it")
+        if out is None:
+            out = root.parent / f"{root.name}-export"
+            notes.append(f"the model is written to {out}, beside output_dir (ERNIEKit writes "
+                         "output_dir/export, but output_dir is an artifact whose files its manifest "
+                         "hashes); --out DIR chooses")
+        if not lora:
+            if kit.model_name is not None:
+                notes.append("model_name_or_path: a full-parameter run holds its own weights: no effect")
+            return ErnieKitExportPlan(str(root), None, Path(out), tuple(notes))
+        adapter = root / Path(runs[-1].file).parent
+        if adapter == root / CHECKPOINTS:
+            raise TargetError(f"output_dir {root}: its newest checkpoint {runs[-1].name} has no adapter "
+                              "folder: train it again with this ernie-ir")
+        return ErnieKitExportPlan(str(model_path(kit.model_name)), adapter, Path(out), tuple(notes))
+    if kit.lora is False:
+        raise TargetError(f"output_dir {root} is no ernie-ir training artifact, and exporting a "
+                          "full-parameter run from ERNIEKit's folder is not built (erniekit export merges "
+                          "LoRA only): its weights are a checkpoint folder already; give lora=True for a "
+                          "LoRA run")
+    if (root / "lora_config.json").is_file():
+        adapter = root
+    else:
+        steps = sorted((int(m[1]), p) for p in root.iterdir()
+                       if p.is_dir() and (m := _ERNIEKIT_CHECKPOINT.match(p.name)))
+        if not steps:
+            raise TargetError(f"output_dir {root} holds neither a LoRA adapter (lora_config.json) nor a "
+                              "checkpoint-N folder: give the output_dir the run was trained in")
+        adapter = steps[-1][1]
+    return ErnieKitExportPlan(str(model_path(kit.model_name)), adapter,
+                              Path(out) if out is not None else root / "export", tuple(notes))
 
 
 def check_export_out(out: str | os.PathLike[str], force: bool) -> Path:

@@ -11,6 +11,12 @@ are written here (`parse_override`).
 `train ART --config FILE` reads the same keys (`config_values`): the keys that choose what to
 compile (`model_name_or_path`, `fine_tuning`, `compute_type`, the parallel degrees, `output_dir`)
 are then the artifact's own, and say so.
+
+`erniekit export CONFIG.yaml key=value ...` is read by the same rules (`erniekit_export`): the keys
+of ERNIEKit's export parser (its training argument classes plus `ExportArguments`), of which
+`output_dir` (the run to export), `model_name_or_path` (the base a LoRA run is merged into),
+`lora` / `fine_tuning` and the export keys act; a training key has no effect on export and is
+named as such in one note.
 """
 
 from __future__ import annotations
@@ -89,11 +95,12 @@ def accepted_keys() -> list[str]:
     return sorted({*OPTION_ALIASES, *RUN_KEYS, *NO_EFFECT, *FIXED_VALUES, *COMPILE_KEYS, *RUN_SHAPE_KEYS})
 
 
-def _refuse_unknown(values: Mapping[str, Any], source: str) -> None:
-    known = accepted_keys()
+def _refuse_unknown(values: Mapping[str, Any], source: str, known: Sequence[str] | None = None,
+                    what: str = "training") -> None:
+    known = list(known) if known is not None else accepted_keys()
     for key in values:
         if key not in known:
-            raise ErnieKitConfigError(f"unknown training option {key!r}{did_you_mean(key, known)}; "
+            raise ErnieKitConfigError(f"unknown {what} option {key!r}{did_you_mean(key, known)}; "
                                       f"known: {', '.join(known)}")
 
 
@@ -287,7 +294,12 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 def _model(values: Mapping[str, Any]) -> Path:
     """model_name_or_path as a folder on this machine: a hub id is refused with the override to give."""
-    name = values.get("model_name_or_path")
+    return model_path(values.get("model_name_or_path"))
+
+
+def model_path(name: Any) -> Path:
+    """A config's model_name_or_path as a folder on this machine (ErnieKitConfigError, one line, for
+    a hub id, a missing folder or none given)."""
     if name is None or not str(name).strip():
         raise ErnieKitConfigError("model_name_or_path: not given: add model_name_or_path=/path/to/folder "
                                   "(a checkpoint folder)")
@@ -418,3 +430,77 @@ def training_values(values: Mapping[str, Any]) -> dict[str, Any]:
     --config needs), the other accepted keys left out; an unknown key is refused."""
     _refuse_unknown(values, "training config")
     return {k: v for k, v in values.items() if k in OPTION_ALIASES or k in RUN_KEYS}
+
+
+# -- erniekit export ---------------------------------------------------------------------------------
+
+EXPORT_KEYS = ("lora", "copy_tokenizer", "max_shard_size", "hf_hub_id", "mergekit_task_config")
+"""Keys of ERNIEKit's ExportArguments, and ModelArguments' `lora`, that `erniekit export` reads."""
+
+EXPORT_ACTING = ("model_name_or_path", "output_dir", "lora", "fine_tuning", "copy_tokenizer", "hf_hub_id",
+                 "mergekit_task_config", "max_shard_size")
+"""The keys of an export config that act on (or are checked for) the export; any other accepted
+key is a training key and has no effect on it."""
+
+
+@dataclass(frozen=True)
+class ErnieKitExport:
+    """`erniekit export CONFIG.yaml key=value ...` read as ernie-ir's: the run in `output_dir` to
+    export, the base `model_name` a LoRA run is merged into, and `notes` (one line per key accepted
+    without effect)."""
+
+    output_dir: Path
+    """What `ernie-ir train CONFIG.yaml` trained (an artifact), or ERNIEKit's output folder."""
+    model_name: str | None
+    """model_name_or_path as written (checked where a LoRA run needs it: `model_path`)."""
+    lora: bool | None
+    """`lora`, else `fine_tuning: LoRA|Full`; None: neither given, the trained run says."""
+    notes: tuple[str, ...] = ()
+
+
+def export_keys() -> list[str]:
+    """Every key an export config may hold, sorted: ERNIEKit's export parser reads the training
+    argument classes too, so a training config's keys are accepted (without effect)."""
+    return sorted({*accepted_keys(), *EXPORT_KEYS})
+
+
+def erniekit_export(path: Path, overrides: Sequence[str] = ()) -> ErnieKitExport:
+    """`erniekit export PATH key=value ...` read as ernie-ir's (see ErnieKitExport).
+    ErnieKitConfigError (one line) for an unknown key, an upload (`hf_hub_id`), a mergekit config
+    and a missing output_dir, before anything is read or written."""
+    from ernie_ir.training.loop import read_config
+
+    values = merged_config(read_config(path), overrides)
+    _refuse_unknown(values, str(path), export_keys(), "export")
+    out = values.get("output_dir")
+    if out is None or not str(out).strip():
+        raise ErnieKitConfigError("output_dir: not given: add output_dir=DIR, the folder the run to export "
+                                  "was trained in (ernie-ir train CONFIG.yaml's output_dir)")
+    if values.get("hf_hub_id") not in (None, ""):
+        raise ErnieKitConfigError(f"hf_hub_id {values['hf_hub_id']!r}: ernie-ir uploads nothing: give "
+                                  "hf_hub_id=null and upload the exported folder yourself")
+    if values.get("mergekit_task_config") not in (None, ""):
+        raise ErnieKitConfigError("mergekit_task_config: merging several models (PaddleFormers' mergekit) is "
+                                  "not built; export merges one LoRA adapter: give mergekit_task_config=null")
+    lora: bool | None = None
+    if values.get("lora") is not None:
+        lora = _bool(values, "lora")
+    elif values.get("fine_tuning") is not None:
+        tuning = str(values["fine_tuning"]).strip()
+        if tuning.lower() not in ("lora", "full"):
+            raise ErnieKitConfigError(f"fine_tuning {tuning!r}: choose LoRA or Full")
+        lora = tuning.lower() == "lora"
+    notes = []
+    if "max_shard_size" in values:
+        notes.append("max_shard_size: accepted without effect: the weights are written as one "
+                     "model.safetensors")
+    if "copy_tokenizer" in values and not _bool(values, "copy_tokenizer", True):
+        notes.append("copy_tokenizer: False: accepted without effect: the tokenizer files are always "
+                     "written (FastDeploy, paddleformers and ernie-ir generate read them)")
+    training = [k for k in values if k not in EXPORT_ACTING]
+    if training:
+        notes.append(f"{', '.join(training)}: training keys, accepted without effect on export (it writes "
+                     "the trained weights whole, in the model's dtype)")
+    name = values.get("model_name_or_path")
+    return ErnieKitExport(output_dir=Path(str(out)).expanduser(),
+                          model_name=None if name is None else str(name), lora=lora, notes=tuple(notes))

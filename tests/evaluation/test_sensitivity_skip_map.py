@@ -1,6 +1,6 @@
 """`sensitivity --skip-top K --out q.yaml`: PaddleSlim's QAT section with the K most sensitive
 linears in `skip_tensor_map`, read back by `compile --quant-config` (issue 39 item 3), and the
-seed's loop at @tiny: sensitivity, skip, QAT, train, compile for inference, eval."""
+seed's loop at @tiny: sensitivity, skip, QAT, train, compile for inference, LAMBADA accuracy."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ from ernie_ir.passes.quant.config import QuantConfig, decide_target, find_target
 
 GPT = "gpt-345m@tiny"
 SEQ = 24
+LAMBADA = ["the quick brown fox jumps over the lazy dog", "hello world how are you today",
+           "once upon a time there was a small model", "hello"]
+"""Cloze passages (LAMBADA's jsonl: one {"text": ...} a line): the last word is the one to predict."""
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +105,8 @@ def test_bad_skip_requests_are_one_line_and_write_nothing(data: Path, tmp_path: 
 def test_the_seeds_loop_keeps_the_most_sensitive_linears_float_from_qat_to_eval(data: Path, tmp_path: Path,
                                                                                capsys) -> None:
     """sensitivity --skip-top 2 -> compile --quant-config (QAT) -> train 2 steps -> compile for
-    inference -> eval: the two costliest units stay float all the way, the rest end up int8."""
+    inference -> eval --task lambada: the two costliest units stay float all the way, the rest end
+    up int8, and the loop ends with the seed's figure, LAMBADA cloze accuracy."""
     pytest.importorskip("paddle")  # training
     q = tmp_path / "q.yaml"
     line = user_error(capsys, "sensitivity", GPT, "--data", str(data), "--seq-len", str(SEQ),
@@ -142,10 +146,15 @@ def test_the_seeds_loop_keeps_the_most_sensitive_linears_float_from_qat_to_eval(
     source = json.loads((inf / "manifest.json").read_text())["source"]
     assert source["steps"] == 2 and not source.get("synthetic")  # trained on --data
 
-    code, out, err = cli(capsys, "eval", str(inf), "--data", str(data), "--seq-len", str(SEQ),
-                         "--compare-to", GPT, "--json")
+    # the seed judges the loop by LAMBADA cloze accuracy (GPT-345M INT8 with skipped layers 44.94%)
+    lambada = tmp_path / "lambada_test.jsonl"
+    lambada.write_text("".join(json.dumps({"text": t}) + "\n" for t in LAMBADA))
+    code, out, err = cli(capsys, "eval", str(inf), "--task", "lambada", "--data", str(lambada), "--seq-len",
+                         str(SEQ), "--compare-to", GPT, "--json")
     assert code == 0, err
     scored = json.loads(out)
-    assert scored["tokens_scored"] == 2 * 2 * (SEQ - 1)  # 2 documents x 2 windows, each but its first
-    assert scored["perplexity"] == pytest.approx(np.exp(scored["mean_nll"]))
-    assert scored["kl_mean"] > 0 and 0 < scored["top1_agreement"] <= 1
+    assert scored["task"] == "lambada" and scored["examples"] == len(LAMBADA)
+    assert scored["unscored"] == 1  # "hello": nothing before its last word; the script counts it correct
+    assert 1 <= scored["correct"] <= scored["examples"]
+    assert 0 <= scored["accuracy"] <= 1 and scored["accuracy"] == scored["correct"] / scored["examples"]
+    assert 0 <= scored["accuracy_reference"] <= 1  # the float model beside it
