@@ -114,7 +114,9 @@ QuantOpt = Annotated[
                  "'wint2{w4_end_layer=6}'. --quantization is FastDeploy's name for it."),
 ]
 CalibDataOpt = Annotated[
-    Path | None, typer.Option("--calib-data", help="A .npy of token ids [batch, seq] to calibrate on: the "
+    Path | None, typer.Option("--calib-data", help="A .npy of token ids [batch, seq], or a .jsonl of "
+                              "text or ERNIEKit SFT chats (tokenized with the model's tokenizer), to "
+                              "calibrate on: the "
                               "weights of method=gptq ('wint4{method=gptq}', required), or the static "
                               "activation scales of --quant w4a8c8 or fp8 (default: seeded random ids).")
 ]

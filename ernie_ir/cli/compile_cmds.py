@@ -5,7 +5,7 @@ against its manifest). The report's fallback lines are compile_view.py."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -35,6 +35,9 @@ from .common import (
     progress_bar,
     split_names,
 )
+
+if TYPE_CHECKING:
+    from ernie_ir.targets import CompileOptions
 
 
 def compile(
@@ -114,7 +117,7 @@ def compile(
 
     check_arch_flag(target, cuda_arch)
     targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
-    options = CompileOptions.from_flags(
+    flags = dict(
         mode=mode, pipeline=pipeline, quant=quant, quant_config=quant_config, calib_data=calib_data,
         calib_samples=calib_samples, calib_seq_len=calib_seq_len, lora_rank=lora_rank, lora_alpha=lora_alpha,
         lora_targets=targets, lora_adapter=lora_adapter,
@@ -123,6 +126,7 @@ def compile(
         kv_cache_dtype=kv_cache_dtype, out=out_dir, force=force, trust_pickle=trust_pickle, meta=meta,
         disabled_passes=split_names(disable_pass), stop_after=stop_after, checkpoint=checkpoint,
         freeze=tuple(freeze or ()), moment_dtype=moment_dtype, offload_optimizer=offload_optimizer)
+    options = _tokenized_calibration(model, flags, CompileOptions.from_flags(**flags))
     # Progress goes to stderr, so --json output stays one clean object on stdout.
     with progress_bar(transient=json_out) as progress:
         report = compile_model(model, target, options, progress=progress)
@@ -133,12 +137,41 @@ def compile(
         err.print(f"warning: {w}", markup=False)
     for item in report_lines(report, verbose=verbose):
         out.print(item, markup=False)
+    if meta or model.endswith("@meta"):  # no data is read at @meta: say what calibrating would cost
+        _print_calibration_estimate(model, report.pipeline, calib_samples, calib_seq_len)
+
+
+def _tokenized_calibration(model: str, flags: dict[str, Any], options: CompileOptions) -> CompileOptions:
+    """`options` (checked as the user gave them) with a text --calib-data tokenized once with MODEL's
+    tokenizer into the .npy of ids the passes read (`finetune.calib_text`)."""
+    from ernie_ir.finetune.calib_text import calibration_ids
+    from ernie_ir.targets import CompileOptions
+
+    given = options.quant.calib_data if options.quant is not None else None
+    if given is None:
+        return options
+    ids = calibration_ids(given, model)
+    return options if ids == given else CompileOptions.from_flags(**{**flags, "calib_data": ids})
+
+
+def _print_calibration_estimate(model: str, pipeline: str, samples: int | None, seq_len: int | None) -> None:
+    from .plan_view import calibration_line
+
+    line = calibration_line(model, pipeline, samples, seq_len)
+    if line is not None:
+        out.print(line, markup=False)
 
 
 def export_cmd(
-    model: ModelArg,
-    out_dir: Annotated[Path, typer.Option("--out", help="Checkpoint folder to write (a new one, or one "
-                                          "export wrote with --force).")],
+    model: Annotated[str, typer.Argument(
+        help="An .ir file, a graph folder, a model folder, a built-in name, a full-parameter training "
+        "artifact, or an ERNIEKit export config (CONFIG.yaml), as erniekit export takes it.")],
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="After CONFIG.yaml: key=value overrides of its keys, read as erniekit's command line reads them "
+        "(output_dir=out/lora model_name_or_path=/path/to/folder).", show_default=False)] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="Checkpoint folder to write (a new one, or one export wrote with --force); with "
+        "CONFIG.yaml: default OUTPUT_DIR-export beside an artifact, else OUTPUT_DIR/export.")] = None,
     lora_adapter: LoraAdapterOpt = None,
     pipeline: PipelineOpt = None,
     layout: Annotated[str, typer.Option(
@@ -158,12 +191,30 @@ def export_cmd(
     adapter merged (W + scale * A @ B, rounded once to the weight's dtype): what FastDeploy
     serves, paddleformers / transformers load and `ernie-ir compile` reads (written atomically).
     MODEL may be a full-parameter training artifact: its trained weights (newest checkpoint, or
-    --checkpoint), rounded once to the model's dtype."""
+    --checkpoint), rounded once to the model's dtype. MODEL may be an ERNIEKit export config
+    (`erniekit export CONFIG.yaml key=value ...`): the run in its output_dir is exported."""
     import json
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ernie_ir.targets.export import export_checkpoint
+    from ernie_ir.ir import ErnieIRError
+    from ernie_ir.targets.export import erniekit_export_plan, export_checkpoint
+    from ernie_ir.training.erniekit_config import erniekit_export
+
+    if Path(model).suffix.lower() in (".yaml", ".yml", ".json") and Path(model).is_file():
+        if lora_adapter is not None:
+            raise ErnieIRError(f"--lora-adapter: {model} is an ERNIEKit export config, whose output_dir "
+                               "names the run to merge: drop --lora-adapter (or give output_dir=DIR)")
+        plan = erniekit_export_plan(erniekit_export(Path(model), overrides or []), out_dir)
+        for note in plan.notes:  # stderr: stdout stays the report (or the JSON)
+            err.print(f"note: {note}", markup=False, highlight=False)
+        model, out_dir, lora_adapter = plan.model, plan.out, plan.lora_adapter
+    elif overrides:
+        raise ErnieIRError(f"{overrides[0]}: key=value overrides follow an ERNIEKit export config "
+                           "(ernie-ir export CONFIG.yaml key=value ...); for a model give flags (--out, "
+                           "--lora-adapter)")
+    if out_dir is None:
+        raise ErnieIRError("--out: not given: name the checkpoint folder to write (--out exported/model)")
 
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err.get(), transient=json_out,

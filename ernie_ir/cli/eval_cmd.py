@@ -82,6 +82,10 @@ def eval_cmd(
             speed = bar.tasks[0].speed
             bar.update(task, completed=done, total=total, rate=f"{speed:.0f} {per_s}" if speed else "")
 
+        if calib_data is not None and quants:
+            from ernie_ir.finetune.calib_text import calibration_ids
+
+            calib_data = calibration_ids(calib_data, model)  # text: tokenized once, the passes read ids
         if spec is not None:
             reports = _task_reports(model, data, spec, quants, compare_to, backend, target, calib_data,
                                     trust_pickle, progress)

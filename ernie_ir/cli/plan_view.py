@@ -133,7 +133,22 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
                         "over all ranks" if plan.host_total_bytes else ""))
         if plan.sharding != "none":
             lines.append(sharding_line(plan))
+    calibration = calibration_line(plan.model, plan.pipeline)
+    if calibration is not None:
+        lines.append(calibration)
     return lines
+
+
+def calibration_line(model: str, pipeline: str, samples: int | None = None,
+                     seq_len: int | None = None) -> str | None:
+    """For a pipeline that calibrates weights (method=gptq's `calibrated-quant`): the calibration's
+    CPU time and peak memory, estimated from MODEL's config (`planning.calib_cost`); else None."""
+    from ernie_ir.planning.calib_cost import DEFAULT_WINDOWS, calibration_note
+
+    if "calibrated-quant" not in pipeline:
+        return None
+    note = calibration_note(model, samples or DEFAULT_WINDOWS, seq_len)
+    return None if note is None else f"calibration: {note}"
 
 
 def _sharded(rank: RankMemory, cat: str) -> int:

@@ -33,6 +33,7 @@ from ernie_ir.ir import ErnieIRError
 
 from ..infra.pipeline import load_pipeline
 from ..infra.pipeline_syntax import format_value
+from .calib_data import TEXT_SUFFIX
 from .config import (
     PASS_PRESETS,
     PRESETS,
@@ -59,7 +60,8 @@ CALIBRATED = {"w4a8c8": "w4a8c8", "fp8": "fp8-quant"}
 def quant_pipeline(quant: str | None, quant_config: Path | None, calib_data: Path | None = None,
                    calib_samples: int | None = None, calib_seq_len: int | None = None) -> list[str]:
     """Pipeline elements for `--quant` / `--quant-config` (at most one of them) and `--calib-data`
-    (a .npy of token ids, for the calibrated quantizations: `CALIBRATED`, and `method=gptq`, which
+    (a .npy of token ids, or a .jsonl the caller tokenizes first: `finetune.calib_text`; for the
+    calibrated quantizations: `CALIBRATED`, and `method=gptq`, which
     also takes `--calib-samples` and `--calib-seq-len`)."""
     if quant is not None and quant.strip().lower() in NO_QUANT:
         quant = None
@@ -76,9 +78,9 @@ def quant_pipeline(quant: str | None, quant_config: Path | None, calib_data: Pat
             raise QuantFlagError(f"--calib-data calibrates static activation scales or weights: it applies "
                                  f"to --quant {' or '.join(CALIBRATED)} and to method=gptq ('wint4{{method="
                                  f"gptq}}'), not {quant or quant_config or 'no quantization'}")
-        if Path(calib_data).suffix.lower() != ".npy":
+        if Path(calib_data).suffix.lower() not in (".npy", TEXT_SUFFIX):
             raise QuantFlagError(f"--calib-data {calib_data}: give a .npy array of token ids [batch, seq] "
-                                 "(text is not read here: tokenize it first)")
+                                 "or a .jsonl of text or ERNIEKit SFT chats")
         if not Path(calib_data).is_file():
             raise QuantFlagError(f"--calib-data {calib_data}: no such file")
     if name is not None and name in PASS_PRESETS:
@@ -281,8 +283,9 @@ def pipeline_for(quant: str | None, quant_config: Path | None, lora_rank: int | 
     adapter folder, or a folder holding one in `adapter/` (a training checkpoint).
     merge_lora: fold the adapter (or the model's own adapters) into the float base weights
     before quantizing: LoRA first, then quantization.
-    calib_data: a .npy of token ids the calibrated quantizations (w4a8c8, fp8, method=gptq) calibrate
-    on; calib_samples / calib_seq_len: method=gptq's windows (calibrated-quant's samples, seq_len).
+    calib_data: a .npy of token ids (or a .jsonl of text, tokenized by the caller) the calibrated
+    quantizations (w4a8c8, fp8, method=gptq) calibrate on; calib_samples / calib_seq_len:
+    method=gptq's windows (calibrated-quant's samples, seq_len).
     quant may be a pass preset with its pass's options: `wint2{w4_end_layer=6}`,
     `w4a8c8{calibration_tokens=512,kv_cache=float}` (`config.PASS_PRESETS`).
     """
