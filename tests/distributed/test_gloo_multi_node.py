@@ -155,8 +155,9 @@ def test_bad_node_flags_are_one_line_and_exit_2(arts: dict[str, Path], capsys: p
 def test_node_flags_need_a_multi_rank_paddle_run(arts: dict[str, Path],
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
-        main(["run", str(arts["run"]), "--tokens", "1,2", "--nnodes", "2", "--node-rank", "1", "--master",
-              "127.0.0.1:1234"])
+        # (without --backend, `auto` takes paddle for a multi-node launch)
+        main(["run", str(arts["run"]), "--tokens", "1,2", "--backend", "interpreter", "--nnodes", "2",
+              "--node-rank", "1", "--master", "127.0.0.1:1234"])
     err = capsys.readouterr().err
     assert done.value.code == 2 and "runs a multi-rank artifact with --backend paddle" in err
 

@@ -540,7 +540,7 @@ def bad_inputs(work: Path) -> Path:
     (["{src}", "--quant", "w4a8c8", "--calib-data", "{bad}/missing.npy"], "no such file"),
     (["{src}", "--quant", "wint8", "--calib-data", "{bad}/ok.npy"], "w4a8c8 or fp8"),
     (["{src}", "--quant", "wint2{foo=1}"], "foo"),
-    (["{src}", "--quant", "wint8{w4_end_layer=1}"], "take options"),
+    (["{src}", "--quant", "wint8{w4_end_layer=1}"], "takes one option, method=rtn|gptq"),
 ], ids=["wint2-dense", "w4a8c8-dense", "wint2-cut-group", "w4a8c8-cut-block", "calib-oov", "calib-few",
         "calib-not-npy", "calib-garbage", "calib-missing", "calib-wint8", "wint2-unknown-option",
         "wint8-option"])
