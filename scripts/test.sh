@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite from a bare Python 3.11: a venv with the package and its test
 # extra, the reference-library environments for cross-checks (tests/reference), then
-# ruff and pytest. Re-running reuses what is already installed.
+# ruff and pytest on two xdist workers (a test file per worker at a time; arguments after this
+# script go to pytest, `-n 0` for one process). Re-running reuses what is already installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${ERNIE_IR_VENV:-.venv}"
@@ -14,4 +15,4 @@ if [ -f tests/reference/install_envs.sh ]; then
 fi
 "$VENV/bin/ruff" check ernie_ir tests benchmarks
 export PATH="$PWD/$VENV/bin:$PATH"
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "$@"

@@ -100,11 +100,16 @@ def write_user_data(root: Path) -> None:
         "max_seq_len: 8192\nmax_steps: 100\nlearning_rate: 3.0e-4\nwarmup_steps: 10\n"
         "lr_scheduler_type: cosine\nbatch_size: 1\ngradient_accumulation_steps: 2\noutput_dir: ./output\n",
         encoding="utf-8")
+    # an ERNIEKit export config (the keys of ERNIEKit's export; the command line names the run)
+    (root / "run_export.yaml").write_text(
+        "model_name_or_path: baidu/ERNIE-4.5-0.3B-Paddle\nfine_tuning: LoRA\noutput_dir: ./output\n",
+        encoding="utf-8")
     shutil.copytree(ROOT / "tests" / "golden", root / "tests" / "golden")
 
 
 USER_DATA = ("sft.jsonl", "dev.jsonl", "sft-train.jsonl", "sft-eval.jsonl", "dev.txt", "prompts.jsonl",
-             "prompt.npy", "ids.npy", "data/corpus", "run_sft_lora_8k.yaml", "tests/golden")
+             "prompt.npy", "ids.npy", "data/corpus", "run_sft_lora_8k.yaml", "run_export.yaml",
+             "tests/golden")
 
 
 def run_block(where: str, lang: str, code: str, cwd: Path, env: dict[str, str]) -> str:
