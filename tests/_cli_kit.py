@@ -1,12 +1,16 @@
 """Run `ernie-ir` in the test's own process and check the CLI's error contract.
 
     code, out, err = cli(capsys, "show", "gpt-345m@tiny")
+    code, out, err = run_cli("train", "art", "--steps", "2")  # no capsys: module-scoped fixtures
     line = user_error(capsys, "compile", "gpt-345m@tiny", "--target", "tpu")  # the one error line
 
 Importable from every test folder: tests/conftest.py puts tests/ on sys.path.
 """
 
 from __future__ import annotations
+
+import contextlib
+import io
 
 import pytest
 
@@ -31,6 +35,19 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str, width: int | None = None
         common.out._width, common.err._width = saved
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """`ernie-ir ARGV` in this process without capsys (module-scoped fixtures have none): (exit
+    code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(argv))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return code, out.getvalue(), err.getvalue()
 
 
 def user_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

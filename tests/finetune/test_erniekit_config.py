@@ -13,8 +13,6 @@ values are checked against erniekit 1.3.0's own parser in test_erniekit_parser_a
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -26,10 +24,10 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "frontends"))
+from _cli_kit import run_cli as _run
 from _fe_testkit import hf_to_paddle, random_hf_ernie, write_checkpoint
 from test_tokenizer import ERNIE_TEMPLATE, train_sentencepiece
 
-from ernie_ir.cli.app import main
 from ernie_ir.training.erniekit_config import (
     ErnieKitConfigError,
     config_values,
@@ -297,17 +295,6 @@ CFG = {
 }
 SFT = [{"src": ["hello world"], "tgt": ["hi there"]}, {"src": "what is paddle", "tgt": "a framework"},
        {"system": "be brief", "src": ["one", "two"], "tgt": ["1", "2"]}]
-
-
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(argv))
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,6 @@ non-UTF-8 and unreadable data files (tests/bad_input/_bad_input_cases.py `train-
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -35,11 +33,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "frontends"))
+from _cli_kit import run_cli as _run
 from _cli_kit import user_error
 from _fe_testkit import hf_to_paddle, random_hf_ernie, write_checkpoint
 from test_tokenizer import ERNIE_TEMPLATE, train_sentencepiece
 
-from ernie_ir.cli.app import main
 from ernie_ir.ir.storage import save_graph
 from ernie_ir.load import load_input
 
@@ -66,18 +64,6 @@ def _checkpoint(root: Path) -> Path:
         "unk_token": "<unk>", "cls_token": "<|begin_of_sentence|>", "sep_token": "<|end_of_sentence|>",
         "add_bos_token": False, "add_eos_token": False, "chat_template": ERNIE_TEMPLATE}))
     return root
-
-
-def _run(*argv: str) -> tuple[int, str, str]:
-    """`ernie-ir ARGV` in this process (module-scoped fixtures have no capsys)."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(argv))
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _jsonl(path: Path, *rows: dict | str) -> Path:

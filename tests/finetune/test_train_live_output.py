@@ -16,8 +16,6 @@ measurements.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -31,8 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from ernie_ir.cli.app import main
+from _cli_kit import run_cli as _cli
 
 pytest.importorskip("paddle")
 
@@ -41,17 +38,6 @@ pytestmark = pytest.mark.slow
 BOUND_S = 180.0
 """The most any wait here may take (a loaded 2-core machine), never a measured time."""
 STEP = re.compile(r"^step +(\d+)  loss \S+  lr \S+  \S+ tok/s$")
-
-
-def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(argv))
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")
